@@ -1,0 +1,185 @@
+package fsm
+
+import "fmt"
+
+// State is the state of a stored record.
+type State uint8
+
+const (
+	// StateInProgress: an owner holds the key under a lease.
+	StateInProgress State = 1
+	// StateCompleted: the owner stored its final response; replay it.
+	StateCompleted State = 2
+)
+
+func (s State) String() string {
+	switch s {
+	case StateInProgress:
+		return "IN_PROGRESS"
+	case StateCompleted:
+		return "COMPLETED"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Op is the kind of a command.
+type Op uint8
+
+const (
+	OpReserve   Op = 1
+	OpHeartbeat Op = 2
+	OpComplete  Op = 3
+	OpRelease   Op = 4
+	// OpSweep drops records past retention (and abandoned reservations past
+	// the horizon). Namespace and Key are ignored.
+	OpSweep Op = 5
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpReserve:
+		return "reserve"
+	case OpHeartbeat:
+		return "heartbeat"
+	case OpComplete:
+		return "complete"
+	case OpRelease:
+		return "release"
+	case OpSweep:
+		return "sweep"
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// Outcome is what a command did. Outcomes are values, not errors: the store
+// decided, and the caller learns what it decided.
+type Outcome uint8
+
+const (
+	// OutcomeAcquired: the caller owns the key (fresh, released before, past
+	// retention, or a repeat by the same owner).
+	OutcomeAcquired Outcome = 1
+	// OutcomeReclaimed: acquired after an earlier owner's lease (plus the
+	// clock-skew margin) ran out; Result.PreviousFencingToken is set.
+	OutcomeReclaimed Outcome = 2
+	// OutcomeInProgress: another owner holds the key.
+	OutcomeInProgress Outcome = 3
+	// OutcomeCompleted: the key was completed; Result.Response is the replay.
+	OutcomeCompleted Outcome = 4
+	// OutcomeFingerprintMismatch: the key exists with another fingerprint.
+	OutcomeFingerprintMismatch Outcome = 5
+	// OutcomeNotOwner: heartbeat, complete or release by somebody who does not
+	// own the key (or of a key that does not exist, or is completed).
+	OutcomeNotOwner Outcome = 6
+	// OutcomeOK: heartbeat, complete, release or sweep succeeded.
+	OutcomeOK Outcome = 7
+	// OutcomeInvalid: the command was malformed (a proposer bug, never user
+	// input: the API validates first). Nothing changed.
+	OutcomeInvalid Outcome = 8
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeAcquired:
+		return "ACQUIRED"
+	case OutcomeReclaimed:
+		return "RECLAIMED"
+	case OutcomeInProgress:
+		return "IN_PROGRESS"
+	case OutcomeCompleted:
+		return "COMPLETED"
+	case OutcomeFingerprintMismatch:
+		return "FINGERPRINT_MISMATCH"
+	case OutcomeNotOwner:
+		return "NOT_OWNER"
+	case OutcomeOK:
+		return "OK"
+	case OutcomeInvalid:
+		return "INVALID"
+	}
+	return fmt.Sprintf("Outcome(%d)", uint8(o))
+}
+
+// Response is the response an owner completed a key with, replayed verbatim.
+type Response struct {
+	Status  int32
+	Headers map[string]string
+	Body    []byte
+}
+
+// Command is one replicated operation. Every input that influences the
+// outcome travels in the command, stamped by the proposer, so that every
+// replica applying the same log reaches the same state.
+type Command struct {
+	Op        Op
+	Namespace string
+	Key       string
+
+	// Now is the proposer's wall clock (Unix nanoseconds). The FSM uses
+	// max(Now, highest Now applied so far), so its clock never runs backwards.
+	Now int64
+
+	// Fingerprint (reserve) is compared as an exact string.
+	Fingerprint string
+	// OwnerToken identifies the caller (reserve, heartbeat, complete, release).
+	// A reserve must carry one: the proposer generates it when the client did not.
+	OwnerToken string
+	// Lease (reserve, heartbeat) is the lease length in nanoseconds.
+	Lease int64
+	// SkewMargin (reserve) is how long past a lease's end the key stays with
+	// its owner before it can be reclaimed, in nanoseconds.
+	SkewMargin int64
+
+	// Response and Retention (complete): the stored response and how long it
+	// is kept, in nanoseconds.
+	Response  *Response
+	Retention int64
+
+	// AbandonAfter (sweep): an IN_PROGRESS record whose lease ended longer
+	// than this ago (nanoseconds) and that nobody reclaimed is dropped.
+	AbandonAfter int64
+}
+
+// Record is the stored state of one (namespace, key).
+type Record struct {
+	State       State
+	Fingerprint string
+	// OwnerToken of the current (IN_PROGRESS) or completing (COMPLETED) owner.
+	// Never returned by reads of the public API, logged or exported.
+	OwnerToken string
+	// FencingToken is the Raft log index of the entry that acquired the key.
+	FencingToken uint64
+	// PreviousFencingToken is set when the key was RECLAIMED from an earlier
+	// owner, so a repeated reserve by the same owner answers the same.
+	PreviousFencingToken uint64
+
+	// Times are Unix nanoseconds.
+	LeaseExpiresAt int64 // IN_PROGRESS
+	CreatedAt      int64
+	CompletedAt    int64 // COMPLETED
+	ExpiresAt      int64 // COMPLETED: end of retention
+	Response       *Response
+}
+
+// Result is the outcome of applying one command.
+type Result struct {
+	Outcome Outcome
+
+	// ACQUIRED / RECLAIMED.
+	OwnerToken           string
+	PreviousFencingToken uint64
+	// ACQUIRED / RECLAIMED / COMPLETED.
+	FencingToken uint64
+	// ACQUIRED / RECLAIMED / IN_PROGRESS / heartbeat OK (Unix nanoseconds).
+	LeaseExpiresAt int64
+	// IN_PROGRESS: a hint for when to ask again, never past the moment the
+	// key could be reclaimed (nanoseconds).
+	RetryAfter int64
+	// COMPLETED / complete OK (Unix nanoseconds).
+	CompletedAt int64
+	ExpiresAt   int64
+	Response    *Response
+
+	// Sweep: how many records were dropped.
+	Swept int
+}
