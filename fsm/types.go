@@ -138,6 +138,9 @@ type Command struct {
 	// AbandonAfter (sweep): an IN_PROGRESS record whose lease ended longer
 	// than this ago (nanoseconds) and that nobody reclaimed is dropped.
 	AbandonAfter int64
+	// MaxSweep (sweep) bounds how many completed records one sweep drops, so
+	// a mass expiry cannot stall the apply loop; 0 means no bound.
+	MaxSweep int
 }
 
 // Record is the stored state of one (namespace, key).

@@ -1,0 +1,203 @@
+package fsm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sort"
+)
+
+// commandVersion is the first byte of every encoded command. A replica that
+// meets a version it does not know answers OutcomeInvalid for that entry
+// instead of guessing.
+const commandVersion = 1
+
+// EncodeCommand encodes cmd for the Raft log. The encoding is deterministic
+// (headers are written in sorted order), compact, and versioned.
+func EncodeCommand(cmd *Command) []byte {
+	n := 48 + len(cmd.Namespace) + len(cmd.Key) + len(cmd.Fingerprint) + len(cmd.OwnerToken)
+	if cmd.Response != nil {
+		n += responseSize(cmd.Response)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, commandVersion, byte(cmd.Op))
+	b = appendString(b, cmd.Namespace)
+	b = appendString(b, cmd.Key)
+	b = binary.AppendVarint(b, cmd.Now)
+	b = appendString(b, cmd.Fingerprint)
+	b = appendString(b, cmd.OwnerToken)
+	b = binary.AppendVarint(b, cmd.Lease)
+	b = binary.AppendVarint(b, cmd.SkewMargin)
+	b = appendResponse(b, cmd.Response)
+	b = binary.AppendVarint(b, cmd.Retention)
+	b = binary.AppendVarint(b, cmd.AbandonAfter)
+	b = binary.AppendUvarint(b, uint64(cmd.MaxSweep))
+	return b
+}
+
+// DecodeCommand is the inverse of EncodeCommand.
+func DecodeCommand(data []byte) (*Command, error) {
+	d := decoder{buf: data}
+	if v := d.byte(); v != commandVersion {
+		if d.err != nil {
+			return nil, d.err
+		}
+		return nil, fmt.Errorf("%w: unknown command version %d", ErrCorrupt, v)
+	}
+	cmd := &Command{Op: Op(d.byte())}
+	cmd.Namespace = d.string()
+	cmd.Key = d.string()
+	cmd.Now = d.varint()
+	cmd.Fingerprint = d.string()
+	cmd.OwnerToken = d.string()
+	cmd.Lease = d.varint()
+	cmd.SkewMargin = d.varint()
+	cmd.Response = d.response()
+	cmd.Retention = d.varint()
+	cmd.AbandonAfter = d.varint()
+	cmd.MaxSweep = int(d.uvarint())
+	if d.err == nil && len(d.buf) != 0 {
+		d.err = fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(d.buf))
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return cmd, nil
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendBytes(b []byte, p []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(p)))
+	return append(b, p...)
+}
+
+// appendResponse writes a presence byte, then status, sorted headers and body.
+func appendResponse(b []byte, r *Response) []byte {
+	if r == nil {
+		return append(b, 0)
+	}
+	b = append(b, 1)
+	b = binary.AppendVarint(b, int64(r.Status))
+	names := make([]string, 0, len(r.Headers))
+	for name := range r.Headers {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for _, name := range names {
+		b = appendString(b, name)
+		b = appendString(b, r.Headers[name])
+	}
+	return appendBytes(b, r.Body)
+}
+
+func responseSize(r *Response) int {
+	n := 16 + len(r.Body)
+	for k, v := range r.Headers {
+		n += len(k) + len(v) + 4
+	}
+	return n
+}
+
+// decoder reads what the append functions wrote; the first error sticks and
+// every later read returns a zero value, so callers check err once.
+type decoder struct {
+	buf []byte
+	err error
+}
+
+func (d *decoder) fail(what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: truncated or malformed %s", ErrCorrupt, what)
+	}
+	d.buf = nil
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil || len(d.buf) < 1 {
+		d.fail("byte")
+		return 0
+	}
+	v := d.buf[0]
+	d.buf = d.buf[1:]
+	return v
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.buf)
+	if n <= 0 {
+		d.fail("uvarint")
+		return 0
+	}
+	d.buf = d.buf[n:]
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.buf)
+	if n <= 0 {
+		d.fail("varint")
+		return 0
+	}
+	d.buf = d.buf[n:]
+	return v
+}
+
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.buf)) {
+		d.fail("length-prefixed field")
+		return nil
+	}
+	p := d.buf[:n:n]
+	d.buf = d.buf[n:]
+	return p
+}
+
+func (d *decoder) string() string { return string(d.bytes()) }
+
+func (d *decoder) response() *Response {
+	switch d.byte() {
+	case 0:
+		return nil
+	case 1:
+	default:
+		d.fail("response presence byte")
+		return nil
+	}
+	status := d.varint()
+	if status < math.MinInt32 || status > math.MaxInt32 {
+		d.fail("response status")
+		return nil
+	}
+	r := &Response{Status: int32(status)}
+	count := d.uvarint()
+	if count > uint64(len(d.buf)) { // each header takes at least two bytes
+		d.fail("header count")
+		return nil
+	}
+	if count > 0 {
+		r.Headers = make(map[string]string, count)
+		for i := uint64(0); i < count && d.err == nil; i++ {
+			name := d.string()
+			r.Headers[name] = d.string()
+		}
+	}
+	if body := d.bytes(); len(body) > 0 {
+		r.Body = append([]byte(nil), body...)
+	}
+	return r
+}
