@@ -1,0 +1,16 @@
+package fsm
+
+import "runtime"
+
+type runtimeMem struct{ heap uint64 }
+
+func (m *runtimeMem) read() {
+	runtime.GC()
+	var s runtime.MemStats
+	runtime.ReadMemStats(&s)
+	m.heap = s.HeapAlloc
+}
+
+var sink *FSM
+
+func keepAlive(f *FSM) { sink = f; runtime.KeepAlive(f); sink = nil }
