@@ -1,0 +1,481 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/fsm"
+)
+
+// Metadata keys of forwarded requests.
+const (
+	// HopsHeader counts how often a request was forwarded; a node that
+	// receives one at MaxHops answers instead of forwarding again, so a
+	// stale leader hint can never make requests circle.
+	HopsHeader = "idem-hops"
+	// LeaderHeader is set by a node on its answers: the node id it believes
+	// leads the request's shard. Forwarders cache it.
+	LeaderHeader = "idem-leader"
+	// MaxHops bounds forwarding: client -> router -> any voter -> leader.
+	MaxHops = 2
+)
+
+// ForwarderConfig configures a Forwarder.
+type ForwarderConfig struct {
+	// Topology names the nodes and their gRPC addresses. Required.
+	Topology *Topology
+	// Self is this process's node id, never dialled; empty for a router.
+	Self string
+	// AttemptTimeout bounds one forwarded attempt, so a node that swallows
+	// traffic (a partition) costs one attempt, not the whole deadline.
+	// Zero means 2s.
+	AttemptTimeout time.Duration
+	// DialOptions for the gRPC connections; default: insecure credentials.
+	DialOptions []grpc.DialOption
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Registry for forwarding metrics; nil registers nothing.
+	Registry prometheus.Registerer
+}
+
+// Forwarder sends commands for a shard to the node that leads it, over the
+// public gRPC API. It keeps a leader cache fed by the LeaderHeader of
+// answers, tries the shard's voters when the cached leader fails, and
+// retries only where a retry cannot apply a command twice: a reserve carries
+// its owner token (a retry is the same reservation), heartbeat and complete
+// are idempotent for the same owner token, and a release whose retry answers
+// NOT_OWNER after an ambiguous first attempt is reported as UNAVAILABLE
+// (outcome unknown) rather than as a false NOT_OWNER.
+type Forwarder struct {
+	cfg   ForwarderConfig
+	log   *slog.Logger
+	nodes map[string]Node
+
+	mu      sync.Mutex
+	conns   map[string]*grpc.ClientConn
+	leaders map[string]string // shard id -> node id
+
+	requests    *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	cacheMisses prometheus.Counter
+}
+
+// NewForwarder returns a Forwarder for the nodes of cfg.Topology.
+func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
+	if cfg.Topology == nil {
+		return nil, errors.New("router: forwarder needs a topology")
+	}
+	if cfg.AttemptTimeout <= 0 {
+		cfg.AttemptTimeout = 2 * time.Second
+	}
+	if cfg.DialOptions == nil {
+		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	f := &Forwarder{
+		cfg:     cfg,
+		log:     log,
+		nodes:   map[string]Node{},
+		conns:   map[string]*grpc.ClientConn{},
+		leaders: map[string]string{},
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_forward_requests_total",
+			Help: "Requests forwarded to another node, by destination region and outcome (ok, not_found, not_owner, unavailable, error).",
+		}, []string{"region", "outcome"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_forward_duration_seconds",
+			Help:    "Latency of one forwarded attempt, by destination region.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"region"}),
+		cacheMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idem_forward_leader_cache_misses_total",
+			Help: "Forwarded attempts that did not reach the shard's leader first (no cached leader, or the cached one failed or moved).",
+		}),
+	}
+	for _, n := range cfg.Topology.Nodes() {
+		f.nodes[n.ID] = n
+	}
+	if cfg.Registry != nil {
+		for _, c := range []prometheus.Collector{f.requests, f.latency, f.cacheMisses} {
+			if err := cfg.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("router: register forwarder metrics: %w", err)
+			}
+		}
+	}
+	return f, nil
+}
+
+// Close closes every connection.
+func (f *Forwarder) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var errs []error
+	for id, c := range f.conns {
+		errs = append(errs, c.Close())
+		delete(f.conns, id)
+	}
+	return errors.Join(errs...)
+}
+
+// NoteLeader records that nodeID leads shardID (from a not-leader answer or
+// Raft's own view on a node).
+func (f *Forwarder) NoteLeader(shardID, nodeID string) {
+	if _, ok := f.nodes[nodeID]; !ok {
+		return
+	}
+	f.mu.Lock()
+	f.leaders[shardID] = nodeID
+	f.mu.Unlock()
+}
+
+// Leader returns the cached leader of shardID, if any.
+func (f *Forwarder) Leader(shardID string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id, ok := f.leaders[shardID]
+	return id, ok
+}
+
+func (f *Forwarder) conn(nodeID string) (idemv1.IdempotencyClient, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c, ok := f.conns[nodeID]; ok {
+		return idemv1.NewIdempotencyClient(c), nil
+	}
+	n, ok := f.nodes[nodeID]
+	if !ok {
+		return nil, fmt.Errorf("router: unknown node %q", nodeID)
+	}
+	c, err := grpc.NewClient(n.GRPCAddr, f.cfg.DialOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("router: dial %s (%s): %w", nodeID, n.GRPCAddr, err)
+	}
+	f.conns[nodeID] = c
+	return idemv1.NewIdempotencyClient(c), nil
+}
+
+// candidates lists whom to try for shard: the cached leader, then the
+// voters in preference order, never this process itself.
+func (f *Forwarder) candidates(shard Shard, prefer string) []string {
+	out := make([]string, 0, len(shard.Voters)+1)
+	add := func(id string) {
+		if id == "" || id == f.cfg.Self {
+			return
+		}
+		for _, have := range out {
+			if have == id {
+				return
+			}
+		}
+		out = append(out, id)
+	}
+	add(prefer)
+	if id, ok := f.Leader(shard.ID); ok {
+		add(id)
+	}
+	for _, v := range shard.Voters {
+		add(v)
+	}
+	return out
+}
+
+// HopsFromContext returns how often the incoming request was forwarded.
+func HopsFromContext(ctx context.Context) int {
+	md, ok := metadata.FromIncomingContext(ctx)
+	if !ok {
+		return 0
+	}
+	v := md.Get(HopsHeader)
+	if len(v) == 0 {
+		return 0
+	}
+	n, err := strconv.Atoi(v[0])
+	if err != nil || n < 0 {
+		return MaxHops // a malformed count must not enable loops
+	}
+	return n
+}
+
+// SetLeaderHeader tells the caller of a gRPC request which node leads the
+// request's shard. Outside a gRPC handler it does nothing.
+func SetLeaderHeader(ctx context.Context, nodeID string) {
+	if nodeID != "" {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(LeaderHeader, nodeID))
+	}
+}
+
+// attempt runs call against the candidates of shard until one answers, ctx
+// ends, or every candidate failed twice. prefer is tried first.
+func (f *Forwarder) attempt(ctx context.Context, shard Shard, prefer string, hops int,
+	call func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error) (ambiguous bool, err error) {
+	if hops >= MaxHops {
+		return false, status.Errorf(codes.Unavailable, "shard %s: request already forwarded %d times; the leader is moving, retry", shard.ID, hops)
+	}
+	cands := f.candidates(shard, prefer)
+	if len(cands) == 0 {
+		return false, status.Errorf(codes.Unavailable, "shard %s: no other voter to forward to", shard.ID)
+	}
+	cached, _ := f.Leader(shard.ID)
+	ctx = metadata.AppendToOutgoingContext(ctx, HopsHeader, strconv.Itoa(hops+1))
+	backoff := 10 * time.Millisecond
+	var lastErr error
+	for i := 0; i < 2*len(cands); i++ {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return ambiguous, unavailable(shard, ctx.Err(), lastErr)
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 250*time.Millisecond)
+		}
+		target := cands[i%len(cands)]
+		if target != cached || i > 0 {
+			f.cacheMisses.Inc()
+		}
+		client, err := f.conn(target)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		region := f.nodes[target].Region
+		actx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout)
+		var header metadata.MD
+		start := time.Now()
+		err = call(actx, client, grpc.Header(&header))
+		cancel()
+		f.latency.WithLabelValues(region).Observe(time.Since(start).Seconds())
+		if leaders := header.Get(LeaderHeader); len(leaders) > 0 {
+			f.NoteLeader(shard.ID, leaders[0])
+		}
+		code := status.Code(err)
+		switch code {
+		case codes.OK:
+			f.requests.WithLabelValues(region, "ok").Inc()
+			f.NoteLeader(shard.ID, target)
+			return ambiguous, nil
+		case codes.FailedPrecondition, codes.NotFound, codes.InvalidArgument, codes.ResourceExhausted,
+			codes.PermissionDenied, codes.Unauthenticated:
+			// The store decided; pass the answer through.
+			f.requests.WithLabelValues(region, outcomeLabel(code)).Inc()
+			return ambiguous, err
+		}
+		f.requests.WithLabelValues(region, "unavailable").Inc()
+		f.log.Debug("forward attempt failed", "shard", shard.ID, "node", target, "error", err)
+		lastErr = err
+		// Anything but a refused connection may have reached the leader.
+		ambiguous = ambiguous || code != codes.Unavailable || !isConnectError(err)
+		if ctx.Err() != nil {
+			return ambiguous, unavailable(shard, ctx.Err(), lastErr)
+		}
+		// Follow a fresh leader hint first.
+		if id, ok := f.Leader(shard.ID); ok && id != cands[(i+1)%len(cands)] && id != f.cfg.Self {
+			cands = append([]string{id}, cands...)
+		}
+	}
+	return ambiguous, unavailable(shard, nil, lastErr)
+}
+
+func outcomeLabel(c codes.Code) string {
+	switch c {
+	case codes.FailedPrecondition:
+		return "not_owner"
+	case codes.NotFound:
+		return "not_found"
+	}
+	return "error"
+}
+
+func isConnectError(err error) bool {
+	s, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	// grpc-go reports a dial failure as Unavailable with the transport's
+	// "connection error" text; the request never left this process.
+	msg := s.Message()
+	return containsAny(msg, "connection refused", "connection error", "no such host", "produced zero addresses")
+}
+
+func containsAny(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+func unavailable(shard Shard, ctxErr, last error) error {
+	msg := fmt.Sprintf("shard %s (home region %s) could not be reached in time", shard.ID, shard.HomeRegion)
+	if last != nil {
+		msg += ": " + status.Convert(last).Message()
+	} else if ctxErr != nil {
+		msg += ": " + ctxErr.Error()
+	}
+	return status.Error(codes.Unavailable, msg)
+}
+
+// Apply forwards a reserve, heartbeat, complete or release for shard and
+// returns the store's decision. prefer (may be empty) is tried first; hops
+// is how often the request was forwarded already.
+func (f *Forwarder) Apply(ctx context.Context, shard Shard, cmd *fsm.Command, prefer string, hops int) (fsm.Result, error) {
+	var res fsm.Result
+	var call func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error
+	switch cmd.Op {
+	case fsm.OpReserve:
+		req := &idemv1.ReserveRequest{Namespace: cmd.Namespace, Key: cmd.Key, Fingerprint: cmd.Fingerprint,
+			LeaseMs: cmd.Lease / int64(time.Millisecond), OwnerToken: cmd.OwnerToken}
+		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+			resp, err := c.Reserve(ctx, req, opts...)
+			if err == nil {
+				res = reserveResult(resp)
+			}
+			return err
+		}
+	case fsm.OpHeartbeat:
+		req := &idemv1.HeartbeatRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
+			LeaseMs: cmd.Lease / int64(time.Millisecond)}
+		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+			resp, err := c.Heartbeat(ctx, req, opts...)
+			if err == nil {
+				res = fsm.Result{Outcome: fsm.OutcomeOK, LeaseExpiresAt: nanos(resp.GetLeaseExpiresAt())}
+			}
+			return err
+		}
+	case fsm.OpComplete:
+		req := &idemv1.CompleteRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
+			Response: toProtoResponse(cmd.Response), RetentionS: cmd.Retention / int64(time.Second)}
+		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+			resp, err := c.Complete(ctx, req, opts...)
+			if err == nil {
+				res = fsm.Result{Outcome: fsm.OutcomeOK, CompletedAt: nanos(resp.GetCompletedAt()), ExpiresAt: nanos(resp.GetExpiresAt())}
+			}
+			return err
+		}
+	case fsm.OpRelease:
+		req := &idemv1.ReleaseRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken}
+		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+			_, err := c.Release(ctx, req, opts...)
+			if err == nil {
+				res = fsm.Result{Outcome: fsm.OutcomeOK}
+			}
+			return err
+		}
+	default:
+		return fsm.Result{}, fmt.Errorf("router: cannot forward %s", cmd.Op)
+	}
+	ambiguous, err := f.attempt(ctx, shard, prefer, hops, call)
+	if status.Code(err) == codes.FailedPrecondition {
+		if cmd.Op == fsm.OpRelease && ambiguous {
+			return fsm.Result{}, status.Errorf(codes.Unavailable,
+				"release of shard %s: an earlier attempt may have released the key before its answer was lost; check with GET", shard.ID)
+		}
+		return fsm.Result{Outcome: fsm.OutcomeNotOwner}, nil
+	}
+	return res, err
+}
+
+// Get forwards a linearizable read for shard.
+func (f *Forwarder) Get(ctx context.Context, shard Shard, namespace, key, prefer string, hops int) (fsm.Record, bool, error) {
+	var rec fsm.Record
+	req := &idemv1.GetRequest{Namespace: namespace, Key: key}
+	_, err := f.attempt(ctx, shard, prefer, hops, func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+		resp, err := c.Get(ctx, req, opts...)
+		if err == nil {
+			rec = recordFromProto(resp)
+		}
+		return err
+	})
+	switch status.Code(err) {
+	case codes.OK:
+		return rec, true, nil
+	case codes.NotFound:
+		return fsm.Record{}, false, nil
+	}
+	return fsm.Record{}, false, err
+}
+
+func nanos(ts *timestamppb.Timestamp) int64 {
+	if ts == nil {
+		return 0
+	}
+	return ts.AsTime().UnixNano()
+}
+
+func fromProtoResponse(r *idemv1.StoredResponse) *fsm.Response {
+	if r == nil {
+		return nil
+	}
+	return &fsm.Response{Status: r.GetStatus(), Headers: r.GetHeaders(), Body: r.GetBody()}
+}
+
+func toProtoResponse(r *fsm.Response) *idemv1.StoredResponse {
+	if r == nil {
+		return nil
+	}
+	return &idemv1.StoredResponse{Status: r.Status, Headers: r.Headers, Body: r.Body}
+}
+
+func reserveResult(p *idemv1.ReserveResponse) fsm.Result {
+	r := fsm.Result{
+		OwnerToken:           p.GetOwnerToken(),
+		FencingToken:         p.GetFencingToken(),
+		PreviousFencingToken: p.GetPreviousFencingToken(),
+		LeaseExpiresAt:       nanos(p.GetLeaseExpiresAt()),
+		RetryAfter:           p.GetRetryAfterMs() * int64(time.Millisecond),
+		CompletedAt:          nanos(p.GetCompletedAt()),
+		ExpiresAt:            nanos(p.GetExpiresAt()),
+		Response:             fromProtoResponse(p.GetResponse()),
+	}
+	switch p.GetOutcome() {
+	case idemv1.Outcome_ACQUIRED:
+		r.Outcome = fsm.OutcomeAcquired
+	case idemv1.Outcome_RECLAIMED:
+		r.Outcome = fsm.OutcomeReclaimed
+	case idemv1.Outcome_IN_PROGRESS:
+		r.Outcome = fsm.OutcomeInProgress
+	case idemv1.Outcome_COMPLETED:
+		r.Outcome = fsm.OutcomeCompleted
+	case idemv1.Outcome_FINGERPRINT_MISMATCH:
+		r.Outcome = fsm.OutcomeFingerprintMismatch
+	default:
+		r.Outcome = fsm.OutcomeInvalid
+	}
+	return r
+}
+
+func recordFromProto(p *idemv1.GetResponse) fsm.Record {
+	r := fsm.Record{
+		Fingerprint:    p.GetFingerprint(),
+		FencingToken:   p.GetFencingToken(),
+		LeaseExpiresAt: nanos(p.GetLeaseExpiresAt()),
+		CompletedAt:    nanos(p.GetCompletedAt()),
+		ExpiresAt:      nanos(p.GetExpiresAt()),
+		Response:       fromProtoResponse(p.GetResponse()),
+	}
+	switch p.GetState() {
+	case idemv1.State_STATE_IN_PROGRESS:
+		r.State = fsm.StateInProgress
+	case idemv1.State_STATE_COMPLETED:
+		r.State = fsm.StateCompleted
+	}
+	return r
+}
