@@ -1,0 +1,168 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// Client talks to idem over gRPC. It is safe for concurrent use; make one per
+// process and share it.
+type Client struct {
+	cfg    Config
+	log    *slog.Logger
+	conns  []*grpc.ClientConn
+	stubs  []idemv1.IdempotencyClient
+	next   atomic.Uint64
+	closed atomic.Bool
+}
+
+// New validates cfg and returns a Client. It does not connect: connections
+// are made on first use, so New succeeds while the endpoints are down.
+func New(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	// Options given later win, so the caller's credentials replace plaintext.
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
+	c := &Client{cfg: cfg, log: cfg.Logger}
+	for _, ep := range cfg.Endpoints {
+		conn, err := grpc.NewClient(ep, opts...)
+		if err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("client: endpoint %q: %w", ep, err)
+		}
+		c.conns = append(c.conns, conn)
+		c.stubs = append(c.stubs, idemv1.NewIdempotencyClient(conn))
+	}
+	// Start different processes at different endpoints, so that many clients
+	// configured alike do not all hit the first one.
+	c.next.Store(rand.Uint64N(uint64(len(c.stubs))))
+	return c, nil
+}
+
+// Close closes every connection. Calls in flight fail; later calls return
+// ErrClosed.
+func (c *Client) Close() error {
+	c.closed.Store(true)
+	var errs []error
+	for _, conn := range c.conns {
+		if err := conn.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// invoke runs attempt with retries: on a retryable failure it backs off and
+// tries again on the next endpoint, up to MaxAttempts in all. retried reports
+// whether an earlier attempt failed in a way that may have been applied (its
+// answer was lost), which matters to non-idempotent calls like release.
+func (c *Client) invoke(ctx context.Context, op string, attempt func(context.Context, idemv1.IdempotencyClient) error) (retried bool, err error) {
+	if c.closed.Load() {
+		return false, fmt.Errorf("%w: %s", ErrClosed, op)
+	}
+	start := c.next.Add(1)
+	var lastErr error
+	for n := 1; ; n++ {
+		idx := int((start + uint64(n-1)) % uint64(len(c.stubs)))
+		attemptCtx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+		err := attempt(attemptCtx, c.stubs[idx])
+		cancel()
+		if err == nil {
+			return n > 1, nil
+		}
+		if cause := ended(ctx); cause != nil {
+			// An attempt cut short by the caller's context says nothing new;
+			// the failure of the attempt before it says why we were retrying.
+			if lastErr == nil {
+				lastErr = err
+			}
+			return n > 1, fmt.Errorf("client: %s: %w (last error: %w)", op, cause, lastErr)
+		}
+		lastErr = err
+		if c.closed.Load() {
+			return n > 1, fmt.Errorf("%w: %s: %w", ErrClosed, op, lastErr)
+		}
+		if !retryable(lastErr) {
+			return n > 1, mapError(op, lastErr)
+		}
+		if n >= c.cfg.MaxAttempts {
+			return true, fmt.Errorf("%w: %s failed %d attempts: %w", ErrUnavailable, op, n, lastErr)
+		}
+		wait := c.backoff(n)
+		c.log.Debug("retrying", "op", op, "endpoint", c.cfg.Endpoints[idx], "attempt", n, "wait", wait, "err", lastErr)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return true, fmt.Errorf("client: %s: %w (last error: %w)", op, context.Cause(ctx), lastErr)
+		case <-t.C:
+		}
+	}
+}
+
+// ended returns why ctx ended, or nil. gRPC can fail a call on its deadline
+// a moment before the context's own timer fires, so a passed deadline counts
+// as ended too.
+func ended(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// retryable reports whether an attempt may succeed when repeated: the store
+// could not decide (no leader, leader changed, region lost) or the attempt
+// timed out. Every idem call is safe to repeat with the same owner token.
+func retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted:
+		return true
+	}
+	return false
+}
+
+// mapError turns a decided gRPC failure into the package's sentinel errors,
+// keeping the status in the chain.
+func mapError(op string, err error) error {
+	var sentinel error
+	switch status.Code(err) {
+	case codes.FailedPrecondition:
+		sentinel = ErrNotOwner
+	case codes.NotFound:
+		sentinel = ErrNotFound
+	case codes.InvalidArgument:
+		sentinel = ErrInvalidArgument
+	case codes.ResourceExhausted:
+		sentinel = ErrPayloadTooLarge
+	default:
+		return fmt.Errorf("client: %s: %w", op, err)
+	}
+	return fmt.Errorf("%w: %s: %w", sentinel, op, err)
+}
+
+// backoff returns the jittered wait before attempt n+1: BaseBackoff doubled
+// per attempt, capped at MaxBackoff, then drawn from [d/2, d].
+func (c *Client) backoff(n int) time.Duration {
+	d := c.cfg.BaseBackoff
+	for i := 1; i < n && d < c.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, c.cfg.MaxBackoff)
+	return d/2 + rand.N(d/2+1)
+}

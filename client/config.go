@@ -1,0 +1,117 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+)
+
+// Defaults used by DefaultConfig and for zero-valued Config fields.
+const (
+	DefaultMaxAttempts    = 5
+	DefaultBaseBackoff    = 50 * time.Millisecond
+	DefaultMaxBackoff     = 2 * time.Second
+	DefaultRequestTimeout = 10 * time.Second
+)
+
+// Config configures a Client.
+type Config struct {
+	// Endpoints are the gRPC addresses (host:port) of idem nodes or routers.
+	// Calls are spread over them round-robin, and an attempt that failed is
+	// retried on the next one. At least one is required.
+	Endpoints []string
+
+	// DialOptions are passed to grpc.NewClient for every endpoint. When it
+	// holds no transport-credentials option the client dials in plaintext
+	// (insecure credentials), which suits loopback and private networks only.
+	DialOptions []grpc.DialOption
+
+	// MaxAttempts is how many times one call is tried in all, the first try
+	// included (1 disables retries). Zero means DefaultMaxAttempts.
+	MaxAttempts int
+
+	// BaseBackoff is the wait before the first retry; each further retry
+	// doubles it, up to MaxBackoff, and every wait is jittered (between half
+	// and all of the computed value). Zero means DefaultBaseBackoff.
+	BaseBackoff time.Duration
+
+	// MaxBackoff caps the wait between two attempts. Zero means
+	// DefaultMaxBackoff.
+	MaxBackoff time.Duration
+
+	// RequestTimeout bounds one attempt; the caller's context deadline bounds
+	// the whole call, retries included. Zero means DefaultRequestTimeout. It
+	// should exceed the routers' --request-timeout (5 s by default), so that a
+	// slow shard answers UNAVAILABLE (and is retried) before the client gives
+	// up on the attempt.
+	RequestTimeout time.Duration
+
+	// Logger receives retry and lease events at debug and warn level. Nil
+	// discards them.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns a Config with every default filled in, dialing
+// endpoints in plaintext.
+func DefaultConfig(endpoints ...string) Config {
+	return Config{
+		Endpoints:      endpoints,
+		MaxAttempts:    DefaultMaxAttempts,
+		BaseBackoff:    DefaultBaseBackoff,
+		MaxBackoff:     DefaultMaxBackoff,
+		RequestTimeout: DefaultRequestTimeout,
+	}
+}
+
+// Validate reports every problem with the Config at once.
+func (c Config) Validate() error {
+	var errs []error
+	if len(c.Endpoints) == 0 {
+		errs = append(errs, errors.New("client: config: Endpoints is empty; give at least one host:port of an idem node or router"))
+	}
+	for i, ep := range c.Endpoints {
+		if _, port, err := net.SplitHostPort(ep); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("client: config: Endpoints[%d] = %q is not host:port", i, ep))
+		}
+	}
+	if c.MaxAttempts < 0 {
+		errs = append(errs, fmt.Errorf("client: config: MaxAttempts = %d is negative; use 1 to disable retries or 0 for the default", c.MaxAttempts))
+	}
+	if c.BaseBackoff < 0 {
+		errs = append(errs, fmt.Errorf("client: config: BaseBackoff = %v is negative", c.BaseBackoff))
+	}
+	if c.MaxBackoff < 0 {
+		errs = append(errs, fmt.Errorf("client: config: MaxBackoff = %v is negative", c.MaxBackoff))
+	}
+	if c.BaseBackoff > 0 && c.MaxBackoff > 0 && c.MaxBackoff < c.BaseBackoff {
+		errs = append(errs, fmt.Errorf("client: config: MaxBackoff = %v is below BaseBackoff = %v", c.MaxBackoff, c.BaseBackoff))
+	}
+	if c.RequestTimeout < 0 {
+		errs = append(errs, fmt.Errorf("client: config: RequestTimeout = %v is negative", c.RequestTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults returns c with zero fields replaced by their defaults.
+func (c Config) withDefaults() Config {
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.BaseBackoff == 0 {
+		c.BaseBackoff = DefaultBaseBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = max(DefaultMaxBackoff, c.BaseBackoff)
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}

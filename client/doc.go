@@ -1,0 +1,59 @@
+// Package client is the Go client of idem, the idempotency-key store, over
+// its gRPC API.
+//
+// # Running an operation once
+//
+// Do is the way most programs use idem: it runs a function at most once to
+// completion per idempotency key, across processes and retries, and replays
+// the stored response to every later caller with the key.
+//
+//	c, err := client.New(client.DefaultConfig("127.0.0.1:7070"))
+//	if err != nil {
+//		return err
+//	}
+//	defer c.Close()
+//
+//	res, err := c.Do(ctx, "payments", req.IdempotencyKey,
+//		func(ctx context.Context, l client.Lease) (client.Response, error) {
+//			// ctx is cancelled if the lease is lost. Hand l.FencingToken to
+//			// the systems written to, so a replaced owner's late write is refused.
+//			id, err := charge(ctx, req, l.FencingToken)
+//			if errors.Is(err, errCardDeclined) {
+//				// Final: remember the answer instead of running again.
+//				return client.Response{Status: 402}, client.Permanent(err)
+//			}
+//			if err != nil {
+//				return client.Response{}, err // released: a retry runs again
+//			}
+//			return client.Response{Status: 201, Body: []byte(id)}, nil
+//		},
+//		client.WithFingerprint(hashOf(req)))
+//	// res.Replayed says whether this call ran fn or replayed an earlier run.
+//
+// # The building blocks
+//
+// Reserve, Heartbeat, Complete, Release and Get map one to one onto the
+// store's RPCs, for callers that keep the lease themselves (a message
+// consumer, a proxy). Reserve generates the owner token when the caller gives
+// none, and every retry of a call reuses it, so a retried reserve is the same
+// reservation: ACQUIRED again with the same fencing token, never a second
+// owner.
+//
+// # Failures and retries
+//
+// Each call is tried up to Config.MaxAttempts times, with jittered
+// exponential backoff, when the store could not decide (gRPC UNAVAILABLE,
+// ABORTED, or a DEADLINE_EXCEEDED while the caller's context is still live),
+// moving to the next endpoint each time; calls are otherwise spread over the
+// endpoints round-robin. Decided failures are not retried and come back as
+// the sentinel errors ErrNotOwner, ErrNotFound, ErrInvalidArgument and
+// ErrPayloadTooLarge; when the retries run out the error is ErrUnavailable.
+// Each wraps the gRPC status (status.Code works on it); test them with
+// errors.Is.
+//
+// # Keys
+//
+// NewKey makes a key (a UUIDv7, so keys sort by creation time). Make it
+// once per logical operation, before the first attempt, and send the same
+// key with every retry of that operation.
+package client

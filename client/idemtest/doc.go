@@ -1,0 +1,20 @@
+// Package idemtest runs an in-process idem store for tests: a gRPC server on
+// 127.0.0.1 that serves the Idempotency service over the real state machine
+// (package fsm) in memory, with one log and no replication.
+//
+// It decides exactly what a one-shard idem cluster decides (same outcomes,
+// fencing tokens that grow with every acquisition, same validation limits),
+// and adds what tests need and a real cluster cannot offer on demand: a
+// clock that tests move forward (Advance) to let leases and retention run
+// out without sleeping, and fault injection per RPC: FailNext answers the
+// next calls with an error before anything is applied, DropNext applies the
+// next calls and then loses their answers, the way a leader change or a
+// network cut loses them.
+//
+//	srv, err := idemtest.Start(idemtest.Config{})
+//	if err != nil { ... }
+//	defer srv.Close()
+//	c, err := client.New(client.DefaultConfig(srv.Addr()))
+//
+// It is not a store to run in production: nothing is persisted.
+package idemtest

@@ -1,0 +1,175 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+)
+
+// Reserve claims a key, or reports who holds it or what it completed with.
+// The store's decision is in Reservation.Outcome; an error means no decision
+// reached the client.
+//
+// When req.OwnerToken is empty, Reserve generates one, and every retry of the
+// call carries it: a reserve whose answer was lost and that is retried comes
+// back as the same reservation (ACQUIRED, same fencing token), never a second
+// acquisition. On error the returned Reservation still holds the owner token
+// used, so the caller can retry with it.
+func (c *Client) Reserve(ctx context.Context, req ReserveRequest) (Reservation, error) {
+	var errs []error
+	errs = append(errs, validateNames(req.Namespace, req.Key))
+	if n := utf8.RuneCountInString(req.Fingerprint); n > MaxFingerprintLen {
+		errs = append(errs, invalid("fingerprint is %d chars, more than %d", n, MaxFingerprintLen))
+	}
+	leaseMs, err := leaseMillis(req.Lease)
+	errs = append(errs, err)
+	if req.OwnerToken != "" {
+		errs = append(errs, validateOwnerToken(req.OwnerToken))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Reservation{OwnerToken: req.OwnerToken}, err
+	}
+	token := req.OwnerToken
+	if token == "" {
+		token = NewOwnerToken()
+	}
+	pb := &idemv1.ReserveRequest{
+		Namespace:   req.Namespace,
+		Key:         req.Key,
+		Fingerprint: req.Fingerprint,
+		LeaseMs:     leaseMs,
+		OwnerToken:  token,
+	}
+	var resp *idemv1.ReserveResponse
+	_, err = c.invoke(ctx, "reserve "+req.Namespace+"/"+req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient) (err error) {
+		resp, err = stub.Reserve(ctx, pb)
+		return err
+	})
+	if err != nil {
+		return Reservation{OwnerToken: token}, err
+	}
+	res := Reservation{
+		Outcome:              outcomeFromProto(resp.GetOutcome()),
+		OwnerToken:           token,
+		FencingToken:         resp.GetFencingToken(),
+		PreviousFencingToken: resp.GetPreviousFencingToken(),
+		LeaseExpiresAt:       timeFromProto(resp.GetLeaseExpiresAt()),
+		RetryAfter:           time.Duration(resp.GetRetryAfterMs()) * time.Millisecond,
+		Response:             responseFromProto(resp.GetResponse()),
+		CompletedAt:          timeFromProto(resp.GetCompletedAt()),
+		ExpiresAt:            timeFromProto(resp.GetExpiresAt()),
+	}
+	switch {
+	case res.Outcome == OutcomeUnknown:
+		return res, fmt.Errorf("client: reserve %s/%s: the store answered outcome %v, which this client does not know", req.Namespace, req.Key, resp.GetOutcome())
+	case res.Outcome.Owned() && resp.GetOwnerToken() != "" && resp.GetOwnerToken() != token:
+		// The store must acquire for the token it was given; anything else
+		// would let two callers believe they own the key.
+		return res, fmt.Errorf("client: reserve %s/%s: the store acquired for another owner token than the one sent", req.Namespace, req.Key)
+	case res.Outcome == OutcomeCompleted && res.Response == nil:
+		return res, fmt.Errorf("client: reserve %s/%s: the store answered COMPLETED without a response", req.Namespace, req.Key)
+	}
+	return res, nil
+}
+
+// Heartbeat extends the owner's lease and returns its new end (by the store's
+// clock). It works while the caller still owns the key, even after its lease
+// ran out if nobody reclaimed it; otherwise it returns ErrNotOwner.
+func (c *Client) Heartbeat(ctx context.Context, req HeartbeatRequest) (time.Time, error) {
+	leaseMs, err := leaseMillis(req.Lease)
+	if err := errors.Join(validateNames(req.Namespace, req.Key), validateOwnerToken(req.OwnerToken), err); err != nil {
+		return time.Time{}, err
+	}
+	pb := &idemv1.HeartbeatRequest{Namespace: req.Namespace, Key: req.Key, OwnerToken: req.OwnerToken, LeaseMs: leaseMs}
+	var resp *idemv1.HeartbeatResponse
+	_, err = c.invoke(ctx, "heartbeat "+req.Namespace+"/"+req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient) (err error) {
+		resp, err = stub.Heartbeat(ctx, pb)
+		return err
+	})
+	if err != nil {
+		return time.Time{}, err
+	}
+	return timeFromProto(resp.GetLeaseExpiresAt()), nil
+}
+
+// Complete stores the owner's final response; later reserves of the key get
+// OutcomeCompleted with it until the retention ends. An owner whose lease ran
+// out but whom nobody replaced may still complete. Repeating a complete that
+// succeeded (same owner token, same response) answers the same times, so it is
+// retried safely. ErrNotOwner means somebody else owns the key now (or it was
+// completed with another response); ErrPayloadTooLarge that the body exceeds
+// the store's limit.
+func (c *Client) Complete(ctx context.Context, req CompleteRequest) (Completion, error) {
+	retentionS, err := retentionSeconds(req.Retention)
+	if err := errors.Join(validateNames(req.Namespace, req.Key), validateOwnerToken(req.OwnerToken), validateResponse(req.Response), err); err != nil {
+		return Completion{}, err
+	}
+	pb := &idemv1.CompleteRequest{
+		Namespace:  req.Namespace,
+		Key:        req.Key,
+		OwnerToken: req.OwnerToken,
+		Response:   responseToProto(req.Response),
+		RetentionS: retentionS,
+	}
+	var resp *idemv1.CompleteResponse
+	_, err = c.invoke(ctx, "complete "+req.Namespace+"/"+req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient) (err error) {
+		resp, err = stub.Complete(ctx, pb)
+		return err
+	})
+	if err != nil {
+		return Completion{}, err
+	}
+	return Completion{CompletedAt: timeFromProto(resp.GetCompletedAt()), ExpiresAt: timeFromProto(resp.GetExpiresAt())}, nil
+}
+
+// Release frees a key its owner did not complete, so that the next reserve
+// acquires it (with a larger fencing token). A completed key cannot be
+// released. ErrNotOwner means the caller did not own the key, with one
+// exception made for safe retries: when an earlier attempt's answer was lost
+// and the retry answers NOT_OWNER, the first attempt most likely freed the key,
+// and Release returns nil: either way the caller no longer owns it.
+func (c *Client) Release(ctx context.Context, req ReleaseRequest) error {
+	if err := errors.Join(validateNames(req.Namespace, req.Key), validateOwnerToken(req.OwnerToken)); err != nil {
+		return err
+	}
+	pb := &idemv1.ReleaseRequest{Namespace: req.Namespace, Key: req.Key, OwnerToken: req.OwnerToken}
+	retried, err := c.invoke(ctx, "release "+req.Namespace+"/"+req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient) error {
+		_, err := stub.Release(ctx, pb)
+		return err
+	})
+	if retried && errors.Is(err, ErrNotOwner) {
+		c.log.Debug("release answered NOT_OWNER after a lost answer; the key is not ours either way", "namespace", req.Namespace, "key", req.Key)
+		return nil
+	}
+	return err
+}
+
+// Get reads a key's record. It returns ErrNotFound when the key is absent or
+// past retention.
+func (c *Client) Get(ctx context.Context, namespace, key string) (Record, error) {
+	if err := validateNames(namespace, key); err != nil {
+		return Record{}, err
+	}
+	pb := &idemv1.GetRequest{Namespace: namespace, Key: key}
+	var resp *idemv1.GetResponse
+	_, err := c.invoke(ctx, "get "+namespace+"/"+key, func(ctx context.Context, stub idemv1.IdempotencyClient) (err error) {
+		resp, err = stub.Get(ctx, pb)
+		return err
+	})
+	if err != nil {
+		return Record{}, err
+	}
+	return Record{
+		State:          stateFromProto(resp.GetState()),
+		Fingerprint:    resp.GetFingerprint(),
+		FencingToken:   resp.GetFencingToken(),
+		LeaseExpiresAt: timeFromProto(resp.GetLeaseExpiresAt()),
+		CompletedAt:    timeFromProto(resp.GetCompletedAt()),
+		ExpiresAt:      timeFromProto(resp.GetExpiresAt()),
+		Response:       responseFromProto(resp.GetResponse()),
+	}, nil
+}
