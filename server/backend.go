@@ -1,0 +1,67 @@
+package server
+
+import (
+	"context"
+
+	"github.com/idem-dev/idem/fsm"
+)
+
+// apply runs cmd on the backend and turns failures and NOT_OWNER into API
+// errors. A reserve comes back with one of its five outcomes; the other
+// commands with OK.
+func (s *Server) apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, *Error) {
+	res, err := s.backend.Apply(ctx, cmd)
+	if err != nil {
+		return res, s.backendError(err, cmd.Op.String(), cmd.Namespace, cmd.Key)
+	}
+	if cmd.Op == fsm.OpReserve {
+		switch res.Outcome {
+		case fsm.OutcomeAcquired, fsm.OutcomeReclaimed, fsm.OutcomeInProgress, fsm.OutcomeCompleted, fsm.OutcomeFingerprintMismatch:
+			return res, nil
+		}
+	} else {
+		switch res.Outcome {
+		case fsm.OutcomeOK:
+			return res, nil
+		case fsm.OutcomeNotOwner:
+			return res, notOwner(cmd.Op)
+		}
+	}
+	// OutcomeInvalid means the server built a command the state machine
+	// rejects; any other outcome is a backend bug. Neither is the client's.
+	s.log.Error("backend returned an unexpected outcome", "op", cmd.Op.String(),
+		"namespace", cmd.Namespace, "key", cmd.Key, "outcome", res.Outcome.String())
+	return res, &Error{Code: CodeInternal, Message: internalMessage}
+}
+
+// get reads a record from the backend.
+func (s *Server) get(ctx context.Context, namespace, key string) (fsm.Record, bool, *Error) {
+	rec, found, err := s.backend.Get(ctx, namespace, key)
+	if err != nil {
+		return rec, false, s.backendError(err, "get", namespace, key)
+	}
+	return rec, found, nil
+}
+
+func (s *Server) backendError(err error, op, namespace, key string) *Error {
+	e, internal := fromBackend(err)
+	if internal {
+		s.log.Error("backend failed", "op", op, "namespace", namespace, "key", key, "error", err)
+	} else if e.Code == CodeUnavailable {
+		s.log.Debug("backend unavailable", "op", op, "namespace", namespace, "key", key, "error", err)
+	}
+	return e
+}
+
+func notOwner(op fsm.Op) *Error {
+	var msg string
+	switch op {
+	case fsm.OpHeartbeat:
+		msg = "you do not own this key: it does not exist, is completed, or another caller reclaimed it after your lease ran out; stop the work and do not complete it"
+	case fsm.OpComplete:
+		msg = "you do not own this key: it does not exist, another caller reclaimed it after your lease ran out, or it was completed with a different response; do not treat your result as stored"
+	default:
+		msg = "you do not own this key: it does not exist, another caller holds it, or it is completed (a completed record is final and only expires)"
+	}
+	return &Error{Code: CodeNotOwner, Message: msg}
+}

@@ -1,0 +1,149 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/idem-dev/idem/fsm"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Backend executes validated commands. The storage node implements it over
+// its Raft shards, the router by forwarding to the shard's leader.
+type Backend interface {
+	// Apply executes an OpReserve, OpHeartbeat, OpComplete or OpRelease
+	// command. The server has validated it and applied defaults (Lease,
+	// Retention in nanoseconds); for a reserve it has already set
+	// cmd.OwnerToken, generating a 128-bit random token (base64url, no
+	// padding: 22 characters) when the client sent none, so that forwarding
+	// and retries downstream stay idempotent. Now and SkewMargin are left 0:
+	// the proposer stamps them.
+	Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error)
+	// Get returns the record, or found=false when it is absent or past
+	// retention. Linearizable.
+	Get(ctx context.Context, namespace, key string) (rec fsm.Record, found bool, err error)
+	// Ready reports whether the process can serve (nil) or why not.
+	Ready(ctx context.Context) error
+}
+
+// Defaults and bounds of Config.
+const (
+	// DefaultMaxResponseBytes is the default largest stored response body.
+	DefaultMaxResponseBytes = 1 << 20
+	// MaxMaxResponseBytes bounds MaxResponseBytes: a stored response travels
+	// in one Raft entry and one gRPC message.
+	MaxMaxResponseBytes = 256 << 20
+	// DefaultReadyTimeout bounds one Backend.Ready call of /readyz.
+	DefaultReadyTimeout = 2 * time.Second
+)
+
+// Config configures the HTTP handler and the gRPC service.
+type Config struct {
+	// Backend executes the validated commands. Required.
+	Backend Backend
+	// Logger receives backend failures and recovered panics. Nil discards.
+	Logger *slog.Logger
+	// Registry receives the request metrics (idem_api_*) and is what
+	// /metrics serves, so pass the process-wide registry. Nil: a private
+	// registry that /metrics serves alone.
+	Registry *prometheus.Registry
+	// MaxResponseBytes is the largest stored response body, in decoded bytes
+	// (--max-response-bytes); a complete with a larger body gets 413
+	// PAYLOAD_TOO_LARGE. 0 means DefaultMaxResponseBytes.
+	MaxResponseBytes int64
+	// MaxRequestBytes bounds a JSON request body in bytes; a larger one gets
+	// 413 PAYLOAD_TOO_LARGE. 0 derives it from MaxResponseBytes (see
+	// MaxRequestBytesFor), which leaves room for a max-size body in base64
+	// with JSON escapes plus max-size headers. A set value must be at least
+	// that derived value.
+	MaxRequestBytes int64
+	// Version is this build's version, reported by /healthz.
+	Version string
+	// ReadyTimeout bounds the Backend.Ready call of one /readyz request.
+	// 0 means DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// ExtraRoutes are further HTTP handlers served by the same handler, keyed
+	// by http.ServeMux pattern ("GET /status"). They never shadow the API
+	// (/v1/...), /healthz, /readyz or /metrics, which are matched first.
+	ExtraRoutes map[string]http.Handler
+}
+
+// DefaultConfig returns a Config with the defaults filled in; set Backend
+// (and Logger, Registry) before use. MaxRequestBytes stays 0, so that it
+// follows a changed MaxResponseBytes.
+func DefaultConfig() Config {
+	return Config{
+		MaxResponseBytes: DefaultMaxResponseBytes,
+		ReadyTimeout:     DefaultReadyTimeout,
+	}
+}
+
+// MaxRequestBytesFor is the JSON request body bound derived from
+// maxResponseBytes: the body in base64 (4/3), doubled for encoders that
+// escape '/' as "\/", plus 512 KiB for the headers (64 KiB, up to 6x when
+// JSON-escaped) and the other fields.
+func MaxRequestBytesFor(maxResponseBytes int64) int64 {
+	base64Len := (maxResponseBytes + 2) / 3 * 4
+	return 2*base64Len + 512<<10
+}
+
+// GRPCMaxMessageBytes is the largest gRPC message the service accepts, and
+// what a gRPC client of it (the router) should allow for requests and
+// replies: a max-size response body plus headers and other fields, and never
+// below gRPC's default of 4 MiB.
+func (c Config) GRPCMaxMessageBytes() int {
+	n := c.maxResponseBytes() + 1<<20
+	return int(max(n, 4<<20))
+}
+
+func (c Config) maxResponseBytes() int64 {
+	if c.MaxResponseBytes == 0 {
+		return DefaultMaxResponseBytes
+	}
+	return c.MaxResponseBytes
+}
+
+func (c Config) maxRequestBytes() int64 {
+	if c.MaxRequestBytes == 0 {
+		return MaxRequestBytesFor(c.maxResponseBytes())
+	}
+	return c.MaxRequestBytes
+}
+
+func (c Config) readyTimeout() time.Duration {
+	if c.ReadyTimeout == 0 {
+		return DefaultReadyTimeout
+	}
+	return c.ReadyTimeout
+}
+
+// Validate reports every problem of c at once; each wraps ErrInvalidConfig.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if c.Backend == nil {
+		bad("Backend is required")
+	}
+	if c.MaxResponseBytes < 0 || c.MaxResponseBytes > MaxMaxResponseBytes {
+		bad("MaxResponseBytes %d is out of range: use 1..%d, or 0 for the default %d",
+			c.MaxResponseBytes, MaxMaxResponseBytes, DefaultMaxResponseBytes)
+	} else if c.MaxRequestBytes != 0 && c.MaxRequestBytes < MaxRequestBytesFor(c.maxResponseBytes()) {
+		bad("MaxRequestBytes %d cannot carry a complete with a %d-byte response body: use at least %d, or 0 to derive it",
+			c.MaxRequestBytes, c.maxResponseBytes(), MaxRequestBytesFor(c.maxResponseBytes()))
+	}
+	if c.ReadyTimeout < 0 {
+		bad("ReadyTimeout %v is negative: use a positive duration, or 0 for the default %v", c.ReadyTimeout, DefaultReadyTimeout)
+	}
+	for pattern, h := range c.ExtraRoutes {
+		if h == nil {
+			bad("ExtraRoutes[%q] has a nil handler", pattern)
+		}
+	}
+	return errors.Join(errs...)
+}

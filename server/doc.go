@@ -1,0 +1,137 @@
+// Package server serves idem's public API (API-v1.md) over a Backend: the
+// JSON HTTP API with /healthz, /readyz and /metrics, and the gRPC
+// Idempotency service. It validates, applies defaults, encodes, maps errors
+// and records request metrics; it executes nothing itself. The storage node
+// implements Backend over its Raft shards, the router by forwarding.
+//
+// # Use
+//
+//	cfg := server.DefaultConfig()
+//	cfg.Backend, cfg.Logger, cfg.Registry = backend, logger, registry
+//	cfg.MaxResponseBytes = maxResponseBytes // --max-response-bytes
+//	srv, err := server.New(cfg)
+//	httpServer := &http.Server{Handler: srv.HTTPHandler()}
+//	grpcServer := srv.NewGRPCServer() // Idempotency registered; register Admin too
+//
+// Both APIs share one validator (validate.go): the JSON path decodes a body
+// into the same parameters the gRPC path reads from its message, and one
+// function per command turns them into an fsm.Command. For a reserve without
+// an owner token the server generates one (128 random bits, base64url, 22
+// characters) before calling the Backend, so a forwarded or retried command
+// stays idempotent downstream.
+//
+// # Errors
+//
+// Codes, HTTP statuses and gRPC codes:
+//
+//	code                HTTP  gRPC                 raised by
+//	INVALID_ARGUMENT    400   InvalidArgument      validation
+//	UNAUTHENTICATED     401   Unauthenticated      a Backend (*Error)
+//	PERMISSION_DENIED   403   PermissionDenied     a Backend (*Error)
+//	NOT_FOUND           404   NotFound             unknown path or verb, empty key, GET of an absent key
+//	METHOD_NOT_ALLOWED  405   (none)               wrong HTTP method; see below
+//	NOT_OWNER           409   FailedPrecondition   OutcomeNotOwner of heartbeat, complete, release
+//	PAYLOAD_TOO_LARGE   413   ResourceExhausted    request body over MaxRequestBytes, response body over MaxResponseBytes
+//	RESOURCE_EXHAUSTED  429   ResourceExhausted    a Backend (*Error)
+//	INTERNAL            500   Internal             OutcomeInvalid or an unexpected outcome, unknown Backend errors, panics
+//	UNAVAILABLE         503   Unavailable          ErrUnavailable, *UnavailableError, context deadline or cancellation
+//
+// HTTP errors are {"error": {"code": ..., "message": ...}} with Content-Type
+// application/json. A message says what was wrong and what to do; all
+// problems of one request are reported together, separated by "; ". Owner
+// tokens are never echoed. INTERNAL messages never carry the cause (it goes
+// to the log at ERROR). UNAVAILABLE (and any error with a RetryAfter) sets
+// Retry-After in whole seconds, rounded up, at least 1 (1 when the Backend
+// named no delay).
+//
+// Every gRPC error carries a google.rpc.ErrorInfo with domain ErrorDomain and
+// the code as reason, and UNAVAILABLE a google.rpc.RetryInfo. A Backend error
+// that carries a gRPC status (a router that forwarded over gRPC) is mapped
+// back: by that ErrorInfo when present, so codes survive any number of hops;
+// otherwise Unavailable, DeadlineExceeded and Canceled give UNAVAILABLE,
+// InvalidArgument 400, NotFound 404, FailedPrecondition NOT_OWNER,
+// ResourceExhausted PAYLOAD_TOO_LARGE when the message says "payload too
+// large" or "larger than max" (gRPC's own size limit) and RESOURCE_EXHAUSTED
+// otherwise, Unauthenticated 401, PermissionDenied 403, anything else
+// INTERNAL. A Backend may also return an *Error to pick the code itself.
+//
+// # Choices where the contract is silent
+//
+// Routing. The path is parsed raw (URL.EscapedPath), then the namespace and
+// key are percent-decoded. For POST the verb follows the last ':' of the raw
+// key segment; verbs are case-sensitive; an unknown verb is 404. GET takes
+// the whole segment as the key (GET .../keys/a:reserve reads key
+// "a:reserve"); HEAD is answered like GET. A key segment with an unencoded
+// '/' is 404 (the contract says clients must encode '/'); an empty key is
+// 404; an empty or malformed namespace is 400 INVALID_ARGUMENT. A wrong
+// method is 405 with an Allow header and the error body with code
+// METHOD_NOT_ALLOWED, the one code outside the contract's table: POST
+// without a verb (Allow: GET, HEAD), PUT/DELETE/... on a key (Allow: GET,
+// HEAD) or on a key with a verb (Allow: POST), and non-GET probes. Query
+// strings are ignored.
+//
+// Request bodies. The Content-Type is not checked (curl -d sends
+// form-urlencoded). An empty body is {}: fine for reserve, and for the other
+// verbs a 400 naming the missing owner_token. Otherwise the body must be
+// exactly one JSON object. Field names match exactly (case-sensitive, unlike
+// encoding/json's default); an unknown field at the top level or inside
+// "response" is 400 and the message lists the allowed fields. A null field
+// counts as absent. Integers are JSON numbers (a quoted "100" is 400); a
+// number with a fraction or exponent is accepted when its value is whole
+// (30000.0, 3e4), since many encoders write numbers that way; 1000.5 is 400.
+// A fingerprint is counted in Unicode characters. On complete, "response"
+// and its "status" are required (status has no default). response.body
+// accepts the standard or the URL-safe alphabet (chosen by the characters
+// present; mixing them is 400), padded or unpadded; when padding is present
+// it must be correct.
+//
+// Header bounds (the contract names none): at most 100 headers; a name is
+// 1-256 bytes of RFC 9110 token characters; a value is at most 8 KiB and
+// holds no control characters other than tab (so a replay can always be
+// written back as a header; non-ASCII bytes are kept); names plus values
+// total at most 64 KiB. Names and values are stored exactly as given.
+//
+// Sizes. MaxResponseBytes (default 1 MiB) bounds the decoded body: a larger
+// one is 413. MaxRequestBytes bounds the JSON request body; by default it is
+// derived from MaxResponseBytes (MaxRequestBytesFor: base64 of a max-size
+// body, doubled for encoders that escape '/', plus 512 KiB for headers and
+// fields), so that a valid complete always fits and any larger body is 413
+// before it is parsed. gRPC accepts messages up to
+// Config.GRPCMaxMessageBytes (max-size body plus 1 MiB, at least 4 MiB), so
+// a body somewhat over the limit gets the same 413-style ResourceExhausted
+// from validation; gRPC clients of the service should allow that size too.
+//
+// Responses. A reserve answers 200 with exactly the fields of its outcome;
+// fencing tokens are decimal strings; times are RFC 3339 in UTC with a "Z"
+// and as many fractional digits as needed (time.RFC3339Nano);
+// retry_after_ms is rounded down, so it never points past the moment the
+// key could be reclaimed; a stored response is {status, headers (always an
+// object), body (padded standard base64, "" when empty)}. GET shows
+// lease_expires_at for IN_PROGRESS and completed_at, expires_at and response
+// for COMPLETED, never the owner token. Release answers {}. In gRPC, times
+// are Timestamps and fencing tokens uint64; an empty key is INVALID_ARGUMENT
+// (there is no path to be unknown).
+//
+// # Probes and metrics
+//
+// GET /healthz: 200 {"status":"ok","version":...} while the process runs.
+// GET /readyz: 200 {"status":"ready"} when Backend.Ready returns nil within
+// Config.ReadyTimeout, else 503 UNAVAILABLE whose message carries the reason.
+// GET /metrics: the Prometheus text of Config.Registry.
+//
+// Request metrics, for both APIs (probes and /metrics are not counted):
+//
+//	idem_api_requests_total{api, endpoint, outcome}
+//	idem_api_request_duration_seconds{api, endpoint}   histogram
+//
+// api is "http" or "grpc"; endpoint is reserve, heartbeat, complete,
+// release, get, "unknown" (HTTP requests that match no endpoint), or for
+// gRPC admin_status, admin_transferleader, admin_snapshot and "other";
+// outcome is the reserve outcome (ACQUIRED, RECLAIMED, IN_PROGRESS,
+// COMPLETED, FINGERPRINT_MISMATCH), OK for other successes, or the error
+// code. No label carries a key or namespace.
+//
+// A panic in an HTTP handler, an ExtraRoutes handler or any gRPC method on a
+// server built with GRPCServerOptions is recovered, logged with its stack at
+// ERROR, and answered with INTERNAL; the process keeps serving.
+package server

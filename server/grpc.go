@@ -1,0 +1,226 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/fsm"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// grpcService is the Idempotency service: the same validation as the JSON
+// API (validator), the same backend calls (Server.apply, Server.get).
+type grpcService struct {
+	idemv1.UnimplementedIdempotencyServer
+	s *Server
+}
+
+// recoverRPC turns a panic of an RPC into codes.Internal; the process keeps
+// serving. The interceptor does the same for every service; this covers a
+// service registered without it.
+func (g *grpcService) recoverRPC(method string, err *error) {
+	if p := recover(); p != nil {
+		g.s.log.Error("panic in grpc handler", "method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		*err = (&Error{Code: CodeInternal, Message: internalMessage}).GRPCStatus().Err()
+	}
+}
+
+func (g *grpcService) Reserve(ctx context.Context, req *idemv1.ReserveRequest) (_ *idemv1.ReserveResponse, err error) {
+	defer g.recoverRPC("Reserve", &err)
+	cmd, e := g.s.validate.reserveCommand(reserveParams{
+		Namespace:   req.GetNamespace(),
+		Key:         req.GetKey(),
+		Fingerprint: req.GetFingerprint(),
+		LeaseMs:     req.GetLeaseMs(),
+		OwnerToken:  req.GetOwnerToken(),
+	})
+	if e != nil {
+		return nil, e
+	}
+	res, e := g.s.apply(ctx, cmd)
+	if e != nil {
+		return nil, e
+	}
+	out := &idemv1.ReserveResponse{Outcome: reserveOutcomePB(res.Outcome)}
+	switch res.Outcome {
+	case fsm.OutcomeAcquired, fsm.OutcomeReclaimed:
+		out.OwnerToken = ownerTokenOf(cmd, res)
+		out.FencingToken = res.FencingToken
+		out.LeaseExpiresAt = timestampPB(res.LeaseExpiresAt)
+		if res.Outcome == fsm.OutcomeReclaimed {
+			out.PreviousFencingToken = res.PreviousFencingToken
+		}
+	case fsm.OutcomeInProgress:
+		out.RetryAfterMs = retryAfterMs(res.RetryAfter)
+		out.LeaseExpiresAt = timestampPB(res.LeaseExpiresAt)
+	case fsm.OutcomeCompleted:
+		out.FencingToken = res.FencingToken
+		out.Response = storedResponsePB(res.Response)
+		out.CompletedAt = timestampPB(res.CompletedAt)
+		out.ExpiresAt = timestampPB(res.ExpiresAt)
+	}
+	return out, nil
+}
+
+func (g *grpcService) Heartbeat(ctx context.Context, req *idemv1.HeartbeatRequest) (_ *idemv1.HeartbeatResponse, err error) {
+	defer g.recoverRPC("Heartbeat", &err)
+	cmd, e := g.s.validate.heartbeatCommand(heartbeatParams{
+		Namespace:  req.GetNamespace(),
+		Key:        req.GetKey(),
+		OwnerToken: req.GetOwnerToken(),
+		LeaseMs:    req.GetLeaseMs(),
+	})
+	if e != nil {
+		return nil, e
+	}
+	res, e := g.s.apply(ctx, cmd)
+	if e != nil {
+		return nil, e
+	}
+	return &idemv1.HeartbeatResponse{LeaseExpiresAt: timestampPB(res.LeaseExpiresAt)}, nil
+}
+
+func (g *grpcService) Complete(ctx context.Context, req *idemv1.CompleteRequest) (_ *idemv1.CompleteResponse, err error) {
+	defer g.recoverRPC("Complete", &err)
+	params := completeParams{
+		Namespace:  req.GetNamespace(),
+		Key:        req.GetKey(),
+		OwnerToken: req.GetOwnerToken(),
+		RetentionS: req.GetRetentionS(),
+	}
+	if r := req.GetResponse(); r != nil {
+		params.Response = &responseParams{Status: int64(r.GetStatus()), Headers: r.GetHeaders(), Body: r.GetBody()}
+	}
+	cmd, e := g.s.validate.completeCommand(params)
+	if e != nil {
+		return nil, e
+	}
+	res, e := g.s.apply(ctx, cmd)
+	if e != nil {
+		return nil, e
+	}
+	return &idemv1.CompleteResponse{CompletedAt: timestampPB(res.CompletedAt), ExpiresAt: timestampPB(res.ExpiresAt)}, nil
+}
+
+func (g *grpcService) Release(ctx context.Context, req *idemv1.ReleaseRequest) (_ *idemv1.ReleaseResponse, err error) {
+	defer g.recoverRPC("Release", &err)
+	cmd, e := g.s.validate.releaseCommand(releaseParams{
+		Namespace:  req.GetNamespace(),
+		Key:        req.GetKey(),
+		OwnerToken: req.GetOwnerToken(),
+	})
+	if e != nil {
+		return nil, e
+	}
+	if _, e := g.s.apply(ctx, cmd); e != nil {
+		return nil, e
+	}
+	return &idemv1.ReleaseResponse{}, nil
+}
+
+func (g *grpcService) Get(ctx context.Context, req *idemv1.GetRequest) (_ *idemv1.GetResponse, err error) {
+	defer g.recoverRPC("Get", &err)
+	if e := g.s.validate.getParams(req.GetNamespace(), req.GetKey()); e != nil {
+		return nil, e
+	}
+	rec, found, e := g.s.get(ctx, req.GetNamespace(), req.GetKey())
+	if e != nil {
+		return nil, e
+	}
+	if !found {
+		return nil, errorf(CodeNotFound, "no record for this key in namespace %q: it was never reserved, was released, or is past retention", req.GetNamespace())
+	}
+	out := &idemv1.GetResponse{Fingerprint: rec.Fingerprint, FencingToken: rec.FencingToken}
+	if rec.State == fsm.StateCompleted {
+		out.State = idemv1.State_STATE_COMPLETED
+		out.CompletedAt = timestampPB(rec.CompletedAt)
+		out.ExpiresAt = timestampPB(rec.ExpiresAt)
+		out.Response = storedResponsePB(rec.Response)
+	} else {
+		out.State = idemv1.State_STATE_IN_PROGRESS
+		out.LeaseExpiresAt = timestampPB(rec.LeaseExpiresAt)
+	}
+	return out, nil
+}
+
+func reserveOutcomePB(o fsm.Outcome) idemv1.Outcome {
+	switch o {
+	case fsm.OutcomeAcquired:
+		return idemv1.Outcome_ACQUIRED
+	case fsm.OutcomeReclaimed:
+		return idemv1.Outcome_RECLAIMED
+	case fsm.OutcomeInProgress:
+		return idemv1.Outcome_IN_PROGRESS
+	case fsm.OutcomeCompleted:
+		return idemv1.Outcome_COMPLETED
+	case fsm.OutcomeFingerprintMismatch:
+		return idemv1.Outcome_FINGERPRINT_MISMATCH
+	}
+	return idemv1.Outcome_OUTCOME_UNSPECIFIED
+}
+
+func storedResponsePB(r *fsm.Response) *idemv1.StoredResponse {
+	if r == nil {
+		return &idemv1.StoredResponse{}
+	}
+	return &idemv1.StoredResponse{Status: r.Status, Headers: r.Headers, Body: r.Body}
+}
+
+func timestampPB(unixNanos int64) *timestamppb.Timestamp {
+	return timestamppb.New(time.Unix(0, unixNanos))
+}
+
+// grpcEndpoint is the endpoint label of a full method name: the Idempotency
+// RPCs by their JSON endpoint names, Admin RPCs as admin_<method>, anything
+// else "other", so that the label set stays bounded.
+func grpcEndpoint(fullMethod string) string {
+	service, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	if !ok {
+		return "other"
+	}
+	switch service {
+	case "idem.v1.Idempotency":
+		switch method {
+		case "Reserve", "Heartbeat", "Complete", "Release", "Get":
+			return strings.ToLower(method)
+		}
+	case "idem.v1.Admin":
+		switch method {
+		case "Status", "TransferLeader", "Snapshot":
+			return "admin_" + strings.ToLower(method)
+		}
+	}
+	return "other"
+}
+
+// grpcOutcome is the outcome label of an RPC's result.
+func grpcOutcome(resp any, err error) string {
+	if err != nil {
+		e, _ := fromStatus(status.Convert(err))
+		return string(e.Code)
+	}
+	if r, ok := resp.(*idemv1.ReserveResponse); ok {
+		return r.GetOutcome().String()
+	}
+	return outcomeOK
+}
+
+// unaryInterceptor recovers panics and records request metrics for every
+// unary RPC on the server.
+func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	start := time.Now()
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("panic in grpc handler", "method", info.FullMethod, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			resp, err = nil, (&Error{Code: CodeInternal, Message: internalMessage}).GRPCStatus().Err()
+		}
+		s.metrics.observe("grpc", grpcEndpoint(info.FullMethod), grpcOutcome(resp, err), time.Since(start))
+	}()
+	return handler(ctx, req)
+}

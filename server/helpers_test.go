@@ -1,0 +1,365 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/fsm"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// fakeClock is a settable wall clock in Unix nanoseconds.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	// A start with fractional seconds, so that time formatting is exercised.
+	c.ns.Store(time.Date(2025, 1, 2, 3, 4, 5, 500_000_000, time.UTC).UnixNano())
+	return c
+}
+
+func (c *fakeClock) Now() int64              { return c.ns.Load() }
+func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// memBackend is an in-memory Backend over one *fsm.FSM: what a one-node
+// store does, without Raft. It stamps Now and SkewMargin as a proposer does.
+type memBackend struct {
+	mu       sync.Mutex
+	fsm      *fsm.FSM
+	index    uint64
+	clock    *fakeClock
+	skew     time.Duration
+	last     fsm.Command // the last command applied, for checking defaults
+	notReady error
+}
+
+func newMemBackend(clock *fakeClock) *memBackend {
+	return &memBackend{fsm: fsm.New(), clock: clock, skew: time.Second}
+}
+
+func (b *memBackend) Apply(_ context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := *cmd
+	if c.Now != 0 || c.SkewMargin != 0 {
+		return fsm.Result{Outcome: fsm.OutcomeInvalid}, nil // the server must leave them to the proposer
+	}
+	c.Now = b.clock.Now()
+	c.SkewMargin = int64(b.skew)
+	b.index++
+	b.last = c
+	return b.fsm.Apply(b.index, &c), nil
+}
+
+func (b *memBackend) Get(_ context.Context, namespace, key string) (fsm.Record, bool, error) {
+	rec, ok := b.fsm.Get(namespace, key, b.clock.Now())
+	return rec, ok, nil
+}
+
+func (b *memBackend) Ready(context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.notReady
+}
+
+func (b *memBackend) lastCommand() fsm.Command {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.last
+}
+
+// errBackend fails every call with err, or answers result, or panics.
+type errBackend struct {
+	err    error
+	result fsm.Result
+	panics bool
+}
+
+func (b *errBackend) Apply(context.Context, *fsm.Command) (fsm.Result, error) {
+	if b.panics {
+		panic("errBackend: boom")
+	}
+	return b.result, b.err
+}
+
+func (b *errBackend) Get(context.Context, string, string) (fsm.Record, bool, error) {
+	if b.panics {
+		panic("errBackend: boom")
+	}
+	return fsm.Record{}, false, b.err
+}
+
+func (b *errBackend) Ready(context.Context) error { return b.err }
+
+// grpcBackend forwards to an idem gRPC server, as a router does: it shows
+// that codes survive a hop.
+type grpcBackend struct{ c idemv1.IdempotencyClient }
+
+func (b grpcBackend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	switch cmd.Op {
+	case fsm.OpReserve:
+		r, err := b.c.Reserve(ctx, &idemv1.ReserveRequest{Namespace: cmd.Namespace, Key: cmd.Key,
+			Fingerprint: cmd.Fingerprint, LeaseMs: cmd.Lease / 1e6, OwnerToken: cmd.OwnerToken})
+		if err != nil {
+			return fsm.Result{}, err
+		}
+		res := fsm.Result{OwnerToken: r.GetOwnerToken(), FencingToken: r.GetFencingToken(),
+			PreviousFencingToken: r.GetPreviousFencingToken(), RetryAfter: r.GetRetryAfterMs() * 1e6}
+		res.Outcome = map[idemv1.Outcome]fsm.Outcome{
+			idemv1.Outcome_ACQUIRED: fsm.OutcomeAcquired, idemv1.Outcome_RECLAIMED: fsm.OutcomeReclaimed,
+			idemv1.Outcome_IN_PROGRESS: fsm.OutcomeInProgress, idemv1.Outcome_COMPLETED: fsm.OutcomeCompleted,
+			idemv1.Outcome_FINGERPRINT_MISMATCH: fsm.OutcomeFingerprintMismatch,
+		}[r.GetOutcome()]
+		if r.LeaseExpiresAt != nil {
+			res.LeaseExpiresAt = r.LeaseExpiresAt.AsTime().UnixNano()
+		}
+		if r.Response != nil {
+			res.Response = &fsm.Response{Status: r.Response.Status, Headers: r.Response.Headers, Body: r.Response.Body}
+			res.CompletedAt = r.CompletedAt.AsTime().UnixNano()
+			res.ExpiresAt = r.ExpiresAt.AsTime().UnixNano()
+		}
+		return res, nil
+	case fsm.OpHeartbeat:
+		r, err := b.c.Heartbeat(ctx, &idemv1.HeartbeatRequest{Namespace: cmd.Namespace, Key: cmd.Key,
+			OwnerToken: cmd.OwnerToken, LeaseMs: cmd.Lease / 1e6})
+		if err != nil {
+			return fsm.Result{}, err
+		}
+		return fsm.Result{Outcome: fsm.OutcomeOK, LeaseExpiresAt: r.LeaseExpiresAt.AsTime().UnixNano()}, nil
+	case fsm.OpComplete:
+		r, err := b.c.Complete(ctx, &idemv1.CompleteRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
+			Response:   &idemv1.StoredResponse{Status: cmd.Response.Status, Headers: cmd.Response.Headers, Body: cmd.Response.Body},
+			RetentionS: cmd.Retention / 1e9})
+		if err != nil {
+			return fsm.Result{}, err
+		}
+		return fsm.Result{Outcome: fsm.OutcomeOK, CompletedAt: r.CompletedAt.AsTime().UnixNano(), ExpiresAt: r.ExpiresAt.AsTime().UnixNano()}, nil
+	case fsm.OpRelease:
+		_, err := b.c.Release(ctx, &idemv1.ReleaseRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken})
+		if err != nil {
+			return fsm.Result{}, err
+		}
+		return fsm.Result{Outcome: fsm.OutcomeOK}, nil
+	}
+	return fsm.Result{Outcome: fsm.OutcomeInvalid}, nil
+}
+
+func (b grpcBackend) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {
+	r, err := b.c.Get(ctx, &idemv1.GetRequest{Namespace: namespace, Key: key})
+	if status.Code(err) == codes.NotFound {
+		return fsm.Record{}, false, nil
+	}
+	if err != nil {
+		return fsm.Record{}, false, err
+	}
+	rec := fsm.Record{State: fsm.State(r.State), Fingerprint: r.Fingerprint, FencingToken: r.FencingToken}
+	if r.LeaseExpiresAt != nil {
+		rec.LeaseExpiresAt = r.LeaseExpiresAt.AsTime().UnixNano()
+	}
+	if r.Response != nil {
+		rec.Response = &fsm.Response{Status: r.Response.Status, Headers: r.Response.Headers, Body: r.Response.Body}
+		rec.CompletedAt = r.CompletedAt.AsTime().UnixNano()
+		rec.ExpiresAt = r.ExpiresAt.AsTime().UnixNano()
+	}
+	return rec, true, nil
+}
+
+func (b grpcBackend) Ready(context.Context) error { return nil }
+
+// testLogWriter routes the server's log to t.Log.
+type testLogWriter struct{ t *testing.T }
+
+func (w testLogWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// harness is a Server over backend, served on real loopback sockets: HTTP
+// through httptest, gRPC on 127.0.0.1:0.
+type harness struct {
+	t        *testing.T
+	srv      *Server
+	cfg      Config
+	reg      *prometheus.Registry
+	httpURL  string
+	grpcAddr string
+	grpc     idemv1.IdempotencyClient
+	logs     *syncBuffer
+}
+
+// syncBuffer collects log output for assertions.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func newHarness(t *testing.T, backend Backend, mod func(*Config)) *harness {
+	t.Helper()
+	logs := &syncBuffer{}
+	cfg := DefaultConfig()
+	cfg.Backend = backend
+	cfg.Registry = prometheus.NewRegistry()
+	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(testLogWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.Version = "test-1.2.3"
+	if mod != nil {
+		mod(&cfg)
+	}
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	hs := httptest.NewServer(srv.HTTPHandler())
+	t.Cleanup(hs.Close)
+
+	lis := listenLoopback(t)
+	gs := srv.NewGRPCServer()
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.GracefulStop)
+	conn, err := grpc.NewClient(lis.Addr().String(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(cfg.GRPCMaxMessageBytes()), grpc.MaxCallRecvMsgSize(cfg.GRPCMaxMessageBytes())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return &harness{t: t, srv: srv, cfg: cfg, reg: cfg.Registry, httpURL: hs.URL, grpcAddr: lis.Addr().String(),
+		grpc: idemv1.NewIdempotencyClient(conn), logs: logs}
+}
+
+// reply is one HTTP answer.
+type reply struct {
+	status int
+	header http.Header
+	raw    []byte
+	body   map[string]any
+}
+
+func (r reply) String() string { return string(r.raw) }
+
+// errCode is the error code of an error body ("" if none).
+func (r reply) errCode() string {
+	e, _ := r.body["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
+func (r reply) errMessage() string {
+	e, _ := r.body["error"].(map[string]any)
+	msg, _ := e["message"].(string)
+	return msg
+}
+
+func (h *harness) do(method, path, body string) reply {
+	h.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	return h.doReader(method, path, rd)
+}
+
+func (h *harness) doReader(method, path string, body io.Reader) reply {
+	h.t.Helper()
+	req, err := http.NewRequestWithContext(h.t.Context(), method, h.httpURL+path, body)
+	if err != nil {
+		h.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatalf("%s %s: read: %v", method, path, err)
+	}
+	r := reply{status: resp.StatusCode, header: resp.Header, raw: raw}
+	if len(raw) > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber()
+		if err := dec.Decode(&r.body); err != nil {
+			h.t.Fatalf("%s %s: answer is not a JSON object: %v: %s", method, path, err, raw)
+		}
+	}
+	return r
+}
+
+// expectError checks an error answer: status, code, the JSON error body and
+// a message that says something.
+func (h *harness) expectError(r reply, status int, code Code) {
+	h.t.Helper()
+	if r.status != status || r.errCode() != string(code) {
+		h.t.Fatalf("got %d %s, want %d %s: %s", r.status, r.errCode(), status, code, r)
+	}
+	if ct := r.header.Get("Content-Type"); ct != "application/json" {
+		h.t.Fatalf("Content-Type %q, want application/json", ct)
+	}
+	if len(r.body) != 1 || len(r.body["error"].(map[string]any)) != 2 || r.errMessage() == "" {
+		h.t.Fatalf("error body is not {\"error\":{\"code\",\"message\"}} with a message: %s", r)
+	}
+}
+
+// expectServing checks that the server still answers a good request.
+func (h *harness) expectServing() {
+	h.t.Helper()
+	if r := h.do("GET", "/healthz", ""); r.status != http.StatusOK {
+		h.t.Fatalf("/healthz after a bad request: %d %s", r.status, r)
+	}
+	if r := h.do("POST", "/v1/namespaces/alive/keys/k:reserve", ""); r.status != http.StatusOK {
+		h.t.Fatalf("reserve after a bad request: %d %s", r.status, r)
+	}
+}
+
+// keys returns the sorted field names of a JSON object.
+func keys(m map[string]any) []string { return slices.Sorted(maps.Keys(m)) }
+
+func str(t *testing.T, m map[string]any, field string) string {
+	t.Helper()
+	s, ok := m[field].(string)
+	if !ok {
+		t.Fatalf("field %q is %T (%v), want a string; body %v", field, m[field], m[field], m)
+	}
+	return s
+}
+
+// rfc3339 formats Unix nanoseconds the way the API must.
+func rfc3339(ns int64) string { return time.Unix(0, ns).UTC().Format(time.RFC3339Nano) }
+
+func listenLoopback(t *testing.T) net.Listener {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lis
+}

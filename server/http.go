@@ -1,0 +1,472 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idem-dev/idem/fsm"
+)
+
+// Endpoint names, as in metrics labels.
+const (
+	endpointReserve   = "reserve"
+	endpointHeartbeat = "heartbeat"
+	endpointComplete  = "complete"
+	endpointRelease   = "release"
+	endpointGet       = "get"
+	endpointUnknown   = "unknown"
+)
+
+// outcomeOK labels a successful heartbeat, complete, release or get.
+const outcomeOK = "OK"
+
+var verbs = map[string]string{
+	"reserve":   endpointReserve,
+	"heartbeat": endpointHeartbeat,
+	"complete":  endpointComplete,
+	"release":   endpointRelease,
+}
+
+type httpAPI struct {
+	s       *Server
+	extra   *http.ServeMux // nil without ExtraRoutes
+	metrics http.Handler
+}
+
+func (h *httpAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	raw := r.URL.EscapedPath()
+	if strings.HasPrefix(raw, "/v1/") {
+		h.serveAPI(w, r, raw)
+		return
+	}
+	w = &statusWriter{ResponseWriter: w}
+	defer h.recoverPanic(w, r, nil)
+	switch {
+	case raw == "/healthz" || raw == "/readyz" || raw == "/metrics":
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, errorf(CodeMethodNotAllowed, "%s %s is not allowed: use GET", r.Method, raw))
+			return
+		}
+		switch raw {
+		case "/healthz":
+			writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": h.s.cfg.Version})
+		case "/readyz":
+			h.serveReady(w, r)
+		default:
+			h.metrics.ServeHTTP(w, r)
+		}
+		return
+	}
+	if h.extra != nil {
+		if handler, pattern := h.extra.Handler(r); pattern != "" {
+			handler.ServeHTTP(w, r)
+			return
+		}
+	}
+	writeError(w, errorf(CodeNotFound, "unknown path %q: the API is /v1/namespaces/{namespace}/keys/{key} (GET) and .../keys/{key}:reserve|heartbeat|complete|release (POST)", truncate(raw, 128)))
+}
+
+func (h *httpAPI) serveReady(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), h.s.cfg.readyTimeout())
+	defer cancel()
+	if err := h.s.backend.Ready(ctx); err != nil {
+		e := &Error{Code: CodeUnavailable, Message: "not ready: " + err.Error(), RetryAfter: defaultRetryAfter}
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// statusWriter remembers whether the header went out, so that a recovered
+// panic answers 500 only when it still can.
+type statusWriter struct {
+	http.ResponseWriter
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.wroteHeader = true
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	w.wroteHeader = true
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// recoverPanic turns a panic of a handler into 500 INTERNAL (when the header
+// has not gone out yet) and a log line; the process keeps serving.
+// http.ErrAbortHandler keeps its meaning: abort the response silently.
+func (h *httpAPI) recoverPanic(w http.ResponseWriter, r *http.Request, outcome *string) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	if p == http.ErrAbortHandler {
+		panic(p)
+	}
+	h.s.log.Error("panic in http handler", "method", r.Method, "path", r.URL.EscapedPath(),
+		"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	if sw, ok := w.(*statusWriter); !ok || !sw.wroteHeader {
+		writeError(w, &Error{Code: CodeInternal, Message: internalMessage})
+	}
+	if outcome != nil {
+		*outcome = string(CodeInternal)
+	}
+}
+
+// route is a parsed API path.
+type route struct {
+	endpoint       string
+	namespace, key string
+	// allow is the Allow header of a 405.
+	allow string
+}
+
+// parseRoute parses the raw (still percent-encoded) path: the verb of a POST
+// is what follows the last ':', so a ':' inside a key must be encoded as %3A
+// only when the key would otherwise end in ":<verb>". The namespace and key
+// are decoded afterwards.
+func parseRoute(method, raw string) (route, *Error) {
+	const usage = "the API is GET /v1/namespaces/{namespace}/keys/{key} and POST /v1/namespaces/{namespace}/keys/{key}:reserve|heartbeat|complete|release"
+	unknown := func() (route, *Error) {
+		return route{endpoint: endpointUnknown}, errorf(CodeNotFound, "unknown path %q: %s", truncate(raw, 128), usage)
+	}
+	rest, ok := strings.CutPrefix(raw, "/v1/namespaces/")
+	if !ok {
+		return unknown()
+	}
+	rawNamespace, rest, ok := strings.Cut(rest, "/")
+	if !ok {
+		return unknown()
+	}
+	rawKey, ok := strings.CutPrefix(rest, "keys/")
+	if !ok {
+		return unknown()
+	}
+	if strings.Contains(rawKey, "/") {
+		return route{endpoint: endpointUnknown}, errorf(CodeNotFound,
+			"unknown path %q: a key containing '/' must be percent-encoded as %%2F (and '%%' as %%25, '?' as %%3F, '#' as %%23)", truncate(raw, 128))
+	}
+	rt := route{}
+	switch method {
+	case http.MethodGet, http.MethodHead:
+		rt.endpoint = endpointGet
+	case http.MethodPost:
+		i := strings.LastIndexByte(rawKey, ':')
+		if i < 0 {
+			return route{endpoint: endpointUnknown, allow: "GET, HEAD"}, &Error{Code: CodeMethodNotAllowed,
+				Message: "POST needs a verb after the key: POST .../keys/{key}:reserve, :heartbeat, :complete or :release; reading a key is GET"}
+		}
+		endpoint, ok := verbs[rawKey[i+1:]]
+		if !ok {
+			return route{endpoint: endpointUnknown}, errorf(CodeNotFound,
+				"unknown verb %q: use :reserve, :heartbeat, :complete or :release (a ':' inside a key must be percent-encoded as %%3A)", truncate(rawKey[i+1:], 32))
+		}
+		rt.endpoint = endpoint
+		rawKey = rawKey[:i]
+	default:
+		allow := "GET, HEAD"
+		if i := strings.LastIndexByte(rawKey, ':'); i >= 0 && verbs[rawKey[i+1:]] != "" {
+			allow = "POST"
+		}
+		return route{endpoint: endpointUnknown, allow: allow}, &Error{Code: CodeMethodNotAllowed,
+			Message: fmt.Sprintf("%s is not allowed here: use %s", method, allow)}
+	}
+	if rawKey == "" {
+		return route{endpoint: rt.endpoint}, errorf(CodeNotFound, "the key is empty: %s", usage)
+	}
+	var p problems
+	ns, err := url.PathUnescape(rawNamespace)
+	if err != nil {
+		p.addf("namespace is not validly percent-encoded: %s", namespaceRule)
+	}
+	key, err := url.PathUnescape(rawKey)
+	if err != nil {
+		p.addf("key is not validly percent-encoded (a '%%' in a key is %%25): %s", keyRule)
+	}
+	if e := p.err(); e != nil {
+		return route{endpoint: rt.endpoint}, e
+	}
+	rt.namespace, rt.key = ns, key
+	return rt, nil
+}
+
+func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
+	start := time.Now()
+	sw := &statusWriter{ResponseWriter: w}
+	endpoint, outcome := endpointUnknown, ""
+	defer func() {
+		h.s.metrics.observe("http", endpoint, outcome, time.Since(start))
+	}()
+	defer h.recoverPanic(sw, r, &outcome)
+
+	fail := func(e *Error) {
+		outcome = string(e.Code)
+		writeError(sw, e)
+	}
+	rt, e := parseRoute(r.Method, raw)
+	endpoint = rt.endpoint
+	if e != nil {
+		if rt.allow != "" {
+			sw.Header().Set("Allow", rt.allow)
+		}
+		fail(e)
+		return
+	}
+	if endpoint == endpointGet {
+		outcome = h.serveGet(sw, r, rt, fail)
+		return
+	}
+	body, e := h.readBody(r, sw)
+	if e != nil {
+		fail(e)
+		return
+	}
+	var cmd *fsm.Command
+	switch endpoint {
+	case endpointReserve:
+		var params reserveParams
+		if params, e = decodeReserve(body); e == nil {
+			params.Namespace, params.Key = rt.namespace, rt.key
+			cmd, e = h.s.validate.reserveCommand(params)
+		}
+	case endpointHeartbeat:
+		var params heartbeatParams
+		if params, e = decodeHeartbeat(body); e == nil {
+			params.Namespace, params.Key = rt.namespace, rt.key
+			cmd, e = h.s.validate.heartbeatCommand(params)
+		}
+	case endpointComplete:
+		var params completeParams
+		if params, e = decodeComplete(body); e == nil {
+			params.Namespace, params.Key = rt.namespace, rt.key
+			cmd, e = h.s.validate.completeCommand(params)
+		}
+	case endpointRelease:
+		var params releaseParams
+		if params, e = decodeRelease(body); e == nil {
+			params.Namespace, params.Key = rt.namespace, rt.key
+			cmd, e = h.s.validate.releaseCommand(params)
+		}
+	}
+	if e != nil {
+		fail(e)
+		return
+	}
+	res, e := h.s.apply(r.Context(), cmd)
+	if e != nil {
+		fail(e)
+		return
+	}
+	if cmd.Op == fsm.OpReserve {
+		outcome = res.Outcome.String()
+		writeJSON(sw, http.StatusOK, reserveJSON(cmd, res))
+		return
+	}
+	outcome = outcomeOK
+	switch cmd.Op {
+	case fsm.OpHeartbeat:
+		writeJSON(sw, http.StatusOK, heartbeatJSON{LeaseExpiresAt: formatTime(res.LeaseExpiresAt)})
+	case fsm.OpComplete:
+		writeJSON(sw, http.StatusOK, completeJSON{CompletedAt: formatTime(res.CompletedAt), ExpiresAt: formatTime(res.ExpiresAt)})
+	default:
+		writeJSON(sw, http.StatusOK, struct{}{})
+	}
+}
+
+// readBody reads the request body up to MaxRequestBytes.
+func (h *httpAPI) readBody(r *http.Request, w http.ResponseWriter) ([]byte, *Error) {
+	limit := h.s.cfg.maxRequestBytes()
+	tooLarge := func() *Error {
+		return errorf(CodePayloadTooLarge,
+			"payload too large: the request body exceeds %d bytes; a stored response body is at most %d bytes (decoded)",
+			limit, h.s.validate.maxResponseBytes)
+	}
+	if r.ContentLength > limit {
+		return nil, tooLarge()
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			return nil, tooLarge()
+		}
+		return nil, errorf(CodeInvalidArgument, "could not read the request body (%v): send it again", err)
+	}
+	return body, nil
+}
+
+func (h *httpAPI) serveGet(w http.ResponseWriter, r *http.Request, rt route, fail func(*Error)) (outcome string) {
+	if e := h.s.validate.getParams(rt.namespace, rt.key); e != nil {
+		fail(e)
+		return string(e.Code)
+	}
+	rec, found, e := h.s.get(r.Context(), rt.namespace, rt.key)
+	if e != nil {
+		fail(e)
+		return string(e.Code)
+	}
+	if !found {
+		e := errorf(CodeNotFound, "no record for this key in namespace %q: it was never reserved, was released, or is past retention", rt.namespace)
+		fail(e)
+		return string(e.Code)
+	}
+	writeJSON(w, http.StatusOK, recordJSON(rec))
+	return outcomeOK
+}
+
+// The JSON response bodies.
+type (
+	responseJSON struct {
+		Status  int32             `json:"status"`
+		Headers map[string]string `json:"headers"`
+		Body    string            `json:"body"`
+	}
+	reserveResponseJSON struct {
+		Outcome              string        `json:"outcome"`
+		OwnerToken           string        `json:"owner_token,omitempty"`
+		FencingToken         string        `json:"fencing_token,omitempty"`
+		PreviousFencingToken string        `json:"previous_fencing_token,omitempty"`
+		LeaseExpiresAt       string        `json:"lease_expires_at,omitempty"`
+		RetryAfterMs         *int64        `json:"retry_after_ms,omitempty"`
+		Response             *responseJSON `json:"response,omitempty"`
+		CompletedAt          string        `json:"completed_at,omitempty"`
+		ExpiresAt            string        `json:"expires_at,omitempty"`
+	}
+	heartbeatJSON struct {
+		LeaseExpiresAt string `json:"lease_expires_at"`
+	}
+	completeJSON struct {
+		CompletedAt string `json:"completed_at"`
+		ExpiresAt   string `json:"expires_at"`
+	}
+	getResponseJSON struct {
+		State          string        `json:"state"`
+		Fingerprint    string        `json:"fingerprint"`
+		FencingToken   string        `json:"fencing_token"`
+		LeaseExpiresAt string        `json:"lease_expires_at,omitempty"`
+		CompletedAt    string        `json:"completed_at,omitempty"`
+		ExpiresAt      string        `json:"expires_at,omitempty"`
+		Response       *responseJSON `json:"response,omitempty"`
+	}
+	errorBodyJSON struct {
+		Error errorJSON `json:"error"`
+	}
+	errorJSON struct {
+		Code    Code   `json:"code"`
+		Message string `json:"message"`
+	}
+)
+
+func reserveJSON(cmd *fsm.Command, res fsm.Result) reserveResponseJSON {
+	out := reserveResponseJSON{Outcome: res.Outcome.String()}
+	switch res.Outcome {
+	case fsm.OutcomeAcquired, fsm.OutcomeReclaimed:
+		out.OwnerToken = ownerTokenOf(cmd, res)
+		out.FencingToken = formatToken(res.FencingToken)
+		out.LeaseExpiresAt = formatTime(res.LeaseExpiresAt)
+		if res.Outcome == fsm.OutcomeReclaimed {
+			out.PreviousFencingToken = formatToken(res.PreviousFencingToken)
+		}
+	case fsm.OutcomeInProgress:
+		ms := retryAfterMs(res.RetryAfter)
+		out.RetryAfterMs = &ms
+		out.LeaseExpiresAt = formatTime(res.LeaseExpiresAt)
+	case fsm.OutcomeCompleted:
+		out.FencingToken = formatToken(res.FencingToken)
+		out.Response = storedResponseJSON(res.Response)
+		out.CompletedAt = formatTime(res.CompletedAt)
+		out.ExpiresAt = formatTime(res.ExpiresAt)
+	}
+	return out
+}
+
+func recordJSON(rec fsm.Record) getResponseJSON {
+	out := getResponseJSON{
+		State:        rec.State.String(),
+		Fingerprint:  rec.Fingerprint,
+		FencingToken: formatToken(rec.FencingToken),
+	}
+	if rec.State == fsm.StateCompleted {
+		out.CompletedAt = formatTime(rec.CompletedAt)
+		out.ExpiresAt = formatTime(rec.ExpiresAt)
+		out.Response = storedResponseJSON(rec.Response)
+	} else {
+		out.LeaseExpiresAt = formatTime(rec.LeaseExpiresAt)
+	}
+	return out
+}
+
+func storedResponseJSON(r *fsm.Response) *responseJSON {
+	out := &responseJSON{Headers: map[string]string{}}
+	if r == nil {
+		return out
+	}
+	out.Status = r.Status
+	for k, v := range r.Headers {
+		out.Headers[k] = v
+	}
+	out.Body = base64.StdEncoding.EncodeToString(r.Body)
+	return out
+}
+
+// ownerTokenOf is the token of an ACQUIRED/RECLAIMED answer: the backend's,
+// or the command's (which the server set) if the backend left it out.
+func ownerTokenOf(cmd *fsm.Command, res fsm.Result) string {
+	if res.OwnerToken != "" {
+		return res.OwnerToken
+	}
+	return cmd.OwnerToken
+}
+
+// retryAfterMs rounds the hint down, so that it never points past the moment
+// the key could be reclaimed.
+func retryAfterMs(retryAfter int64) int64 {
+	return max(retryAfter/int64(time.Millisecond), 0)
+}
+
+func formatToken(t uint64) string { return strconv.FormatUint(t, 10) }
+
+// formatTime formats Unix nanoseconds as RFC 3339 in UTC with the fractional
+// seconds it needs.
+func formatTime(unixNanos int64) string {
+	return time.Unix(0, unixNanos).UTC().Format(time.RFC3339Nano)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		// Only a programming error gets here: every body is a plain struct.
+		status = http.StatusInternalServerError
+		buf.Reset()
+		_ = json.NewEncoder(&buf).Encode(errorBodyJSON{Error: errorJSON{Code: CodeInternal, Message: internalMessage}})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func writeError(w http.ResponseWriter, e *Error) {
+	if e.RetryAfter > 0 || e.Code == CodeUnavailable {
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(e.RetryAfter), 10))
+	}
+	writeJSON(w, e.Code.HTTPStatus(), errorBodyJSON{Error: errorJSON{Code: e.Code, Message: e.Message}})
+}

@@ -1,0 +1,213 @@
+package server
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Request bodies are decoded in two steps: first into a map of raw values, so
+// that field names are matched exactly (encoding/json would also accept
+// "Lease_MS") and every unknown field, top level or nested, is named in the
+// error; then field by field, so that each type error names its field.
+
+// The fields each request body may hold.
+var (
+	reserveFields   = []string{"fingerprint", "lease_ms", "owner_token"}
+	heartbeatFields = []string{"lease_ms", "owner_token"}
+	completeFields  = []string{"owner_token", "response", "retention_s"}
+	releaseFields   = []string{"owner_token"}
+	responseFields  = []string{"body", "headers", "status"}
+)
+
+// jsonObject decodes data, which must be exactly one JSON object (or nothing
+// at all: an empty body is an empty object), and rejects fields not in
+// allowed. where names the object in messages ("request body", "response").
+func jsonObject(p *problems, data []byte, allowed []string, where string) map[string]json.RawMessage {
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 {
+		return nil
+	}
+	if data[0] != '{' {
+		p.addf("%s must be a JSON object like {\"%s\": ...}", where, allowed[0])
+		return nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil {
+		var syntaxErr *json.SyntaxError
+		if errors.As(err, &syntaxErr) {
+			p.addf("%s is not valid JSON (%s at byte %d): send exactly one JSON object", where,
+				strings.TrimPrefix(syntaxErr.Error(), "json: "), syntaxErr.Offset)
+		} else {
+			p.addf("%s is not valid JSON: send exactly one JSON object", where)
+		}
+		return nil
+	}
+	var unknown []string
+	for name := range fields {
+		if !slices.Contains(allowed, name) {
+			unknown = append(unknown, strconv.Quote(truncate(name, 64)))
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		p.addf("unknown field %s in %s: the allowed fields are %s (names are snake_case and case-sensitive)",
+			strings.Join(unknown, ", "), where, strings.Join(allowed, ", "))
+	}
+	return fields
+}
+
+func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
+
+// jsonString decodes a string field; absent or null is "".
+func jsonString(p *problems, fields map[string]json.RawMessage, name, path string) string {
+	raw := fields[name]
+	if isNull(raw) {
+		return ""
+	}
+	var s string
+	if raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		p.addf("%s must be a JSON string", path)
+		return ""
+	}
+	return s
+}
+
+// jsonInt decodes an integer field; absent or null is 0. A number written
+// with a fraction or exponent is accepted when its value is a whole number
+// (30000.0, 3e4), since many encoders write numbers that way.
+func jsonInt(p *problems, fields map[string]json.RawMessage, name, path string) int64 {
+	raw := fields[name]
+	if isNull(raw) {
+		return 0
+	}
+	if c := raw[0]; c != '-' && (c < '0' || c > '9') {
+		p.addf("%s must be a JSON number, not %s", path, jsonKind(raw))
+		return 0
+	}
+	if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+		return n
+	}
+	f, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil || math.Abs(f) > 1<<53 {
+		p.addf("%s %s is out of range", path, truncate(string(raw), 32))
+		return 0
+	}
+	if f != math.Trunc(f) {
+		p.addf("%s must be a whole number, not %s", path, truncate(string(raw), 32))
+		return 0
+	}
+	return int64(f)
+}
+
+func jsonKind(raw json.RawMessage) string {
+	switch raw[0] {
+	case '"':
+		return "a string"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case 't', 'f':
+		return "a boolean"
+	}
+	return "that value"
+}
+
+func decodeReserve(data []byte) (reserveParams, *Error) {
+	var p problems
+	f := jsonObject(&p, data, reserveFields, "request body")
+	r := reserveParams{
+		Fingerprint: jsonString(&p, f, "fingerprint", "fingerprint"),
+		LeaseMs:     jsonInt(&p, f, "lease_ms", "lease_ms"),
+		OwnerToken:  jsonString(&p, f, "owner_token", "owner_token"),
+	}
+	return r, p.err()
+}
+
+func decodeHeartbeat(data []byte) (heartbeatParams, *Error) {
+	var p problems
+	f := jsonObject(&p, data, heartbeatFields, "request body")
+	r := heartbeatParams{
+		LeaseMs:    jsonInt(&p, f, "lease_ms", "lease_ms"),
+		OwnerToken: jsonString(&p, f, "owner_token", "owner_token"),
+	}
+	return r, p.err()
+}
+
+func decodeRelease(data []byte) (releaseParams, *Error) {
+	var p problems
+	f := jsonObject(&p, data, releaseFields, "request body")
+	r := releaseParams{OwnerToken: jsonString(&p, f, "owner_token", "owner_token")}
+	return r, p.err()
+}
+
+func decodeComplete(data []byte) (completeParams, *Error) {
+	var p problems
+	f := jsonObject(&p, data, completeFields, "request body")
+	r := completeParams{
+		OwnerToken: jsonString(&p, f, "owner_token", "owner_token"),
+		RetentionS: jsonInt(&p, f, "retention_s", "retention_s"),
+	}
+	if raw := f["response"]; !isNull(raw) {
+		if raw[0] != '{' {
+			p.addf("response must be a JSON object like {\"status\": 200, \"headers\": {}, \"body\": \"\"}, not %s", jsonKind(raw))
+		} else {
+			rf := jsonObject(&p, raw, responseFields, "response")
+			resp := &responseParams{
+				Status:  jsonInt(&p, rf, "status", "response.status"),
+				Headers: jsonHeaders(&p, rf),
+			}
+			if body := jsonString(&p, rf, "body", "response.body"); body != "" {
+				decoded, err := decodeBase64(body)
+				if err != nil {
+					p.addf("response.body is not valid base64 (%v): encode the body as base64, standard or URL-safe alphabet, padded or not", err)
+				}
+				resp.Body = decoded
+			}
+			r.Response = resp
+		}
+	}
+	return r, p.err()
+}
+
+func jsonHeaders(p *problems, fields map[string]json.RawMessage) map[string]string {
+	raw := fields["headers"]
+	if isNull(raw) {
+		return nil
+	}
+	var headers map[string]json.RawMessage
+	if raw[0] != '{' || json.Unmarshal(raw, &headers) != nil {
+		p.addf("response.headers must be a JSON object of strings like {\"Content-Type\": \"application/json\"}")
+		return nil
+	}
+	out := make(map[string]string, len(headers))
+	for name, value := range headers {
+		var s string
+		if len(value) == 0 || value[0] != '"' || json.Unmarshal(value, &s) != nil {
+			p.addf("response.headers[%q] must be a string (join multiple values with \", \")", truncate(name, 64))
+			continue
+		}
+		out[name] = s
+	}
+	return out
+}
+
+// decodeBase64 accepts the standard and the URL-safe alphabet, padded or
+// not (the alphabet is the one the characters show; padding is checked when
+// present).
+func decodeBase64(s string) ([]byte, error) {
+	enc := base64.StdEncoding
+	if strings.ContainsAny(s, "-_") {
+		enc = base64.URLEncoding
+	}
+	if !strings.HasSuffix(strings.TrimRight(s, "\r\n"), "=") {
+		enc = enc.WithPadding(base64.NoPadding)
+	}
+	return enc.DecodeString(s)
+}

@@ -1,0 +1,58 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the request metrics of both APIs. Labels are bounded: api is
+// http or grpc; endpoint is reserve, heartbeat, complete, release, get,
+// unknown (HTTP paths that match no endpoint) or admin_<method>/other (gRPC);
+// outcome is a reserve outcome, OK, or an error code.
+type metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newMetrics(reg *prometheus.Registry) (*metrics, error) {
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idem_api_requests_total",
+		Help: "API requests served, by api (http, grpc), endpoint and outcome (reserve outcome, OK, or error code).",
+	}, []string{"api", "endpoint", "outcome"})
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "idem_api_request_duration_seconds",
+		Help:    "Time to serve an API request, by api and endpoint.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"api", "endpoint"})
+	var err error
+	if requests, err = register(reg, requests); err != nil {
+		return nil, err
+	}
+	if duration, err = register(reg, duration); err != nil {
+		return nil, err
+	}
+	return &metrics{requests: requests, duration: duration}, nil
+}
+
+// register registers c on reg, or returns the identical collector already
+// there (the HTTP handler and the gRPC service may be built from one Config).
+func register[C prometheus.Collector](reg *prometheus.Registry, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, fmt.Errorf("server: register metrics: %w", err)
+	}
+	return c, nil
+}
+
+func (m *metrics) observe(api, endpoint, outcome string, elapsed time.Duration) {
+	m.requests.WithLabelValues(api, endpoint, outcome).Inc()
+	m.duration.WithLabelValues(api, endpoint).Observe(elapsed.Seconds())
+}

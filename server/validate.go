@@ -1,0 +1,361 @@
+package server
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idem-dev/idem/fsm"
+)
+
+// Limits of the public API (API-v1.md). Where the contract names no bound
+// (headers), doc.go says why these.
+const (
+	MaxNamespaceBytes   = 63
+	MaxKeyBytes         = 255
+	MaxFingerprintChars = 256
+
+	MinLeaseMs     = 100
+	MaxLeaseMs     = 600_000
+	DefaultLeaseMs = 30_000
+
+	MinOwnerTokenChars = 16
+	MaxOwnerTokenChars = 128
+
+	MinStatus = 100
+	MaxStatus = 599
+
+	MinRetentionS     = 1
+	MaxRetentionS     = 2_592_000
+	DefaultRetentionS = 86_400
+
+	MaxHeaders           = 100
+	MaxHeaderNameBytes   = 256
+	MaxHeaderValueBytes  = 8 << 10
+	MaxHeadersTotalBytes = 64 << 10
+)
+
+// The request parameters of each endpoint, as both the JSON and the gRPC API
+// deliver them. validator turns them into fsm.Commands: the one place where a
+// request is checked.
+type (
+	reserveParams struct {
+		Namespace, Key, Fingerprint, OwnerToken string
+		LeaseMs                                 int64
+	}
+	heartbeatParams struct {
+		Namespace, Key, OwnerToken string
+		LeaseMs                    int64
+	}
+	completeParams struct {
+		Namespace, Key, OwnerToken string
+		// Response is nil when the request carried none.
+		Response   *responseParams
+		RetentionS int64
+	}
+	responseParams struct {
+		Status  int64
+		Headers map[string]string
+		Body    []byte
+	}
+	releaseParams struct {
+		Namespace, Key, OwnerToken string
+	}
+)
+
+// validator checks requests against the contract's rules and the configured
+// response size.
+type validator struct {
+	maxResponseBytes int64
+}
+
+// problems collects what is wrong with one request, so that the client
+// learns all of it at once.
+type problems []string
+
+func (p *problems) addf(format string, args ...any) { *p = append(*p, fmt.Sprintf(format, args...)) }
+
+// err is the INVALID_ARGUMENT for the problems, or nil.
+func (p problems) err() *Error {
+	if len(p) == 0 {
+		return nil
+	}
+	return &Error{Code: CodeInvalidArgument, Message: strings.Join(p, "; ")}
+}
+
+// ValidateNamespace checks a namespace against [a-z0-9][a-z0-9._-]{0,62}.
+func ValidateNamespace(ns string) error {
+	var p problems
+	checkNamespace(&p, ns)
+	if e := p.err(); e != nil {
+		return e
+	}
+	return nil
+}
+
+// ValidateKey checks a (decoded) key: 1 to 255 bytes of printable ASCII.
+func ValidateKey(key string) error {
+	var p problems
+	checkKey(&p, key)
+	if e := p.err(); e != nil {
+		return e
+	}
+	return nil
+}
+
+const namespaceRule = "use 1-63 characters of a-z, 0-9, '.', '_' and '-', starting with a letter or digit"
+
+func checkNamespace(p *problems, ns string) {
+	if ns == "" {
+		p.addf("namespace is empty: %s", namespaceRule)
+		return
+	}
+	if len(ns) > MaxNamespaceBytes {
+		p.addf("namespace is %d bytes long: %s", len(ns), namespaceRule)
+		return
+	}
+	for i := 0; i < len(ns); i++ {
+		c := ns[i]
+		ok := c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '.' || c == '_' || c == '-')
+		if !ok {
+			p.addf("namespace %q has %s at position %d: %s", ns, describeByte(c), i, namespaceRule)
+			return
+		}
+	}
+}
+
+const keyRule = "a key is 1-255 bytes of printable ASCII (0x21-0x7E), percent-encoded in the path"
+
+func checkKey(p *problems, key string) {
+	if key == "" {
+		p.addf("key is empty: %s", keyRule)
+		return
+	}
+	if len(key) > MaxKeyBytes {
+		p.addf("key is %d bytes long: %s", len(key), keyRule)
+		return
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			p.addf("key has %s at byte %d: %s", describeByte(c), i, keyRule)
+			return
+		}
+	}
+}
+
+func describeByte(c byte) string {
+	if c >= 0x21 && c <= 0x7e {
+		return fmt.Sprintf("'%c'", c)
+	}
+	return fmt.Sprintf("byte 0x%02X", c)
+}
+
+const ownerTokenRule = "an owner token is 16-128 characters of A-Z, a-z, 0-9, '_' and '-'"
+
+// checkOwnerToken checks a token the caller must send (heartbeat, complete,
+// release) or chose to send (reserve). It never echoes the token: it is a
+// credential of sorts.
+func checkOwnerToken(p *problems, token string, required bool) {
+	if token == "" {
+		if required {
+			p.addf("owner_token is required: send the owner_token that reserve returned")
+		}
+		return
+	}
+	if n := len(token); n < MinOwnerTokenChars || n > MaxOwnerTokenChars {
+		p.addf("owner_token is %d characters long: %s", n, ownerTokenRule)
+		return
+	}
+	for i := 0; i < len(token); i++ {
+		c := token[i]
+		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			p.addf("owner_token has %s at position %d: %s", describeByte(c), i, ownerTokenRule)
+			return
+		}
+	}
+}
+
+// leaseNanos checks lease_ms and returns the lease in nanoseconds (0: default).
+func leaseNanos(p *problems, leaseMs int64) int64 {
+	if leaseMs == 0 {
+		leaseMs = DefaultLeaseMs
+	}
+	if leaseMs < MinLeaseMs || leaseMs > MaxLeaseMs {
+		p.addf("lease_ms %d is out of range: use %d..%d milliseconds, or 0 or leave it out for the default %d",
+			leaseMs, MinLeaseMs, MaxLeaseMs, DefaultLeaseMs)
+		return 0
+	}
+	return leaseMs * int64(time.Millisecond)
+}
+
+// newOwnerToken returns a fresh 128-bit token, base64url without padding.
+func newOwnerToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand crashes the program instead)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+func (v validator) reserveCommand(r reserveParams) (*fsm.Command, *Error) {
+	var p problems
+	checkNamespace(&p, r.Namespace)
+	checkKey(&p, r.Key)
+	if n := utf8.RuneCountInString(r.Fingerprint); n > MaxFingerprintChars {
+		p.addf("fingerprint is %d characters long: use at most %d (a hash of the request, for example)", n, MaxFingerprintChars)
+	}
+	checkOwnerToken(&p, r.OwnerToken, false)
+	lease := leaseNanos(&p, r.LeaseMs)
+	if e := p.err(); e != nil {
+		return nil, e
+	}
+	token := r.OwnerToken
+	if token == "" {
+		token = newOwnerToken()
+	}
+	return &fsm.Command{
+		Op:          fsm.OpReserve,
+		Namespace:   r.Namespace,
+		Key:         r.Key,
+		Fingerprint: r.Fingerprint,
+		OwnerToken:  token,
+		Lease:       lease,
+	}, nil
+}
+
+func (v validator) heartbeatCommand(r heartbeatParams) (*fsm.Command, *Error) {
+	var p problems
+	checkNamespace(&p, r.Namespace)
+	checkKey(&p, r.Key)
+	checkOwnerToken(&p, r.OwnerToken, true)
+	lease := leaseNanos(&p, r.LeaseMs)
+	if e := p.err(); e != nil {
+		return nil, e
+	}
+	return &fsm.Command{
+		Op:         fsm.OpHeartbeat,
+		Namespace:  r.Namespace,
+		Key:        r.Key,
+		OwnerToken: r.OwnerToken,
+		Lease:      lease,
+	}, nil
+}
+
+func (v validator) completeCommand(r completeParams) (*fsm.Command, *Error) {
+	var p problems
+	checkNamespace(&p, r.Namespace)
+	checkKey(&p, r.Key)
+	checkOwnerToken(&p, r.OwnerToken, true)
+	retentionS := r.RetentionS
+	if retentionS == 0 {
+		retentionS = DefaultRetentionS
+	}
+	if retentionS < MinRetentionS || retentionS > MaxRetentionS {
+		p.addf("retention_s %d is out of range: use %d..%d seconds (30 days), or 0 or leave it out for the default %d",
+			retentionS, MinRetentionS, MaxRetentionS, DefaultRetentionS)
+	}
+	if r.Response == nil {
+		p.addf("response is required: send {\"status\": ..., \"headers\": {...}, \"body\": \"<base64>\"}")
+	} else {
+		if s := r.Response.Status; s < MinStatus || s > MaxStatus {
+			p.addf("response.status %d is out of range: use an HTTP status code %d..%d", s, MinStatus, MaxStatus)
+		}
+		checkHeaders(&p, r.Response.Headers)
+	}
+	if e := p.err(); e != nil {
+		return nil, e
+	}
+	if n := int64(len(r.Response.Body)); n > v.maxResponseBytes {
+		return nil, errorf(CodePayloadTooLarge,
+			"payload too large: response.body is %d bytes (decoded) and this store keeps at most %d; store a smaller response or raise --max-response-bytes",
+			n, v.maxResponseBytes)
+	}
+	return &fsm.Command{
+		Op:         fsm.OpComplete,
+		Namespace:  r.Namespace,
+		Key:        r.Key,
+		OwnerToken: r.OwnerToken,
+		Response: &fsm.Response{
+			Status:  int32(r.Response.Status),
+			Headers: r.Response.Headers,
+			Body:    r.Response.Body,
+		},
+		Retention: retentionS * int64(time.Second),
+	}, nil
+}
+
+func (v validator) releaseCommand(r releaseParams) (*fsm.Command, *Error) {
+	var p problems
+	checkNamespace(&p, r.Namespace)
+	checkKey(&p, r.Key)
+	checkOwnerToken(&p, r.OwnerToken, true)
+	if e := p.err(); e != nil {
+		return nil, e
+	}
+	return &fsm.Command{
+		Op:         fsm.OpRelease,
+		Namespace:  r.Namespace,
+		Key:        r.Key,
+		OwnerToken: r.OwnerToken,
+	}, nil
+}
+
+func (v validator) getParams(namespace, key string) *Error {
+	var p problems
+	checkNamespace(&p, namespace)
+	checkKey(&p, key)
+	return p.err()
+}
+
+// checkHeaders bounds the stored headers. Names are HTTP tokens (RFC 9110
+// tchar); values may hold any byte but control characters other than tab, so
+// that a replay can always be written back as an HTTP header.
+func checkHeaders(p *problems, headers map[string]string) {
+	if len(headers) > MaxHeaders {
+		p.addf("response.headers has %d entries: store at most %d (join multiple values of one header with \", \")", len(headers), MaxHeaders)
+		return
+	}
+	total := 0
+	for name, value := range headers {
+		total += len(name) + len(value)
+		if name == "" || len(name) > MaxHeaderNameBytes {
+			p.addf("response.headers has a name of %d bytes: a header name is 1-%d bytes", len(name), MaxHeaderNameBytes)
+			continue
+		}
+		if i := strings.IndexFunc(name, func(r rune) bool { return !isTokenChar(r) }); i >= 0 {
+			p.addf("response.headers name %q has %s at position %d: a header name is made of letters, digits and !#$%%&'*+-.^_`|~",
+				truncate(name, 64), describeByte(name[i]), i)
+			continue
+		}
+		if len(value) > MaxHeaderValueBytes {
+			p.addf("response.headers[%q] is %d bytes long: a header value is at most %d bytes", name, len(value), MaxHeaderValueBytes)
+			continue
+		}
+		for i := 0; i < len(value); i++ {
+			if c := value[i]; c < 0x20 && c != '\t' || c == 0x7f {
+				p.addf("response.headers[%q] has control %s at byte %d: header values cannot hold CR, LF or other control characters",
+					name, describeByte(c), i)
+				break
+			}
+		}
+	}
+	if total > MaxHeadersTotalBytes {
+		p.addf("response.headers total %d bytes (names plus values): store at most %d", total, MaxHeadersTotalBytes)
+	}
+}
+
+func isTokenChar(r rune) bool {
+	switch {
+	case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		return true
+	}
+	return strings.ContainsRune("!#$%&'*+-.^_`|~", r)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
