@@ -30,10 +30,11 @@ func ShardID(region string, index int) string { return region + "-" + strconv.It
 
 // ParseShardID splits a shard id into home region and index. Because the
 // index is all digits, the split at the last "-" is unambiguous even for
-// region names that contain "-" and digits.
+// region names that contain "-" and digits. It reports false for anything
+// ShardID cannot return for a valid region name.
 func ParseShardID(id string) (region string, index int, ok bool) {
 	i := strings.LastIndexByte(id, '-')
-	if i <= 0 || i == len(id)-1 {
+	if i <= 0 || i == len(id)-1 || !ValidName(id[:i]) {
 		return "", 0, false
 	}
 	digits := id[i+1:]

@@ -223,8 +223,28 @@ func (c *collector) add(path, format string, args ...any) {
 }
 
 // Validate checks every rule of the topology file and reports every problem
-// at once as a *ValidationError (nil when the topology is valid). An empty
-// Survival counts as zone; Node.Region is ignored (it is derived).
+// at once as a *ValidationError (nil when the topology is valid), each with
+// the path of the offending field:
+//
+//   - cluster is required and a valid name (NameGrammar);
+//   - shards_per_region is 1..MaxShardsPerRegion and the cluster has at most
+//     MaxShards shards; replicas is 1..MaxReplicas; survival is zone or
+//     region (empty counts as zone); wan_rtt_ms is 0..MaxWANRTTMs;
+//   - at least one region; region names valid and unique; every region has
+//     a node; node ids valid and unique across the cluster;
+//   - every raft_addr, grpc_addr and http_addr is a dialable HOST:PORT (IP or
+//     DNS name, port 1..65535, no wildcard host), and no address appears
+//     twice, whatever its kind;
+//   - zone survival: every region has at least replicas nodes;
+//   - region survival: at least 3 regions and 3 replicas, losing the region
+//     with the most voters of a shard leaves a majority, and every region
+//     has a node for each voter it holds;
+//   - ring: partition_count 0 or up to MaxPartitionCount and, in effect, at
+//     least MinPartitionsPerShard per shard; replication_factor 0 or up to
+//     MaxReplicationFactor with shards x replication_factor at most
+//     MaxVirtualNodes; load 0 or MinLoad..MaxLoad.
+//
+// Node.Region is ignored (it is derived from the enclosing region).
 func (t *Topology) Validate() error {
 	var c collector
 	if t.Cluster == "" {

@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-func loadTestdata(t *testing.T, name string) *Topology {
+func loadTestdata(t testing.TB, name string) *Topology {
 	t.Helper()
 	topo, err := LoadFile(filepath.Join("testdata", name))
 	if err != nil {
