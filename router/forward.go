@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -45,12 +46,26 @@ type ForwarderConfig struct {
 	// traffic (a partition) costs one attempt, not the whole deadline.
 	// Zero means 2s.
 	AttemptTimeout time.Duration
-	// DialOptions for the gRPC connections; default: insecure credentials.
+	// DialOptions for the gRPC connections; nil means DefaultDialOptions().
 	DialOptions []grpc.DialOption
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Registry for forwarding metrics; nil registers nothing.
 	Registry prometheus.Registerer
+}
+
+// DefaultDialOptions are the dial options of a Forwarder whose config names
+// none: insecure credentials, and reconnect backoff capped at two seconds
+// (gRPC's own cap is two minutes), so that a node or region that comes back
+// after a long outage is reached again within seconds.
+func DefaultDialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	}
 }
 
 // Forwarder sends commands for a shard to the node that leads it, over the
@@ -84,7 +99,7 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 		cfg.AttemptTimeout = 2 * time.Second
 	}
 	if cfg.DialOptions == nil {
-		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		cfg.DialOptions = DefaultDialOptions()
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -143,6 +158,15 @@ func (f *Forwarder) NoteLeader(shardID, nodeID string) {
 	}
 	f.mu.Lock()
 	f.leaders[shardID] = nodeID
+	f.mu.Unlock()
+}
+
+// forgetLeader drops nodeID as the cached leader of shardID (it failed).
+func (f *Forwarder) forgetLeader(shardID, nodeID string) {
+	f.mu.Lock()
+	if f.leaders[shardID] == nodeID {
+		delete(f.leaders, shardID)
+	}
 	f.mu.Unlock()
 }
 
@@ -235,9 +259,15 @@ func (f *Forwarder) attempt(ctx context.Context, shard Shard, prefer string, hop
 	}
 	cached, _ := f.Leader(shard.ID)
 	ctx = metadata.AppendToOutgoingContext(ctx, HopsHeader, strconv.Itoa(hops+1))
+	// Every candidate gets two tries. A leader hint learnt from a failed
+	// answer is tried next (at most len(cands) times in all), and a
+	// candidate that failed is dropped from the leader cache, so that a dead
+	// leader is not the first node every later request tries.
+	queue := append(append(make([]string, 0, 2*len(cands)), cands...), cands...)
+	hints := len(cands)
 	backoff := 10 * time.Millisecond
 	var lastErr error
-	for i := 0; i < 2*len(cands); i++ {
+	for i := 0; len(queue) > 0; i++ {
 		if i > 0 {
 			select {
 			case <-ctx.Done():
@@ -246,7 +276,8 @@ func (f *Forwarder) attempt(ctx context.Context, shard Shard, prefer string, hop
 			}
 			backoff = min(2*backoff, 250*time.Millisecond)
 		}
-		target := cands[i%len(cands)]
+		target := queue[0]
+		queue = queue[1:]
 		if target != cached || i > 0 {
 			f.cacheMisses.Inc()
 		}
@@ -262,14 +293,20 @@ func (f *Forwarder) attempt(ctx context.Context, shard Shard, prefer string, hop
 		err = call(actx, client, grpc.Header(&header))
 		cancel()
 		f.latency.WithLabelValues(region).Observe(time.Since(start).Seconds())
+		hinted := false
 		if leaders := header.Get(LeaderHeader); len(leaders) > 0 {
 			f.NoteLeader(shard.ID, leaders[0])
+			hinted = true
 		}
 		code := status.Code(err)
 		switch code {
 		case codes.OK:
 			f.requests.WithLabelValues(region, "ok").Inc()
-			f.NoteLeader(shard.ID, target)
+			if !hinted {
+				// The target answered without naming the leader (it led,
+				// or it forwarded without knowing whom it reached).
+				f.NoteLeader(shard.ID, target)
+			}
 			return ambiguous, nil
 		case codes.FailedPrecondition, codes.NotFound, codes.InvalidArgument, codes.ResourceExhausted,
 			codes.PermissionDenied, codes.Unauthenticated:
@@ -285,9 +322,11 @@ func (f *Forwarder) attempt(ctx context.Context, shard Shard, prefer string, hop
 		if ctx.Err() != nil {
 			return ambiguous, unavailable(shard, ctx.Err(), lastErr)
 		}
+		f.forgetLeader(shard.ID, target)
 		// Follow a fresh leader hint first.
-		if id, ok := f.Leader(shard.ID); ok && id != cands[(i+1)%len(cands)] && id != f.cfg.Self {
-			cands = append([]string{id}, cands...)
+		if id, ok := f.Leader(shard.ID); ok && hints > 0 && id != target && id != f.cfg.Self && (len(queue) == 0 || queue[0] != id) {
+			queue = append([]string{id}, queue...)
+			hints--
 		}
 	}
 	return ambiguous, unavailable(shard, nil, lastErr)
