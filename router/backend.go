@@ -1,0 +1,431 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+
+	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/server"
+)
+
+// Errors of the router's Backend.
+var (
+	// ErrInvalidBackendConfig: BackendConfig.Validate failed; the joined
+	// errors say which fields and why.
+	ErrInvalidBackendConfig = errors.New("router: invalid backend config")
+	// ErrNoNodeReachable: Backend.Ready found no storage node it can reach
+	// (none started yet, or a network problem between router and nodes).
+	ErrNoNodeReachable = errors.New("router: no storage node reachable")
+)
+
+// Defaults of BackendConfig.
+const (
+	// DefaultRequestTimeout bounds one request forwarded by the router,
+	// retries included (the contract's --request-timeout default).
+	DefaultRequestTimeout = 5 * time.Second
+	// DefaultAttemptTimeout bounds one attempt to one node.
+	DefaultAttemptTimeout = 2 * time.Second
+	// DefaultRetryAfter is the Retry-After hint of an UNAVAILABLE answer.
+	DefaultRetryAfter = time.Second
+	// DefaultMaxMessageBytes is the largest gRPC message exchanged with a
+	// node: a 1 MiB stored response plus room for headers and fields, the
+	// same as server.Config's GRPCMaxMessageBytes for the default limit.
+	DefaultMaxMessageBytes = 4 << 20
+)
+
+// BackendConfig configures a Backend, the server.Backend of a stateless
+// router (idemrouter).
+type BackendConfig struct {
+	// Topology is the cluster topology, the same file as the nodes'.
+	// Required.
+	Topology *Topology
+	// Ring maps keys to shards. Nil builds it from Topology; when set it
+	// must have been built from the same topology (its cluster is checked).
+	Ring *Ring
+	// Region is the region this router runs in; it must be a region of
+	// Topology. Its nodes are probed first for readiness and it labels the
+	// router's log lines.
+	Region string
+	// RequestTimeout bounds one forwarded request, retries included; past
+	// it the answer is 503 UNAVAILABLE. 0 means DefaultRequestTimeout.
+	RequestTimeout time.Duration
+	// AttemptTimeout bounds one attempt to one node, so that a node that
+	// swallows traffic costs one attempt, not the whole request. 0 means
+	// DefaultAttemptTimeout (capped at RequestTimeout).
+	AttemptTimeout time.Duration
+	// RetryAfter is the Retry-After hint sent with 503 UNAVAILABLE when the
+	// home shard could not be reached. 0 means DefaultRetryAfter.
+	RetryAfter time.Duration
+	// MaxMessageBytes is the largest gRPC message sent to or accepted from a
+	// node; match the nodes' server.Config.GRPCMaxMessageBytes. 0 means
+	// DefaultMaxMessageBytes.
+	MaxMessageBytes int
+	// DialOptions, when set, replace DefaultDialOptions (credentials and
+	// reconnect backoff); the message size limits are added either way.
+	DialOptions []grpc.DialOption
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Registry receives the forwarding metrics (idem_forward_*) and the
+	// router's (idem_router_*). Nil registers nothing (Stats still counts).
+	Registry *prometheus.Registry
+}
+
+// DefaultBackendConfig returns a BackendConfig with the defaults filled in;
+// set Topology and Region before use.
+func DefaultBackendConfig() BackendConfig {
+	return BackendConfig{
+		RequestTimeout:  DefaultRequestTimeout,
+		AttemptTimeout:  DefaultAttemptTimeout,
+		RetryAfter:      DefaultRetryAfter,
+		MaxMessageBytes: DefaultMaxMessageBytes,
+	}
+}
+
+// Validate reports every problem of c at once; each wraps
+// ErrInvalidBackendConfig.
+func (c BackendConfig) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidBackendConfig}, args...)...))
+	}
+	if c.Topology == nil {
+		bad("a topology is required")
+	} else {
+		if c.Region == "" {
+			bad("a region is required (one of %v)", topologyRegions(c.Topology))
+		} else if _, ok := c.Topology.RegionByName(c.Region); !ok {
+			bad("region %q is not in the topology of cluster %q (regions: %v)", c.Region, c.Topology.Cluster, topologyRegions(c.Topology))
+		}
+		if c.Ring != nil && c.Ring.Cluster() != c.Topology.Cluster {
+			bad("the ring is of cluster %q, the topology of cluster %q", c.Ring.Cluster(), c.Topology.Cluster)
+		}
+	}
+	if c.RequestTimeout < 0 {
+		bad("request timeout %s is negative", c.RequestTimeout)
+	}
+	if c.AttemptTimeout < 0 {
+		bad("attempt timeout %s is negative", c.AttemptTimeout)
+	}
+	if c.RetryAfter < 0 {
+		bad("retry-after %s is negative", c.RetryAfter)
+	}
+	if c.MaxMessageBytes < 0 {
+		bad("max message bytes %d is negative", c.MaxMessageBytes)
+	}
+	return errors.Join(errs...)
+}
+
+func topologyRegions(t *Topology) []string {
+	names := make([]string, 0, len(t.Regions))
+	for _, r := range t.Regions {
+		names = append(names, r.Name)
+	}
+	return names
+}
+
+func (c *BackendConfig) fillDefaults() {
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.AttemptTimeout == 0 {
+		c.AttemptTimeout = min(DefaultAttemptTimeout, c.RequestTimeout)
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.DialOptions == nil {
+		c.DialOptions = DefaultDialOptions()
+	}
+	c.DialOptions = append(append([]grpc.DialOption(nil), c.DialOptions...),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.MaxMessageBytes), grpc.MaxCallSendMsgSize(c.MaxMessageBytes)))
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Backend is the server.Backend of a stateless router: it locates each
+// key's shard on the ring and forwards the request to the shard's leader
+// through a Forwarder (leader cache, bounded retries that cannot apply a
+// command twice), within RequestTimeout. A shard it cannot reach in time,
+// such as one homed in a lost region, gets a *server.UnavailableError
+// (503 UNAVAILABLE with Retry-After), never any other answer. Ready holds
+// once a node is reachable and stays while a remote region is lost.
+type Backend struct {
+	cfg  BackendConfig
+	log  *slog.Logger
+	ring *Ring
+	fwd  *Forwarder
+
+	// Readiness: one gRPC connection per node, watched in the background.
+	probeCtx    context.Context
+	stopProbes  context.CancelFunc
+	probes      sync.WaitGroup
+	probeConns  map[string]*grpc.ClientConn
+	nodeReady   map[string]*atomic.Bool
+	readyNodes  atomic.Int64
+	closeOnce   sync.Once
+	unavailable atomic.Uint64
+	forwarded   atomic.Uint64
+
+	unavailableTotal *prometheus.CounterVec
+	requestDuration  *prometheus.HistogramVec
+	reachableNodes   *prometheus.GaugeVec
+}
+
+// BackendStats are the figures of a Backend's metrics, for tests and status
+// pages.
+type BackendStats struct {
+	// Nodes is the number of storage nodes in the topology.
+	Nodes int
+	// ReachableNodes is how many of them have a ready gRPC connection now.
+	ReachableNodes int
+	// Forwarded counts requests the router answered with the store's
+	// decision.
+	Forwarded uint64
+	// Unavailable counts requests answered 503 UNAVAILABLE.
+	Unavailable uint64
+}
+
+// NewBackend validates cfg, builds the ring (unless given) and the
+// Forwarder, and starts watching the connections to the nodes. Close it
+// when done.
+func NewBackend(cfg BackendConfig) (*Backend, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.fillDefaults()
+	ring := cfg.Ring
+	if ring == nil {
+		var err error
+		if ring, err = NewRing(cfg.Topology); err != nil {
+			return nil, err
+		}
+	}
+	b := &Backend{
+		cfg:        cfg,
+		log:        cfg.Logger.With("region", cfg.Region),
+		ring:       ring,
+		probeConns: map[string]*grpc.ClientConn{},
+		nodeReady:  map[string]*atomic.Bool{},
+		unavailableTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_router_unavailable_total",
+			Help: "Requests the router answered 503 UNAVAILABLE because the key's shard could not be reached in time, by the shard's home region.",
+		}, []string{"region"}),
+		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_router_request_duration_seconds",
+			Help:    "Time to answer one forwarded request, retries included, by the key's home region and outcome (decided, unavailable, error).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"region", "outcome"}),
+		reachableNodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idem_router_reachable_nodes",
+			Help: "Storage nodes this router has a ready gRPC connection to, by the nodes' region.",
+		}, []string{"region"}),
+	}
+	var reg prometheus.Registerer
+	if cfg.Registry != nil {
+		reg = cfg.Registry
+		for _, c := range []prometheus.Collector{b.unavailableTotal, b.requestDuration, b.reachableNodes} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("router: register backend metrics: %w", err)
+			}
+		}
+	}
+	var err error
+	b.fwd, err = NewForwarder(ForwarderConfig{
+		Topology: cfg.Topology, AttemptTimeout: cfg.AttemptTimeout, DialOptions: cfg.DialOptions,
+		Logger: b.log, Registry: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range cfg.Topology.Regions {
+		b.reachableNodes.WithLabelValues(r.Name).Set(0)
+		for _, n := range r.Nodes {
+			conn, err := grpc.NewClient(n.GRPCAddr, append(cfg.DialOptions, grpc.WithIdleTimeout(0))...)
+			if err != nil {
+				b.closeConns()
+				b.fwd.Close()
+				return nil, fmt.Errorf("router: dial %s (%s): %w", n.ID, n.GRPCAddr, err)
+			}
+			b.probeConns[n.ID] = conn
+			b.nodeReady[n.ID] = new(atomic.Bool)
+		}
+	}
+	b.probeCtx, b.stopProbes = context.WithCancel(context.Background())
+	for _, id := range b.probeOrder() {
+		b.probes.Add(1)
+		go b.watch(id)
+	}
+	return b, nil
+}
+
+// probeOrder lists the nodes of this router's region first, so that the
+// connections it most likely needs are established first.
+func (b *Backend) probeOrder() []string {
+	ids := make([]string, 0, len(b.probeConns))
+	for id := range b.probeConns {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool {
+		ri, _ := b.cfg.Topology.RegionOf(ids[i])
+		rj, _ := b.cfg.Topology.RegionOf(ids[j])
+		if (ri == b.cfg.Region) != (rj == b.cfg.Region) {
+			return ri == b.cfg.Region
+		}
+		return ids[i] < ids[j]
+	})
+	return ids
+}
+
+// watch follows the connectivity of one node's probe connection: it keeps
+// the connection trying to connect (gRPC paces retries with its backoff) and
+// records whether it is READY.
+func (b *Backend) watch(id string) {
+	defer b.probes.Done()
+	conn := b.probeConns[id]
+	region, _ := b.cfg.Topology.RegionOf(id)
+	conn.Connect()
+	for {
+		st := conn.GetState()
+		up := st == connectivity.Ready
+		if b.nodeReady[id].Swap(up) != up {
+			delta := 1.0
+			if !up {
+				delta = -1
+			}
+			b.readyNodes.Add(int64(delta))
+			b.reachableNodes.WithLabelValues(region).Add(delta)
+			b.log.Debug("node reachability changed", "node", id, "reachable", up, "state", st.String())
+		}
+		if st == connectivity.Idle {
+			conn.Connect()
+		}
+		if !conn.WaitForStateChange(b.probeCtx, st) {
+			return
+		}
+	}
+}
+
+// Close stops the probes and closes every connection.
+func (b *Backend) Close() error {
+	var err error
+	b.closeOnce.Do(func() {
+		b.stopProbes()
+		b.probes.Wait()
+		err = errors.Join(b.closeConns(), b.fwd.Close())
+	})
+	return err
+}
+
+func (b *Backend) closeConns() error {
+	var errs []error
+	for _, c := range b.probeConns {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Ring returns the ring the backend routes with.
+func (b *Backend) Ring() *Ring { return b.ring }
+
+// Forwarder returns the backend's Forwarder (its leader cache).
+func (b *Backend) Forwarder() *Forwarder { return b.fwd }
+
+// Stats returns the backend's figures.
+func (b *Backend) Stats() BackendStats {
+	return BackendStats{
+		Nodes:          len(b.probeConns),
+		ReachableNodes: int(b.readyNodes.Load()),
+		Forwarded:      b.forwarded.Load(),
+		Unavailable:    b.unavailable.Load(),
+	}
+}
+
+// Ready implements server.Backend: the topology is loaded (it is, once
+// NewBackend returned) and at least one node has a ready connection. It
+// reads what the background probes found and never blocks. Losing a remote
+// region keeps the router ready: it answers 503 for that region's keys.
+func (b *Backend) Ready(ctx context.Context) error {
+	if b.readyNodes.Load() > 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: none of the %d nodes of cluster %q answers on its gRPC address yet",
+		ErrNoNodeReachable, len(b.probeConns), b.cfg.Topology.Cluster)
+}
+
+// Apply implements server.Backend: it forwards cmd to the leader of its
+// key's shard. The server has set the owner token of a reserve, so a
+// forwarded retry is the same reservation.
+func (b *Backend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	shard := b.ring.Locate(cmd.Namespace, cmd.Key)
+	hops := HopsFromContext(ctx)
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	defer cancel()
+	start := time.Now()
+	res, err := b.fwd.Apply(ctx, shard, cmd, "", hops)
+	return res, b.finish(ctx, shard, start, err)
+}
+
+// Get implements server.Backend with a linearizable read on the shard's
+// leader.
+func (b *Backend) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {
+	shard := b.ring.Locate(namespace, key)
+	hops := HopsFromContext(ctx)
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	defer cancel()
+	start := time.Now()
+	rec, found, err := b.fwd.Get(ctx, shard, namespace, key, "", hops)
+	return rec, found, b.finish(ctx, shard, start, err)
+}
+
+// finish records the request's metrics and turns every failure to reach
+// the shard into a *server.UnavailableError. Answers the store decided
+// (NOT_OWNER, NOT_FOUND, INVALID_ARGUMENT, ...) pass through unchanged.
+func (b *Backend) finish(ctx context.Context, shard Shard, start time.Time, err error) error {
+	outcome := "decided"
+	defer func() {
+		b.requestDuration.WithLabelValues(shard.HomeRegion, outcome).Observe(time.Since(start).Seconds())
+	}()
+	if err == nil {
+		b.forwarded.Add(1)
+		return nil
+	}
+	code := status.Code(err)
+	unreachable := code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.Canceled ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || ctx.Err() != nil
+	if !unreachable {
+		if _, ok := status.FromError(err); ok {
+			b.forwarded.Add(1)
+			return err
+		}
+		outcome = "error"
+		return err
+	}
+	outcome = "unavailable"
+	b.unavailable.Add(1)
+	b.unavailableTotal.WithLabelValues(shard.HomeRegion).Inc()
+	reason := fmt.Sprintf("shard %s (home region %s) could not be reached within %s", shard.ID, shard.HomeRegion, b.cfg.RequestTimeout)
+	if st, ok := status.FromError(err); ok && st.Message() != "" {
+		reason = st.Message()
+	}
+	b.log.Debug("shard unavailable", "shard", shard.ID, "home_region", shard.HomeRegion, "error", err)
+	return &server.UnavailableError{
+		RetryAfter: b.cfg.RetryAfter,
+		Reason:     reason,
+	}
+}
