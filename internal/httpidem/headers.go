@@ -1,0 +1,118 @@
+package httpidem
+
+import (
+	"net/http"
+	"net/textproto"
+	"slices"
+	"strings"
+)
+
+// neverStored are the response headers that are never stored or replayed:
+// hop-by-hop headers (RFC 9110 7.6.1, plus the legacy Keep-Alive and
+// Proxy-Connection), cookies (a replay must not hand one caller's session to
+// a retry, and Set-Cookie cannot be joined with ", "), Content-Length (a
+// replay's framing is recomputed; the body may have been omitted), and the
+// engine's own replay markers (set by the engine alone).
+var neverStored = map[string]bool{
+	"Connection":          true,
+	"Keep-Alive":          true,
+	"Proxy-Connection":    true,
+	"Proxy-Authenticate":  true,
+	"Proxy-Authorization": true,
+	"Te":                  true,
+	"Trailer":             true,
+	"Transfer-Encoding":   true,
+	"Upgrade":             true,
+	"Set-Cookie":          true,
+	"Set-Cookie2":         true,
+	"Content-Length":      true,
+	HeaderReplayed:        true,
+	HeaderBodyOmitted:     true,
+}
+
+// NeverStoredHeaders lists the response headers that are never stored,
+// whatever the configuration says (besides those named in Connection).
+func NeverStoredHeaders() []string {
+	out := make([]string, 0, len(neverStored))
+	for name := range neverStored {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// headerPolicy decides which response headers are stored.
+type headerPolicy struct {
+	allow map[string]bool // nil: every header not denied
+	deny  map[string]bool
+}
+
+func newHeaderPolicy(allow, deny []string) headerPolicy {
+	p := headerPolicy{deny: make(map[string]bool)}
+	if len(allow) > 0 {
+		p.allow = make(map[string]bool)
+		for _, n := range allow {
+			p.allow[http.CanonicalHeaderKey(n)] = true
+		}
+	}
+	for _, n := range deny {
+		p.deny[http.CanonicalHeaderKey(n)] = true
+	}
+	return p
+}
+
+// stored returns the headers of h to store: those the handler set or changed
+// (not in base with the same values), minus the excluded ones, multiple
+// values joined with ", ", within the store's bounds. dropped names the
+// headers left out for the bounds.
+func (p headerPolicy) stored(h, base http.Header) (out map[string]string, dropped []string) {
+	connection := make(map[string]bool)
+	for _, v := range h["Connection"] {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = textproto.TrimString(name); name != "" {
+				connection[http.CanonicalHeaderKey(name)] = true
+			}
+		}
+	}
+	names := make([]string, 0, len(h))
+	for name, values := range h {
+		canon := http.CanonicalHeaderKey(name)
+		switch {
+		case values == nil, strings.HasPrefix(name, http.TrailerPrefix),
+			neverStored[canon], connection[canon], p.deny[canon],
+			p.allow != nil && !p.allow[canon],
+			slices.Equal(values, base[name]):
+			continue
+		}
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	out = make(map[string]string, len(names))
+	total := 0
+	for _, name := range names {
+		value := strings.Join(h[name], ", ")
+		if !storableHeader(name, value) || len(out) >= MaxStoredHeaders-1 || total+len(name)+len(value) > MaxHeadersTotalBytes-len(HeaderBodyOmitted)-4 {
+			// One entry and a few bytes stay free for the body-omitted marker.
+			dropped = append(dropped, name)
+			continue
+		}
+		out[name] = value
+		total += len(name) + len(value)
+	}
+	return out, dropped
+}
+
+// storableHeader reports whether the store accepts the header: a token name
+// of at most MaxHeaderNameBytes, a value of at most MaxHeaderValueBytes
+// without control characters other than tab.
+func storableHeader(name, value string) bool {
+	if len(name) > MaxHeaderNameBytes || !validToken(name) || len(value) > MaxHeaderValueBytes {
+		return false
+	}
+	for i := 0; i < len(value); i++ {
+		if c := value[i]; c < 0x20 && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
