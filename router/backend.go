@@ -163,7 +163,9 @@ func (c *BackendConfig) fillDefaults() {
 // through a Forwarder (leader cache, bounded retries that cannot apply a
 // command twice), within RequestTimeout. A shard it cannot reach in time,
 // such as one homed in a lost region, gets a *server.UnavailableError
-// (503 UNAVAILABLE with Retry-After), never any other answer. Ready holds
+// (503 UNAVAILABLE with Retry-After), never any other answer; when the
+// background probes see every voter of the shard refuse connections, that
+// answer comes at once instead of after a round of retries. Ready holds
 // once a node is reachable and stays while a remote region is lost.
 type Backend struct {
 	cfg  BackendConfig
@@ -177,6 +179,7 @@ type Backend struct {
 	probes      sync.WaitGroup
 	probeConns  map[string]*grpc.ClientConn
 	nodeReady   map[string]*atomic.Bool
+	nodeDown    map[string]*atomic.Bool
 	readyNodes  atomic.Int64
 	closeOnce   sync.Once
 	unavailable atomic.Uint64
@@ -222,6 +225,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 		ring:       ring,
 		probeConns: map[string]*grpc.ClientConn{},
 		nodeReady:  map[string]*atomic.Bool{},
+		nodeDown:   map[string]*atomic.Bool{},
 		unavailableTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_router_unavailable_total",
 			Help: "Requests the router answered 503 UNAVAILABLE because the key's shard could not be reached in time, by the shard's home region.",
@@ -264,6 +268,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 			}
 			b.probeConns[n.ID] = conn
 			b.nodeReady[n.ID] = new(atomic.Bool)
+			b.nodeDown[n.ID] = new(atomic.Bool)
 		}
 	}
 	b.probeCtx, b.stopProbes = context.WithCancel(context.Background())
@@ -294,7 +299,8 @@ func (b *Backend) probeOrder() []string {
 
 // watch follows the connectivity of one node's probe connection: it keeps
 // the connection trying to connect (gRPC paces retries with its backoff) and
-// records whether it is READY.
+// records whether it is READY, and whether it is down: its last connection
+// attempt failed and none has succeeded since.
 func (b *Backend) watch(id string) {
 	defer b.probes.Done()
 	conn := b.probeConns[id]
@@ -303,6 +309,12 @@ func (b *Backend) watch(id string) {
 	for {
 		st := conn.GetState()
 		up := st == connectivity.Ready
+		switch st {
+		case connectivity.Ready:
+			b.nodeDown[id].Store(false)
+		case connectivity.TransientFailure:
+			b.nodeDown[id].Store(true)
+		}
 		if b.nodeReady[id].Swap(up) != up {
 			delta := 1.0
 			if !up {
@@ -368,11 +380,30 @@ func (b *Backend) Ready(ctx context.Context) error {
 		ErrNoNodeReachable, len(b.probeConns), b.cfg.Topology.Cluster)
 }
 
+// unreachable reports whether every voter of shard is down: its connection
+// attempts fail (refused or timed out: a lost region). Forwarding would
+// only cycle through the voters' refusals, so the answer is UNAVAILABLE at
+// once. A voter whose state is not known yet counts as reachable.
+func (b *Backend) unreachable(shard Shard) bool {
+	for _, v := range shard.Voters {
+		if down, ok := b.nodeDown[v]; !ok || !down.Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// errUnreachable is the cause of a fast UNAVAILABLE: every voter is down.
+var errUnreachable = status.Error(codes.Unavailable, "no voter of the shard can be connected to")
+
 // Apply implements server.Backend: it forwards cmd to the leader of its
 // key's shard. The server has set the owner token of a reserve, so a
 // forwarded retry is the same reservation.
 func (b *Backend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
 	shard := b.ring.Locate(cmd.Namespace, cmd.Key)
+	if b.unreachable(shard) {
+		return fsm.Result{}, b.finish(ctx, shard, time.Now(), errUnreachable)
+	}
 	hops := HopsFromContext(ctx)
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
@@ -385,6 +416,9 @@ func (b *Backend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, erro
 // leader.
 func (b *Backend) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {
 	shard := b.ring.Locate(namespace, key)
+	if b.unreachable(shard) {
+		return fsm.Record{}, false, b.finish(ctx, shard, time.Now(), errUnreachable)
+	}
 	hops := HopsFromContext(ctx)
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
@@ -420,7 +454,9 @@ func (b *Backend) finish(ctx context.Context, shard Shard, start time.Time, err 
 	b.unavailable.Add(1)
 	b.unavailableTotal.WithLabelValues(shard.HomeRegion).Inc()
 	reason := fmt.Sprintf("shard %s (home region %s) could not be reached within %s", shard.ID, shard.HomeRegion, b.cfg.RequestTimeout)
-	if st, ok := status.FromError(err); ok && st.Message() != "" {
+	if err == errUnreachable {
+		reason = fmt.Sprintf("shard %s (home region %s): no voter (%v) can be connected to", shard.ID, shard.HomeRegion, shard.Voters)
+	} else if st, ok := status.FromError(err); ok && st.Message() != "" {
 		reason = st.Message()
 	}
 	b.log.Debug("shard unavailable", "shard", shard.ID, "home_region", shard.HomeRegion, "error", err)

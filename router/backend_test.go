@@ -345,7 +345,7 @@ func TestBackendUnreachableRegionIs503(t *testing.T) {
 	c := newFakeCluster(t, "r1", "r2")
 	b, hs, reg := newTestBackend(t, c, "r1", func(cfg *BackendConfig) { cfg.RetryAfter = 3 * time.Second })
 	ctx := t.Context()
-	lostKey, _ := c.keyIn(t, "pay", "r2")
+	lostKey, lostShard := c.keyIn(t, "pay", "r2")
 	liveKey, _ := c.keyIn(t, "pay", "r1")
 	if res, err := reserve(ctx, b, "pay", lostKey, "owner-aaaaaaaaaaaaaaaa"); err != nil || res.Outcome != fsm.OutcomeAcquired {
 		t.Fatalf("reserve before the loss = %+v, %v", res, err)
@@ -381,10 +381,20 @@ func TestBackendUnreachableRegionIs503(t *testing.T) {
 	if err := b.Ready(ctx); err != nil {
 		t.Fatalf("router not ready while only a remote region is lost: %v", err)
 	}
-	if n := metricValue(t, reg, "idem_router_unavailable_total", "region", "r2"); n != 3 {
-		t.Fatalf("idem_router_unavailable_total{region=r2} = %v, want 3", n)
+	// Once the probes saw every voter down, the answer comes without a
+	// round of forwarding attempts.
+	waitUntil(t, 10*time.Second, "the probes to see r2 down", func() bool { return b.unreachable(lostShard) })
+	attempts := metricValue(t, reg, "idem_forward_requests_total", "region", "r2")
+	if _, err := reserve(ctx, b, "pay", lostKey, "owner-aaaaaaaaaaaaaaaa"); !errors.As(err, &ue) || !strings.Contains(ue.Reason, "can be connected to") {
+		t.Fatalf("reserve of a key of a region known down: %v", err)
 	}
-	if st := b.Stats(); st.Unavailable != 3 || st.ReachableNodes > 3 {
+	if n := metricValue(t, reg, "idem_forward_requests_total", "region", "r2"); n != attempts {
+		t.Fatalf("%v forward attempts to a region known down, want none", n-attempts)
+	}
+	if n := metricValue(t, reg, "idem_router_unavailable_total", "region", "r2"); n != 4 {
+		t.Fatalf("idem_router_unavailable_total{region=r2} = %v, want 4", n)
+	}
+	if st := b.Stats(); st.Unavailable != 4 || st.ReachableNodes > 3 {
 		t.Fatalf("stats %+v", st)
 	}
 	// The region returns: its keys work again, the reservation held.
