@@ -1,0 +1,205 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/server"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Store is the idempotency store the proxy reserves, heartbeats, completes
+// and releases keys in. BackendStore adapts the server.Backend of an
+// idemrouter or idemnode process; any other implementation must map its
+// failures onto httpidem's errors (see httpidem.Store).
+type Store = httpidem.Store
+
+// The types of Store's methods.
+type (
+	// Ref names a reservation: namespace, key and owner token.
+	Ref = httpidem.Ref
+	// ReserveRequest is a reserve: Ref, fingerprint and lease.
+	ReserveRequest = httpidem.ReserveRequest
+	// Reservation is the store's answer to a reserve.
+	Reservation = httpidem.Reservation
+	// Response is a stored response.
+	Response = httpidem.Response
+	// Outcome is a reserve's outcome.
+	Outcome = httpidem.Outcome
+)
+
+// backendAttempts bounds how often BackendStore tries one call that failed
+// without a decision; the backend (router forwarding) already tries every
+// voter of the shard within its own deadline.
+const backendAttempts = 3
+
+// BackendStore adapts a server.Backend (the router's forwarding backend, or
+// a node) to Store. Commands carry the proxy's owner token, lease and
+// retention in nanoseconds; the backend stamps the time and the clock-skew
+// margin as it does for the public API. A call that fails without a decision
+// (UNAVAILABLE, a deadline) is retried, up to three attempts within the
+// context's deadline, with the same owner token: a reserve, heartbeat or
+// complete is the same call again, and a release whose retry answers
+// NOT_OWNER after an undecided attempt counts as done. The response body's
+// size is not checked here: the proxy keeps bodies within
+// Config.MaxStoredBodyBytes, and stores without the body if the backend
+// still refuses it as too large.
+func BackendStore(b server.Backend) Store { return &backendStore{b: b} }
+
+type backendStore struct{ b server.Backend }
+
+func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reservation, error) {
+	res, _, err := s.apply(ctx, &fsm.Command{
+		Op:          fsm.OpReserve,
+		Namespace:   req.Namespace,
+		Key:         req.Key,
+		Fingerprint: req.Fingerprint,
+		OwnerToken:  req.OwnerToken,
+		Lease:       int64(req.Lease),
+	})
+	if err != nil {
+		return Reservation{}, err
+	}
+	out := Reservation{
+		FencingToken:         res.FencingToken,
+		PreviousFencingToken: res.PreviousFencingToken,
+		LeaseExpiresAt:       unixNanos(res.LeaseExpiresAt),
+		RetryAfter:           time.Duration(res.RetryAfter),
+	}
+	switch res.Outcome {
+	case fsm.OutcomeAcquired:
+		out.Outcome = httpidem.OutcomeAcquired
+	case fsm.OutcomeReclaimed:
+		out.Outcome = httpidem.OutcomeReclaimed
+	case fsm.OutcomeInProgress:
+		out.Outcome = httpidem.OutcomeInProgress
+	case fsm.OutcomeCompleted:
+		out.Outcome = httpidem.OutcomeCompleted
+		if res.Response != nil {
+			out.Response = &Response{Status: int(res.Response.Status), Headers: res.Response.Headers, Body: res.Response.Body}
+		}
+	case fsm.OutcomeFingerprintMismatch:
+		out.Outcome = httpidem.OutcomeFingerprintMismatch
+	default:
+		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s answered %v", req.Namespace, req.Key, res.Outcome)
+	}
+	if (out.Outcome == httpidem.OutcomeAcquired || out.Outcome == httpidem.OutcomeReclaimed) &&
+		res.OwnerToken != "" && res.OwnerToken != req.OwnerToken {
+		// Anything else would let two callers believe they own the key.
+		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s acquired for another owner token than the one sent", req.Namespace, req.Key)
+	}
+	return out, nil
+}
+
+func (s *backendStore) Heartbeat(ctx context.Context, ref Ref, lease time.Duration) error {
+	return s.decided(s.apply(ctx, &fsm.Command{
+		Op: fsm.OpHeartbeat, Namespace: ref.Namespace, Key: ref.Key, OwnerToken: ref.OwnerToken, Lease: int64(lease),
+	}))
+}
+
+func (s *backendStore) Complete(ctx context.Context, ref Ref, resp Response, retention time.Duration) error {
+	return s.decided(s.apply(ctx, &fsm.Command{
+		Op: fsm.OpComplete, Namespace: ref.Namespace, Key: ref.Key, OwnerToken: ref.OwnerToken,
+		Response:  &fsm.Response{Status: int32(resp.Status), Headers: resp.Headers, Body: resp.Body},
+		Retention: int64(retention),
+	}))
+}
+
+func (s *backendStore) Release(ctx context.Context, ref Ref) error {
+	res, ambiguous, err := s.apply(ctx, &fsm.Command{
+		Op: fsm.OpRelease, Namespace: ref.Namespace, Key: ref.Key, OwnerToken: ref.OwnerToken,
+	})
+	if err == nil && res.Outcome == fsm.OutcomeNotOwner && ambiguous {
+		return nil // an undecided earlier attempt most likely released it; it is not ours either way
+	}
+	return s.decided(res, ambiguous, err)
+}
+
+// decided turns the outcome of a heartbeat, complete or release into an
+// error.
+func (s *backendStore) decided(res fsm.Result, _ bool, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case res.Outcome == fsm.OutcomeOK:
+		return nil
+	case res.Outcome == fsm.OutcomeNotOwner:
+		return httpidem.ErrNotOwner
+	case res.Outcome == fsm.OutcomeInvalid:
+		return fmt.Errorf("%w: the state machine refused the command", httpidem.ErrInvalid)
+	}
+	return fmt.Errorf("proxy: store: unexpected outcome %v", res.Outcome)
+}
+
+// apply runs cmd, retrying failures without a decision. ambiguous reports
+// that an earlier attempt failed that way (and may have been applied).
+func (s *backendStore) apply(ctx context.Context, cmd *fsm.Command) (res fsm.Result, ambiguous bool, err error) {
+	wait := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		c := *cmd // the backend may stamp its copy
+		res, err = s.b.Apply(ctx, &c)
+		if err == nil {
+			return res, ambiguous, nil
+		}
+		err = backendError(cmd.Op, err)
+		if !errors.Is(err, httpidem.ErrUnavailable) || attempt >= backendAttempts || ctx.Err() != nil {
+			return res, ambiguous, err
+		}
+		ambiguous = true
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, ambiguous, err
+		case <-t.C:
+		}
+		wait *= 2
+	}
+}
+
+// backendError maps a Backend failure onto httpidem's errors.
+func backendError(op fsm.Op, err error) error {
+	wrap := func(sentinel error) error { return fmt.Errorf("%w: %s: %w", sentinel, op, err) }
+	var apiErr *server.Error
+	if errors.As(err, &apiErr) {
+		switch apiErr.Code {
+		case server.CodeUnavailable:
+			return wrap(httpidem.ErrUnavailable)
+		case server.CodePayloadTooLarge:
+			return wrap(httpidem.ErrTooLarge)
+		case server.CodeInvalidArgument:
+			return wrap(httpidem.ErrInvalid)
+		case server.CodeNotOwner:
+			return wrap(httpidem.ErrNotOwner)
+		}
+		return fmt.Errorf("proxy: store: %s: %w", op, err)
+	}
+	if errors.Is(err, server.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return wrap(httpidem.ErrUnavailable)
+	}
+	if st, ok := status.FromError(err); ok {
+		switch st.Code() {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted:
+			return wrap(httpidem.ErrUnavailable)
+		case codes.ResourceExhausted:
+			return wrap(httpidem.ErrTooLarge)
+		case codes.InvalidArgument:
+			return wrap(httpidem.ErrInvalid)
+		case codes.FailedPrecondition:
+			return wrap(httpidem.ErrNotOwner)
+		}
+	}
+	return fmt.Errorf("proxy: store: %s: %w", op, err)
+}
+
+func unixNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
