@@ -1,0 +1,251 @@
+package raftstore
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"regexp"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures a Host: one node, one Raft port, many groups.
+type Config struct {
+	// NodeID is this node's Raft server id, the same in every group it hosts
+	// and in every peer's GroupConfig.Voters. Required.
+	NodeID string
+
+	// RaftListenAddr is the host:port the single Raft listener binds; every
+	// group's traffic arrives here. Port 0 picks a free port (tests). Required.
+	RaftListenAddr string
+
+	// RaftAdvertiseAddr is the host:port peers dial to reach this node. Empty
+	// means the address actually bound (RaftListenAddr with its port
+	// resolved), which must then not be a wildcard such as 0.0.0.0.
+	RaftAdvertiseAddr string
+
+	// DataDir holds one directory per group, DataDir/shards/<id>/, with the
+	// group's log and stable store (raft.db) and its snapshots. Required.
+	DataDir string
+
+	// Logger receives raftstore's and raft's logs (raft's own INFO chatter at
+	// debug level). Nil discards logs.
+	Logger *slog.Logger
+
+	// Registry receives the per-shard Prometheus metrics (idem_raft_*). Nil
+	// means metrics are not exported (Stats still works).
+	Registry *prometheus.Registry
+
+	// HeartbeatTimeout is how long a follower goes without hearing from the
+	// leader before it campaigns (randomised in [1x, 2x)). The leader
+	// heartbeats every HeartbeatTimeout/10.
+	HeartbeatTimeout time.Duration
+
+	// ElectionTimeout is how long a candidate waits for votes before it starts
+	// a new election (randomised in [1x, 2x)). Must be >= HeartbeatTimeout.
+	ElectionTimeout time.Duration
+
+	// LeaderLeaseTimeout is how long a leader keeps leading without hearing
+	// from a quorum before it steps down. Must be <= HeartbeatTimeout.
+	LeaderLeaseTimeout time.Duration
+
+	// CommitTimeout bounds how long a follower may wait for the leader's
+	// commit index to advance when there is no new entry to carry it.
+	CommitTimeout time.Duration
+
+	// MaxAppendEntries caps the entries per AppendEntries RPC, per group
+	// commit on the leader (one fsync) and per ApplyBatch call. 1..1024.
+	MaxAppendEntries int
+
+	// SnapshotThreshold is how many new log entries trigger an automatic
+	// snapshot (checked every SnapshotInterval). Must be >= 1.
+	SnapshotThreshold uint64
+
+	// SnapshotInterval is how often raft checks whether to snapshot
+	// (randomised in [1x, 2x)).
+	SnapshotInterval time.Duration
+
+	// TrailingLogs is how many log entries are kept behind a snapshot so a
+	// slightly lagging follower catches up from the log, not a snapshot.
+	TrailingLogs uint64
+
+	// ApplyTimeout bounds Group.Apply and Group.ReadBarrier when the caller's
+	// context has no earlier deadline.
+	ApplyTimeout time.Duration
+
+	// NoFsync skips fsync on log writes. UNSAFE: a power loss can lose
+	// acknowledged writes. Tests and benchmarks only; false (fsync) by default.
+	NoFsync bool
+}
+
+// DefaultConfig returns the tuned defaults; NodeID, RaftListenAddr and
+// DataDir must still be set.
+//
+// The timeouts are hashicorp/raft's own defaults (1 s heartbeat and election
+// timeout, 500 ms lease, 50 ms commit timeout), which Consul and Nomad run in
+// production on LANs. They are well above a LAN round trip, but the point of
+// keeping them this large is the loaded case: on a 2-core box running the
+// test suite with -race, GC and scheduler stalls of 100+ ms happen, and
+// shorter timeouts made leaders step down and elections flap there (measured
+// numbers in DESIGN.md). A crashed leader costs 1-2 s of unavailability for
+// its shards; a graceful stop hands leadership over without that wait.
+func DefaultConfig() Config {
+	return Config{
+		HeartbeatTimeout:   1000 * time.Millisecond,
+		ElectionTimeout:    1000 * time.Millisecond,
+		LeaderLeaseTimeout: 500 * time.Millisecond,
+		CommitTimeout:      50 * time.Millisecond,
+		MaxAppendEntries:   512,
+		SnapshotThreshold:  8192,
+		SnapshotInterval:   2 * time.Minute,
+		TrailingLogs:       10240,
+		ApplyTimeout:       10 * time.Second,
+	}
+}
+
+// Validate reports every problem with the configuration at once.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("raftstore: config: "+format, args...))
+	}
+	if c.NodeID == "" {
+		bad("NodeID is required")
+	} else if len(c.NodeID) > 255 {
+		bad("NodeID %q is longer than 255 bytes", c.NodeID)
+	}
+	if c.RaftListenAddr == "" {
+		bad("RaftListenAddr is required (host:port)")
+	} else if _, _, err := net.SplitHostPort(c.RaftListenAddr); err != nil {
+		bad("RaftListenAddr %q is not host:port: %v", c.RaftListenAddr, err)
+	}
+	if c.RaftAdvertiseAddr != "" {
+		if err := checkDialable(c.RaftAdvertiseAddr); err != nil {
+			bad("RaftAdvertiseAddr: %v", err)
+		}
+	} else if host, _, err := net.SplitHostPort(c.RaftListenAddr); err == nil {
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			bad("RaftAdvertiseAddr is required when RaftListenAddr (%q) binds a wildcard address", c.RaftListenAddr)
+		}
+	}
+	if c.DataDir == "" {
+		bad("DataDir is required")
+	}
+	minTimeout := 5 * time.Millisecond // hashicorp/raft's floor
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"HeartbeatTimeout", c.HeartbeatTimeout},
+		{"ElectionTimeout", c.ElectionTimeout},
+		{"LeaderLeaseTimeout", c.LeaderLeaseTimeout},
+		{"SnapshotInterval", c.SnapshotInterval},
+	} {
+		if d.v < minTimeout {
+			bad("%s is %v, must be >= %v", d.name, d.v, minTimeout)
+		}
+	}
+	if c.CommitTimeout < time.Millisecond {
+		bad("CommitTimeout is %v, must be >= 1ms", c.CommitTimeout)
+	}
+	if c.ElectionTimeout < c.HeartbeatTimeout {
+		bad("ElectionTimeout (%v) must be >= HeartbeatTimeout (%v)", c.ElectionTimeout, c.HeartbeatTimeout)
+	}
+	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
+		bad("LeaderLeaseTimeout (%v) must be <= HeartbeatTimeout (%v)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	}
+	if c.MaxAppendEntries < 1 || c.MaxAppendEntries > 1024 {
+		bad("MaxAppendEntries is %d, must be in 1..1024", c.MaxAppendEntries)
+	}
+	if c.SnapshotThreshold < 1 {
+		bad("SnapshotThreshold must be >= 1")
+	}
+	if c.ApplyTimeout <= 0 {
+		bad("ApplyTimeout must be > 0")
+	}
+	return errors.Join(errs...)
+}
+
+// checkDialable reports whether addr is a host:port a peer can dial.
+func checkDialable(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %v", addr, err)
+	}
+	if port == "" || port == "0" {
+		return fmt.Errorf("%q has no fixed port", addr)
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host; peers cannot dial it", addr)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("%q is a wildcard address; peers cannot dial it", addr)
+	}
+	return nil
+}
+
+// Peer is one voter of a group.
+type Peer struct {
+	ID   string // the peer node's Config.NodeID
+	Addr string // the peer node's RaftAdvertiseAddr
+}
+
+// GroupConfig describes a group (one shard) to host.
+type GroupConfig struct {
+	// ID is the shard id: 1-64 bytes of [A-Za-z0-9._-], not "." or "..". It
+	// names the directory DataDir/shards/<ID> and travels in the connection
+	// header, so it must be identical on every replica.
+	ID string
+
+	// Voters are the group's initial members, this node included. They are
+	// used only to bootstrap a brand-new group; a group with existing state
+	// on disk restarts from its stored configuration.
+	Voters []Peer
+}
+
+var shardIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+func validShardID(id string) bool {
+	return shardIDPattern.MatchString(id) && id != "." && id != ".."
+}
+
+// validate checks gc for a host whose node id is self.
+func (gc GroupConfig) validate(self string) error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("raftstore: group %q: "+format, append([]any{gc.ID}, args...)...))
+	}
+	if !validShardID(gc.ID) {
+		bad("id must be 1-64 bytes of [A-Za-z0-9._-] and not . or ..")
+	}
+	if len(gc.Voters) == 0 {
+		bad("needs at least one voter")
+	}
+	seenID := map[string]bool{}
+	seenAddr := map[string]bool{}
+	hasSelf := false
+	for i, p := range gc.Voters {
+		switch {
+		case p.ID == "":
+			bad("voter %d has no ID", i)
+		case seenID[p.ID]:
+			bad("voter id %q listed twice", p.ID)
+		}
+		seenID[p.ID] = true
+		if err := checkDialable(p.Addr); err != nil {
+			bad("voter %q address: %v", p.ID, err)
+		} else if seenAddr[p.Addr] {
+			bad("voter address %q listed twice", p.Addr)
+		}
+		seenAddr[p.Addr] = true
+		if p.ID == self {
+			hasSelf = true
+		}
+	}
+	if len(gc.Voters) > 0 && !hasSelf {
+		bad("this node (%q) is not among its voters", self)
+	}
+	return errors.Join(errs...)
+}

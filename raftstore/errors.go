@@ -1,0 +1,142 @@
+package raftstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hashicorp/raft"
+)
+
+// Errors returned by raftstore. Library errors (hashicorp/raft, bbolt) are
+// translated into these at the package boundary, so callers only ever test
+// with errors.Is against this list.
+var (
+	// ErrNotLeader means this node does not lead the group, so the command was
+	// definitely NOT applied. The error is usually a *NotLeaderError carrying
+	// the leader this node knows of; send the request there.
+	ErrNotLeader = errors.New("raftstore: not the leader")
+
+	// ErrUnknownOutcome means the command was handed to Raft but the proposer
+	// stopped waiting before learning its fate (leadership lost while
+	// committing, deadline reached, shutdown): it may or may not have been
+	// applied. Retry only with an idempotent command, or read back first.
+	ErrUnknownOutcome = errors.New("raftstore: outcome unknown, the command may or may not have been applied")
+
+	// ErrShutdown means the group or host is shut down (or shutting down).
+	ErrShutdown = errors.New("raftstore: shut down")
+
+	// ErrEnqueueTimeout means the leader was too busy to accept the command
+	// before the deadline; it was NOT applied and is safe to retry.
+	ErrEnqueueTimeout = errors.New("raftstore: leader too busy, command not enqueued (not applied)")
+
+	// ErrNotReady means a hosted group has no known leader yet or this node
+	// has not caught up with the log it knows is committed.
+	ErrNotReady = errors.New("raftstore: not ready")
+
+	// ErrGroupExists is returned by AddGroup for a shard id already hosted.
+	ErrGroupExists = errors.New("raftstore: group already hosted")
+
+	// ErrUnknownPeer is returned by TransferLeadership for a target that is
+	// not a voter of the group.
+	ErrUnknownPeer = errors.New("raftstore: not a voter of this group")
+
+	// ErrNothingToSnapshot is returned by Snapshot when nothing was ever
+	// applied, so there is no state to capture.
+	ErrNothingToSnapshot = errors.New("raftstore: nothing to snapshot")
+)
+
+// shardErr builds "raftstore: shard <id>: <message>" from a fmt format,
+// wrapping every %w operand. The package prefix of wrapped raftstore errors
+// is dropped from the text so it appears once.
+func shardErr(id, format string, args ...any) error {
+	return &shardError{shard: id, err: fmt.Errorf(format, args...)}
+}
+
+type shardError struct {
+	shard string
+	err   error
+}
+
+func (e *shardError) Error() string {
+	return "raftstore: shard " + e.shard + ": " + strings.ReplaceAll(e.err.Error(), "raftstore: ", "")
+}
+
+func (e *shardError) Unwrap() error { return e.err }
+
+// NotLeaderError is ErrNotLeader with the leader this node knows of. Both
+// fields are empty when no leader is known (election in progress, or a
+// leadership transfer is under way). It unwraps to ErrNotLeader.
+type NotLeaderError struct {
+	Shard      string // group (shard) id
+	LeaderID   string // raft server id (node id) of the leader, "" if unknown
+	LeaderAddr string // raft address of the leader, "" if unknown
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.LeaderID == "" {
+		return fmt.Sprintf("raftstore: not the leader of shard %s (leader unknown, retry shortly)", e.Shard)
+	}
+	return fmt.Sprintf("raftstore: not the leader of shard %s (leader is %s at %s)", e.Shard, e.LeaderID, e.LeaderAddr)
+}
+
+// Unwrap makes errors.Is(err, ErrNotLeader) true.
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+
+// phase says how far a proposal got before an error, which decides whether
+// an ambiguous library error means "not applied" or "outcome unknown".
+type phase int
+
+const (
+	phaseBeforeEnqueue phase = iota // raft never accepted the command
+	phaseAfterEnqueue               // raft accepted it; its fate may be unknown
+)
+
+// translate maps an error from hashicorp/raft (or a context error) for an
+// operation on group g onto raftstore's sentinels. It returns nil for nil.
+func (g *Group) translate(err error, p phase) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		// raft only returns these before the command was dispatched into the
+		// log (follower loop, or a leader that is stepping down or handing
+		// over), so the command was not applied.
+		return g.notLeader()
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return shardErr(g.id, "%w: %w", ErrEnqueueTimeout, context.DeadlineExceeded)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		if p == phaseBeforeEnqueue {
+			return shardErr(g.id, "%w", ErrShutdown)
+		}
+		return shardErr(g.id, "%w: %w", ErrShutdown, ErrUnknownOutcome)
+	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrAbortedByRestore):
+		return shardErr(g.id, "%w: %v", ErrUnknownOutcome, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		if p == phaseBeforeEnqueue {
+			return shardErr(g.id, "%w", err)
+		}
+		return shardErr(g.id, "%w: %w", ErrUnknownOutcome, err)
+	default:
+		// Anything else (a failed log write, ...) after enqueueing leaves the
+		// outcome open; before, nothing happened.
+		if p == phaseBeforeEnqueue {
+			return shardErr(g.id, "%v", err)
+		}
+		return shardErr(g.id, "%w: %v", ErrUnknownOutcome, err)
+	}
+}
+
+// notLeader builds the NotLeaderError from what raft currently believes.
+func (g *Group) notLeader() error {
+	addr, id := g.raft.LeaderWithID()
+	e := &NotLeaderError{Shard: g.id, LeaderID: string(id), LeaderAddr: string(addr)}
+	if e.LeaderID == g.host.cfg.NodeID {
+		// We were told we are not (or no longer) the leader while raft still
+		// names us: a stepdown or transfer is in flight. Pointing the caller
+		// at ourselves would make it loop, so report "unknown".
+		e.LeaderID, e.LeaderAddr = "", ""
+	}
+	return e
+}

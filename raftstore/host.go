@@ -1,0 +1,427 @@
+package raftstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+)
+
+const (
+	// transportTimeout is the NetworkTransport I/O deadline per RPC (scaled
+	// up for snapshot installs) and its dial timeout.
+	transportTimeout = 10 * time.Second
+	// transportMaxPool is how many idle outbound connections a group keeps
+	// per peer.
+	transportMaxPool = 3
+	// logCacheSize keeps the most recent entries in memory, so replication
+	// to slightly lagging followers and ReadBarrier's log lookups do not hit
+	// bolt.
+	logCacheSize = 1024
+	// snapshotsRetained is how many snapshots each group keeps on disk.
+	snapshotsRetained = 2
+	// readyPollInterval is how often WaitReady re-checks.
+	readyPollInterval = 20 * time.Millisecond
+)
+
+// Host runs every Raft group of one node over a single TCP listener.
+type Host struct {
+	cfg     Config
+	logger  *slog.Logger
+	mux     *mux
+	metrics *hostMetrics
+
+	mu      sync.RWMutex
+	groups  map[string]*Group
+	closing bool
+
+	stopOnce sync.Once
+	stopErr  error
+
+	handOvers atomic.Uint64 // successful leadership hand-overs on Shutdown
+}
+
+// NewHost validates cfg, binds the Raft listener and returns a Host with no
+// groups; add them with AddGroup.
+func NewHost(cfg Config) (*Host, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "shards"), 0o750); err != nil {
+		return nil, fmt.Errorf("raftstore: creating data dir: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.RaftListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: raft listener: %w", err)
+	}
+	advertise := cfg.RaftAdvertiseAddr
+	if advertise == "" {
+		advertise = ln.Addr().String()
+	}
+	if err := checkDialable(advertise); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("raftstore: advertise address: %w", err)
+	}
+	h := &Host{
+		cfg:    cfg,
+		logger: logger,
+		groups: map[string]*Group{},
+	}
+	h.mux = newMux(ln, advertise, logger)
+	m, err := newHostMetrics(h, cfg.Registry)
+	if err != nil {
+		h.mux.close()
+		return nil, err
+	}
+	h.metrics = m
+	logger.Info("raft host listening", "node", cfg.NodeID, "listen", ln.Addr().String(), "advertise", advertise)
+	return h, nil
+}
+
+// NodeID returns this node's Raft server id.
+func (h *Host) NodeID() string { return h.cfg.NodeID }
+
+// Addr returns the Raft address peers dial (the advertise address).
+func (h *Host) Addr() string { return h.mux.advertise }
+
+// AddGroup starts hosting the group gc with sm as its state machine. A group
+// with no state under DataDir/shards/<id>/ is bootstrapped with gc.Voters
+// (every voter bootstraps with the same list, which is safe); a group with
+// existing state restarts from it and ignores gc.Voters.
+func (h *Host) AddGroup(gc GroupConfig, sm StateMachine) (*Group, error) {
+	if err := gc.validate(h.cfg.NodeID); err != nil {
+		return nil, err
+	}
+	if sm == nil {
+		return nil, fmt.Errorf("raftstore: group %q: nil StateMachine", gc.ID)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closing {
+		return nil, fmt.Errorf("raftstore: add group %s: %w", gc.ID, ErrShutdown)
+	}
+	if h.groups[gc.ID] != nil {
+		return nil, shardErr(gc.ID, "%w", ErrGroupExists)
+	}
+	g, err := h.openGroup(gc, sm)
+	if err != nil {
+		return nil, err
+	}
+	h.groups[gc.ID] = g
+	return g, nil
+}
+
+func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) {
+	id := gc.ID
+	dir := filepath.Join(h.cfg.DataDir, "shards", id)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, shardErr(id, "creating dir: %w", err)
+	}
+	logger := h.logger.With("shard", id)
+	rlog := newHclogAdapter(logger)
+
+	var cleanup []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+
+	bolt, err := raftboltdb.New(raftboltdb.Options{
+		Path:   filepath.Join(dir, "raft.db"),
+		NoSync: h.cfg.NoFsync,
+		// Fail fast instead of hanging if another process holds the file.
+		BoltOptions: &bbolt.Options{Timeout: time.Second},
+	})
+	if err != nil {
+		return nil, shardErr(id, "opening log store: %w", err)
+	}
+	cleanup = append(cleanup, func() { bolt.Close() })
+
+	gm := h.metrics.forGroup(id)
+	counted := &countingLogStore{LogStore: bolt, metrics: gm}
+	logs, err := raft.NewLogCache(logCacheSize, counted)
+	if err != nil {
+		return nil, shardErr(id, "log cache: %w", err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, snapshotsRetained, rlog.Named("snapshot"))
+	if err != nil {
+		return nil, shardErr(id, "snapshot store: %w", err)
+	}
+
+	stream, err := h.mux.register(id)
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { stream.Close() })
+	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  stream,
+		MaxPool: transportMaxPool,
+		Timeout: transportTimeout,
+		Logger:  rlog.Named("raft-net"),
+	})
+	cleanup = append(cleanup, func() { trans.Close() })
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(h.cfg.NodeID)
+	rc.HeartbeatTimeout = h.cfg.HeartbeatTimeout
+	rc.ElectionTimeout = h.cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = h.cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = h.cfg.CommitTimeout
+	rc.MaxAppendEntries = h.cfg.MaxAppendEntries
+	rc.SnapshotThreshold = h.cfg.SnapshotThreshold
+	rc.SnapshotInterval = h.cfg.SnapshotInterval
+	rc.TrailingLogs = h.cfg.TrailingLogs
+	rc.Logger = rlog.Named("raft")
+	rc.NoLegacyTelemetry = true
+	// Buffer applyCh to MaxAppendEntries so proposers hand their command
+	// over without waiting for the leader loop; the loop drains up to
+	// MaxAppendEntries queued commands into one StoreLogs (group commit).
+	rc.BatchApplyCh = true
+	if err := raft.ValidateConfig(rc); err != nil {
+		return nil, shardErr(id, "%w", err)
+	}
+
+	existing, err := raft.HasExistingState(logs, bolt, snaps)
+	if err != nil {
+		return nil, shardErr(id, "checking existing state: %w", err)
+	}
+
+	if !existing {
+		// Write the initial configuration straight into the stores before
+		// raft starts. Bootstrapping a running raft instead races with peers:
+		// a vote request or an append from a peer that started first makes
+		// the state non-empty and the bootstrap fail.
+		servers := make([]raft.Server, 0, len(gc.Voters))
+		for _, p := range gc.Voters {
+			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+		}
+		if err := raft.BootstrapCluster(rc, logs, bolt, snaps, trans, raft.Configuration{Servers: servers}); err != nil {
+			return nil, shardErr(id, "bootstrap: %w", err)
+		}
+		logger.Info("raft group bootstrapped", "voters", len(servers))
+	}
+
+	fsm := newFSMAdapter(sm, gm)
+	r, err := raft.NewRaft(rc, fsm, logs, bolt, snaps, trans)
+	if err != nil {
+		return nil, shardErr(id, "starting raft: %w", err)
+	}
+	cleanup = append(cleanup, func() { r.Shutdown().Error() })
+	if existing {
+		logger.Info("raft group restarted from existing state", "last_index", r.LastIndex())
+	}
+
+	g := &Group{
+		id:            id,
+		host:          h,
+		logger:        logger,
+		raft:          r,
+		fsm:           fsm,
+		logs:          logs,
+		counted:       counted,
+		bolt:          bolt,
+		snaps:         snaps,
+		trans:         trans,
+		stream:        stream,
+		metrics:       gm,
+		obsCh:         make(chan raft.Observation, 16),
+		obsDone:       make(chan struct{}),
+		leaderChanged: make(chan struct{}),
+		closedCh:      make(chan struct{}),
+	}
+	g.observer = raft.NewObserver(g.obsCh, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	r.RegisterObserver(g.observer)
+	go g.watchLeader()
+	return g, nil
+}
+
+// Group returns the hosted group with the given shard id.
+func (h *Host) Group(id string) (*Group, bool) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	g, ok := h.groups[id]
+	return g, ok
+}
+
+// Groups returns the hosted groups ordered by shard id.
+func (h *Host) Groups() []*Group {
+	h.mu.RLock()
+	gs := make([]*Group, 0, len(h.groups))
+	for _, g := range h.groups {
+		gs = append(gs, g)
+	}
+	h.mu.RUnlock()
+	slices.SortFunc(gs, func(a, b *Group) int { return strings.Compare(a.id, b.id) })
+	return gs
+}
+
+// Ready returns nil when every hosted group has a known leader and this node
+// has applied everything it knows to be committed; otherwise an error
+// wrapping ErrNotReady that names the lagging shards.
+func (h *Host) Ready() error {
+	var errs []error
+	for _, g := range h.Groups() {
+		if g.closed.Load() {
+			errs = append(errs, fmt.Errorf("shard %s: shut down", g.id))
+			continue
+		}
+		if id, _ := g.Leader(); id == "" {
+			errs = append(errs, fmt.Errorf("shard %s: no known leader", g.id))
+			continue
+		}
+		ok, applied, commit, err := g.caughtUp()
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("shard %s: %v", g.id, err))
+		case !ok:
+			errs = append(errs, fmt.Errorf("shard %s: applied %d, committed %d", g.id, applied, commit))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrNotReady, errors.Join(errs...))
+}
+
+// WaitReady waits until Ready returns nil or ctx ends; the error then says
+// what was still missing.
+func (h *Host) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(readyPollInterval)
+	defer t.Stop()
+	for {
+		err := h.Ready()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return fmt.Errorf("raftstore: waiting for readiness: %w (last: %w)", ctx.Err(), err)
+		}
+	}
+}
+
+// Shutdown stops the host gracefully: every group this node leads first
+// hands leadership to another voter (best effort, all groups in parallel,
+// bounded by ctx and each by ElectionTimeout), so their shards are writable
+// again without waiting for an election timeout; then every group is shut
+// down, its stores closed, and the listener closed. Everything acknowledged
+// is already durable on a quorum, so nothing acknowledged is lost. Further
+// calls return the first call's result.
+func (h *Host) Shutdown(ctx context.Context) error {
+	return h.stop(ctx, true)
+}
+
+// Close stops the host immediately, without handing over leadership: peers
+// notice the silence and elect new leaders after a heartbeat timeout. It is
+// what a crash looks like to the rest of the cluster (minus the data loss,
+// which fsync rules out).
+func (h *Host) Close() error {
+	return h.stop(context.Background(), false)
+}
+
+func (h *Host) stop(ctx context.Context, handOver bool) error {
+	h.stopOnce.Do(func() {
+		h.mu.Lock()
+		h.closing = true
+		h.mu.Unlock()
+		groups := h.Groups()
+		var errs []error
+		if handOver {
+			h.handOverLeadership(ctx, groups)
+		} else {
+			// Sever the network first so peers see an abrupt loss.
+			if err := h.mux.close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		var wg sync.WaitGroup
+		shutdownErrs := make([]error, len(groups))
+		for i, g := range groups {
+			wg.Go(func() { shutdownErrs[i] = g.shutdown() })
+		}
+		wg.Wait()
+		errs = append(errs, shutdownErrs...)
+		if handOver {
+			if err := h.mux.close(); err != nil {
+				errs = append(errs, fmt.Errorf("raftstore: closing listener: %w", err))
+			}
+		}
+		h.metrics.unregister(h.cfg.Registry)
+		h.stopErr = errors.Join(errs...)
+		h.logger.Info("raft host stopped", "node", h.cfg.NodeID, "groups", len(groups), "graceful", handOver)
+	})
+	return h.stopErr
+}
+
+// handOverLeadership transfers leadership away from every group this node
+// leads that has another voter, in parallel. raft picks the most up-to-date
+// follower first; if that one is down the attempt times out (after
+// ElectionTimeout) and each other voter is tried in turn, until ctx ends.
+// Failures are logged: the group then elects a new leader after a heartbeat
+// timeout, as after a crash.
+func (h *Host) handOverLeadership(ctx context.Context, groups []*Group) {
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		if !g.IsLeader() {
+			continue
+		}
+		wg.Go(func() {
+			cf := g.raft.GetConfiguration()
+			if cf.Error() != nil {
+				return
+			}
+			targets := []string{""} // raft's own pick first
+			for _, s := range cf.Configuration().Servers {
+				if s.Suffrage == raft.Voter && string(s.ID) != h.cfg.NodeID {
+					targets = append(targets, string(s.ID))
+				}
+			}
+			if len(targets) == 1 {
+				return // single-voter group: nobody to hand over to
+			}
+			start := time.Now()
+			var err error
+			for _, target := range targets {
+				if ctx.Err() != nil || !g.IsLeader() {
+					break
+				}
+				if err = g.transferLeadership(ctx, target); err == nil || errors.Is(err, ErrNotLeader) {
+					h.handOvers.Add(1)
+					g.logger.Info("leadership handed over on shutdown", "took", time.Since(start))
+					return
+				}
+				g.logger.Debug("leadership hand-over attempt failed", "target", target, "error", err)
+			}
+			g.logger.Warn("leadership hand-over on shutdown failed; peers will elect after a timeout",
+				"error", err, "context", ctx.Err())
+		})
+	}
+	wg.Wait()
+}
+
+// setIsolated is a test hook: it cuts this node off the network (all groups,
+// both directions) while on.
+func (h *Host) setIsolated(on bool) { h.mux.setIsolated(on) }

@@ -1,0 +1,208 @@
+package raftstore
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// hostMetrics are the per-shard Prometheus metrics of one Host. raft's own
+// go-metrics are deliberately not used: they are process-global and would
+// merge every group's figures into one series.
+type hostMetrics struct {
+	applyDuration    *prometheus.HistogramVec
+	batchSize        *prometheus.HistogramVec
+	logStoreBatch    *prometheus.HistogramVec
+	logCommit        *prometheus.HistogramVec
+	leaderChanges    *prometheus.CounterVec
+	snapshots        *prometheus.CounterVec
+	snapshotDuration *prometheus.HistogramVec
+	restores         *prometheus.CounterVec
+	rejectedConns    prometheus.CounterFunc
+
+	stateDesc, leaderDesc, termDesc, commitDesc, appliedDesc, lastLogDesc, contactDesc *prometheus.Desc
+
+	host *Host
+}
+
+// groupMetrics are one group's children of the host's vectors.
+type groupMetrics struct {
+	applyDuration    prometheus.Observer
+	batchSize        prometheus.Observer
+	logStoreBatch    prometheus.Observer
+	logCommit        prometheus.Observer
+	leaderChanges    prometheus.Counter
+	snapshots        prometheus.Counter
+	snapshotDuration prometheus.Observer
+	restores         prometheus.Counter
+}
+
+func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
+	shard := []string{"shard"}
+	m := &hostMetrics{
+		host: h,
+		applyDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_raft_apply_duration_seconds",
+			Help:    "Time from proposing a command on the leader to its result being applied (commit latency).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 15), // 0.5 ms .. 8 s
+		}, shard),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_raft_apply_batch_commands",
+			Help:    "Commands applied to the state machine per ApplyBatch call.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11), // 1 .. 1024
+		}, shard),
+		logStoreBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_raft_log_append_entries",
+			Help:    "Log entries written per log store commit (one fsync'd bolt transaction).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}, shard),
+		logCommit: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_raft_log_commit_duration_seconds",
+			Help:    "Time per log store commit (bolt write transaction including its fsyncs), leader and follower alike.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16), // 0.1 ms .. 3.3 s
+		}, shard),
+		leaderChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_raft_leader_changes_total",
+			Help: "Times this node saw the group's leader change to a new known leader.",
+		}, shard),
+		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_raft_snapshots_total",
+			Help: "Snapshots persisted by this node.",
+		}, shard),
+		snapshotDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_raft_snapshot_duration_seconds",
+			Help:    "Time to write a snapshot out.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10), // 1 ms .. 4 min
+		}, shard),
+		restores: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_raft_snapshot_restores_total",
+			Help: "Snapshots restored into the state machine (startup or install from leader).",
+		}, shard),
+		stateDesc: prometheus.NewDesc("idem_raft_state",
+			"Raft state of this replica: 0 follower, 1 candidate, 2 leader, 3 shutdown.", shard, nil),
+		leaderDesc: prometheus.NewDesc("idem_raft_leader",
+			"1 if this replica is the group's leader, else 0.", shard, nil),
+		termDesc: prometheus.NewDesc("idem_raft_term",
+			"Current Raft term.", shard, nil),
+		commitDesc: prometheus.NewDesc("idem_raft_commit_index",
+			"Highest log index known to be committed.", shard, nil),
+		appliedDesc: prometheus.NewDesc("idem_raft_applied_index",
+			"Index of the last command or configuration entry applied to the state machine.", shard, nil),
+		lastLogDesc: prometheus.NewDesc("idem_raft_last_log_index",
+			"Last index in stable storage (log or snapshot).", shard, nil),
+		contactDesc: prometheus.NewDesc("idem_raft_last_contact_seconds",
+			"Seconds since this follower last heard from its leader (0 on the leader, -1 never).", shard, nil),
+	}
+	m.rejectedConns = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "idem_raft_rejected_connections_total",
+		Help: "Inbound Raft connections closed for a bad header or an unknown shard.",
+	}, func() float64 { return float64(h.mux.rejectedTotal.Load()) })
+	if reg == nil {
+		return m, nil
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.logStoreBatch, m.logCommit,
+		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns, m} {
+		if err := reg.Register(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		m.unregister(reg)
+		return nil, fmt.Errorf("raftstore: registering metrics (one Host per registry): %w", err)
+	}
+	return m, nil
+}
+
+func (m *hostMetrics) unregister(reg *prometheus.Registry) {
+	if reg == nil {
+		return
+	}
+	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.logStoreBatch, m.logCommit,
+		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns, m} {
+		reg.Unregister(c)
+	}
+}
+
+func (m *hostMetrics) forGroup(id string) *groupMetrics {
+	return &groupMetrics{
+		applyDuration:    m.applyDuration.WithLabelValues(id),
+		batchSize:        m.batchSize.WithLabelValues(id),
+		logStoreBatch:    m.logStoreBatch.WithLabelValues(id),
+		logCommit:        m.logCommit.WithLabelValues(id),
+		leaderChanges:    m.leaderChanges.WithLabelValues(id),
+		snapshots:        m.snapshots.WithLabelValues(id),
+		snapshotDuration: m.snapshotDuration.WithLabelValues(id),
+		restores:         m.restores.WithLabelValues(id),
+	}
+}
+
+// Describe and Collect export the gauges, read from raft at scrape time
+// rather than polled.
+func (m *hostMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.stateDesc, m.leaderDesc, m.termDesc, m.commitDesc,
+		m.appliedDesc, m.lastLogDesc, m.contactDesc} {
+		ch <- d
+	}
+}
+
+func (m *hostMetrics) Collect(ch chan<- prometheus.Metric) {
+	for _, g := range m.host.Groups() {
+		s := g.Stats()
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, g.id)
+		}
+		state := g.raft.State()
+		gauge(m.stateDesc, float64(state))
+		leader := 0.0
+		if state == raft.Leader {
+			leader = 1
+		}
+		gauge(m.leaderDesc, leader)
+		gauge(m.termDesc, float64(s.Term))
+		gauge(m.commitDesc, float64(s.CommitIndex))
+		gauge(m.appliedDesc, float64(s.AppliedIndex))
+		gauge(m.lastLogDesc, float64(s.LastLogIndex))
+		contact := -1.0
+		switch {
+		case state == raft.Leader:
+			contact = 0
+		case !s.LastContact.IsZero():
+			contact = time.Since(s.LastContact).Seconds()
+		}
+		gauge(m.contactDesc, contact)
+	}
+}
+
+// countingLogStore wraps the bolt log store to count log commits: each
+// StoreLogs is one bolt write transaction, i.e. one fsync'd commit, so
+// entries per call is "commands per fsync".
+type countingLogStore struct {
+	raft.LogStore
+	metrics     *groupMetrics
+	commits     atomic.Uint64
+	entries     atomic.Uint64
+	commitNanos atomic.Int64
+}
+
+func (s *countingLogStore) StoreLog(l *raft.Log) error {
+	return s.StoreLogs([]*raft.Log{l})
+}
+
+func (s *countingLogStore) StoreLogs(logs []*raft.Log) error {
+	start := time.Now()
+	if err := s.LogStore.StoreLogs(logs); err != nil {
+		return err
+	}
+	took := time.Since(start)
+	s.commits.Add(1)
+	s.entries.Add(uint64(len(logs)))
+	s.commitNanos.Add(int64(took))
+	s.metrics.logStoreBatch.Observe(float64(len(logs)))
+	s.metrics.logCommit.Observe(took.Seconds())
+	return nil
+}

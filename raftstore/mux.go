@@ -1,0 +1,341 @@
+package raftstore
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Connection header written by the dialer on every Raft connection, before
+// any hashicorp/raft byte:
+//
+//	magic "IDRM" | version (1 byte) | len(shard id) (1 byte) | shard id
+//
+// The acceptor reads exactly the header (no buffering beyond it) and hands
+// the raw connection to the group's NetworkTransport.
+var muxMagic = [4]byte{'I', 'D', 'R', 'M'}
+
+const (
+	muxVersion = 1
+	// muxHeaderTimeout bounds how long an accepted connection may take to
+	// send its header; it stops idle or slow sockets from pinning goroutines.
+	muxHeaderTimeout = 5 * time.Second
+	// muxRejectLogEvery rate-limits the log line about rejected connections.
+	muxRejectLogEvery = 30 * time.Second
+)
+
+// encodeMuxHeader returns the header that routes a connection to shard id.
+func encodeMuxHeader(id string) []byte {
+	h := make([]byte, 0, 6+len(id))
+	h = append(h, muxMagic[:]...)
+	h = append(h, muxVersion, byte(len(id)))
+	return append(h, id...)
+}
+
+// readMuxHeader reads the header from r and returns the shard id.
+func readMuxHeader(r io.Reader) (string, error) {
+	var fixed [6]byte
+	if _, err := io.ReadFull(r, fixed[:]); err != nil {
+		return "", fmt.Errorf("reading header: %w", err)
+	}
+	if [4]byte(fixed[:4]) != muxMagic {
+		return "", fmt.Errorf("bad magic %q", fixed[:4])
+	}
+	if fixed[4] != muxVersion {
+		return "", fmt.Errorf("unsupported header version %d", fixed[4])
+	}
+	n := int(fixed[5])
+	if n == 0 {
+		return "", errors.New("empty shard id")
+	}
+	id := make([]byte, n)
+	if _, err := io.ReadFull(r, id); err != nil {
+		return "", fmt.Errorf("reading shard id: %w", err)
+	}
+	if !validShardID(string(id)) {
+		return "", fmt.Errorf("invalid shard id %q", id)
+	}
+	return string(id), nil
+}
+
+// mux owns the host's one TCP listener and demultiplexes accepted
+// connections onto per-group virtual listeners by the header's shard id.
+type mux struct {
+	ln        net.Listener
+	advertise string
+	logger    *slog.Logger
+
+	mu     sync.Mutex
+	groups map[string]*streamLayer
+	conns  map[*trackedConn]struct{} // every live connection, both directions
+	closed bool
+
+	// isolated is a test hook simulating a network partition of this node:
+	// while set, every connection is refused in both directions.
+	isolated atomic.Bool
+
+	rejectMu       sync.Mutex
+	rejectLastLog  time.Time
+	rejectDropped  int
+	rejectedTotal  atomic.Uint64
+	acceptLoopDone chan struct{}
+}
+
+func newMux(ln net.Listener, advertise string, logger *slog.Logger) *mux {
+	m := &mux{
+		ln:             ln,
+		advertise:      advertise,
+		logger:         logger,
+		groups:         map[string]*streamLayer{},
+		conns:          map[*trackedConn]struct{}{},
+		acceptLoopDone: make(chan struct{}),
+	}
+	go m.acceptLoop()
+	return m
+}
+
+func (m *mux) acceptLoop() {
+	defer close(m.acceptLoopDone)
+	var delay time.Duration
+	for {
+		c, err := m.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Transient (EMFILE, ...): back off rather than spin.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			m.logger.Warn("raft listener accept failed", "error", err, "retry_in", delay)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		go m.route(c)
+	}
+}
+
+// route reads the header of an accepted connection and queues it for its
+// group, or closes it.
+func (m *mux) route(c net.Conn) {
+	if m.isolated.Load() {
+		c.Close()
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(muxHeaderTimeout))
+	id, err := readMuxHeader(c)
+	if err != nil {
+		m.reject(c, err)
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	m.mu.Lock()
+	sl := m.groups[id]
+	m.mu.Unlock()
+	if sl == nil {
+		m.reject(c, fmt.Errorf("unknown shard %q", id))
+		return
+	}
+	tc := m.track(c)
+	if tc == nil {
+		return
+	}
+	select {
+	case sl.accepted <- tc:
+	case <-sl.done:
+		tc.Close()
+	}
+}
+
+// reject closes c and logs why, at most once per muxRejectLogEvery (a
+// misconfigured or hostile peer could otherwise flood the log).
+func (m *mux) reject(c net.Conn, why error) {
+	remote := c.RemoteAddr().String()
+	c.Close()
+	m.rejectedTotal.Add(1)
+	m.rejectMu.Lock()
+	defer m.rejectMu.Unlock()
+	now := time.Now()
+	if !m.rejectLastLog.IsZero() && now.Sub(m.rejectLastLog) < muxRejectLogEvery {
+		m.rejectDropped++
+		return
+	}
+	m.logger.Warn("rejected raft connection", "remote", remote, "reason", why.Error(),
+		"suppressed_since_last", m.rejectDropped)
+	m.rejectLastLog = now
+	m.rejectDropped = 0
+}
+
+// track registers c as live; it returns nil (and closes c) if the mux is
+// closed or isolated.
+func (m *mux) track(c net.Conn) *trackedConn {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.isolated.Load() {
+		c.Close()
+		return nil
+	}
+	tc := &trackedConn{Conn: c, m: m}
+	m.conns[tc] = struct{}{}
+	return tc
+}
+
+// register creates the virtual listener for shard id.
+func (m *mux) register(id string) (*streamLayer, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrShutdown
+	}
+	if m.groups[id] != nil {
+		return nil, shardErr(id, "%w", ErrGroupExists)
+	}
+	sl := &streamLayer{
+		m:        m,
+		id:       id,
+		header:   encodeMuxHeader(id),
+		accepted: make(chan net.Conn, 16),
+		done:     make(chan struct{}),
+	}
+	m.groups[id] = sl
+	return sl, nil
+}
+
+func (m *mux) unregister(sl *streamLayer) {
+	m.mu.Lock()
+	if m.groups[sl.id] == sl {
+		delete(m.groups, sl.id)
+	}
+	m.mu.Unlock()
+}
+
+// setIsolated is the test hook that partitions this node: it severs every
+// live connection and refuses new ones in both directions until cleared.
+func (m *mux) setIsolated(on bool) {
+	m.isolated.Store(on)
+	if on {
+		m.closeConns()
+	}
+}
+
+func (m *mux) closeConns() {
+	m.mu.Lock()
+	conns := make([]*trackedConn, 0, len(m.conns))
+	for c := range m.conns {
+		conns = append(conns, c)
+	}
+	m.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// close stops accepting and severs every connection.
+func (m *mux) close() error {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	err := m.ln.Close()
+	<-m.acceptLoopDone
+	m.closeConns()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// trackedConn removes itself from the mux's live set when closed.
+type trackedConn struct {
+	net.Conn
+	m    *mux
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.m.mu.Lock()
+		delete(c.m.conns, c)
+		c.m.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// streamLayer is one group's virtual raft.StreamLayer over the shared port:
+// Accept yields the connections whose header named this shard, Dial writes
+// this shard's header.
+type streamLayer struct {
+	m        *mux
+	id       string
+	header   []byte
+	accepted chan net.Conn
+	done     chan struct{}
+	once     sync.Once
+}
+
+var _ raft.StreamLayer = (*streamLayer)(nil)
+
+func (s *streamLayer) Accept() (net.Conn, error) {
+	select {
+	case c := <-s.accepted:
+		return c, nil
+	case <-s.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops this group's Accept; the shared listener stays open.
+func (s *streamLayer) Close() error {
+	s.once.Do(func() {
+		close(s.done)
+		s.m.unregister(s)
+		// Drop connections that were routed but never accepted.
+		for {
+			select {
+			case c := <-s.accepted:
+				c.Close()
+			default:
+				return
+			}
+		}
+	})
+	return nil
+}
+
+// Addr is the address peers dial; NetworkTransport advertises it as this
+// node's address in every RPC header.
+func (s *streamLayer) Addr() net.Addr { return muxAddr(s.m.advertise) }
+
+func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	if s.m.isolated.Load() {
+		return nil, fmt.Errorf("raftstore: dial %s: node isolated (test hook)", address)
+	}
+	d := net.Dialer{Timeout: timeout}
+	c, err := d.Dial("tcp", string(address))
+	if err != nil {
+		return nil, err
+	}
+	if timeout > 0 {
+		_ = c.SetWriteDeadline(time.Now().Add(timeout))
+	}
+	if _, err := c.Write(s.header); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("raftstore: dial %s: writing header: %w", address, err)
+	}
+	_ = c.SetWriteDeadline(time.Time{})
+	tc := s.m.track(c)
+	if tc == nil {
+		return nil, fmt.Errorf("raftstore: dial %s: %w", address, ErrShutdown)
+	}
+	return tc, nil
+}
+
+type muxAddr string
+
+func (a muxAddr) Network() string { return "tcp" }
+func (a muxAddr) String() string  { return string(a) }
