@@ -223,3 +223,10 @@ func ByKey(ops []Op) map[string][]Op {
 	}
 	return out
 }
+
+// Len returns how many ops were recorded.
+func (r *Recorder) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.ops)
+}

@@ -1,0 +1,543 @@
+package regionsim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/regionsim/naive"
+	"github.com/idem-dev/idem/regionsim/wan"
+	"github.com/idem-dev/idem/router"
+)
+
+// simCluster is the simulated multi-region deployment: idemnode and
+// idemrouter processes on loopback, each region with its own view of the
+// topology in which every other region's address is a WAN proxy, and the
+// naive lock server for the comparison.
+type simCluster struct {
+	cfg     Config
+	log     *slog.Logger
+	dir     string
+	regions []string
+	topo    *router.Topology // real addresses
+	net     *wan.Network
+	views   map[string]string // region -> topology file
+
+	nodes   map[string]*simNode
+	nodeIDs []string // topology order
+	routers map[string]*simRouter
+
+	// via[clientRegion][routerRegion] is the gRPC address a client in
+	// clientRegion dials to reach routerRegion's router.
+	via map[string]map[string]string
+
+	naive     *naive.Server
+	naiveVia  map[string]string // client region -> address of the lock server
+	naiveHost string            // the node whose fate the lock server shares
+
+	adminMu sync.Mutex
+	admin   map[string]*grpc.ClientConn
+}
+
+type simNode struct {
+	id, region string
+	real       router.Node
+	proc       *cluster.Process
+	baseArgs   []string
+
+	mu     sync.Mutex
+	offset time.Duration
+	paused bool
+}
+
+type simRouter struct {
+	region             string
+	proc               *cluster.Process
+	httpAddr, grpcAddr string
+}
+
+// startCluster generates the topology and its per-region views, starts the
+// WAN proxies and every process, and waits until all are ready.
+func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]string, log *slog.Logger) (_ *simCluster, err error) {
+	regions := regionNames(cfg.Regions)
+	replicas := min(3, cfg.NodesPerRegion)
+	if cfg.Survival == "region" {
+		replicas = 3
+	}
+	topo, err := cluster.Topology(cluster.Spec{
+		Cluster: "regionsim", Regions: regions, NodesPerRegion: cfg.NodesPerRegion,
+		ShardsPerRegion: cfg.ShardsPerRegion, Replicas: replicas, Survival: cfg.Survival,
+		WANRTTMs: int(2 * cfg.LatencyMax / time.Millisecond),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("regionsim: topology: %w", err)
+	}
+	network, err := wan.New(wan.Config{Regions: regions, Seed: cfg.Seed, Logger: log,
+		Default: wan.Link{Latency: cfg.LatencyMax, Jitter: cfg.Jitter, Loss: cfg.Loss}})
+	if err != nil {
+		return nil, err
+	}
+	c := &simCluster{
+		cfg: cfg, log: log, dir: dir, regions: regions, topo: topo, net: network,
+		views: map[string]string{}, nodes: map[string]*simNode{}, routers: map[string]*simRouter{},
+		via: map[string]map[string]string{}, naiveVia: map[string]string{}, admin: map[string]*grpc.ClientConn{},
+	}
+	defer func() {
+		if err != nil {
+			c.close()
+		}
+	}()
+	for i, p := range regionPairs(regions) {
+		l := wan.Link{Latency: pairLatency(cfg, i, len(regionPairs(regions))), Jitter: cfg.Jitter, Loss: cfg.Loss}
+		if err := errors.Join(network.SetLink(p[0], p[1], l), network.SetLink(p[1], p[0], l)); err != nil {
+			return nil, err
+		}
+	}
+	for _, sub := range []string{"logs", "data"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.writeViews(); err != nil {
+		return nil, err
+	}
+	for _, n := range topo.Nodes() {
+		sn := &simNode{id: n.ID, region: n.Region, real: n}
+		sn.baseArgs = []string{"--config", c.views[n.Region], "--id", n.ID, "--data-dir", filepath.Join(dir, "data", n.ID),
+			"--log-level", "info", "--clock-skew-margin", cfg.ClockSkewMargin.String()}
+		sn.proc = &cluster.Process{Name: n.ID, Bin: bins["idemnode"], Args: sn.baseArgs, Log: filepath.Join(dir, "logs", n.ID+".log")}
+		c.nodes[n.ID] = sn
+		c.nodeIDs = append(c.nodeIDs, n.ID)
+	}
+	for _, r := range regions {
+		ports, err := cluster.FreePorts(2)
+		if err != nil {
+			return nil, err
+		}
+		sr := &simRouter{region: r, httpAddr: "127.0.0.1:" + strconv.Itoa(ports[0]), grpcAddr: "127.0.0.1:" + strconv.Itoa(ports[1])}
+		sr.proc = &cluster.Process{Name: "router-" + r, Bin: bins["idemrouter"], Log: filepath.Join(dir, "logs", "router-"+r+".log"),
+			Args: []string{"--config", c.views[r], "--region", r, "--http-addr", sr.httpAddr, "--grpc-addr", sr.grpcAddr,
+				"--request-timeout", cfg.RouterTimeout.String(), "--log-level", "info"}}
+		c.routers[r] = sr
+	}
+	for _, from := range regions {
+		c.via[from] = map[string]string{}
+		for _, to := range regions {
+			addr := c.routers[to].grpcAddr
+			if from != to {
+				if addr, err = network.Listen(from, to, addr); err != nil {
+					return nil, err
+				}
+			}
+			c.via[from][to] = addr
+		}
+	}
+	if cfg.Compare {
+		if c.naive, err = naive.NewServer(naive.ServerConfig{}); err != nil {
+			return nil, err
+		}
+		c.naiveHost = c.nodeIDs[0]
+		home := c.nodes[c.naiveHost].region
+		for _, from := range regions {
+			addr := c.naive.Addr()
+			if from != home {
+				if addr, err = network.Listen(from, home, addr); err != nil {
+					return nil, err
+				}
+			}
+			c.naiveVia[from] = addr
+		}
+	}
+	for _, id := range c.nodeIDs {
+		if err := c.nodes[id].proc.Start(); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range regions {
+		if err := c.routers[r].proc.Start(); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.waitReady(ctx, 90*time.Second); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// regionPairs lists unordered region pairs in a fixed order.
+func regionPairs(regions []string) [][2]string {
+	var out [][2]string
+	for i := range regions {
+		for j := i + 1; j < len(regions); j++ {
+			out = append(out, [2]string{regions[i], regions[j]})
+		}
+	}
+	return out
+}
+
+func pairLatency(cfg Config, i, n int) time.Duration {
+	if n <= 1 {
+		return cfg.LatencyMin
+	}
+	return cfg.LatencyMin + (cfg.LatencyMax-cfg.LatencyMin)*time.Duration(i)/time.Duration(n-1)
+}
+
+// writeViews writes one topology file per region: the region's own nodes at
+// their real addresses, every other node at a proxy that stands for it as
+// seen from this region. The ring ignores addresses, so every view places
+// keys and voters identically.
+func (c *simCluster) writeViews() error {
+	for _, from := range c.regions {
+		view := *c.topo
+		view.Regions = nil
+		for _, r := range c.topo.Regions {
+			vr := router.Region{Name: r.Name}
+			for _, n := range r.Nodes {
+				if r.Name != from {
+					var err error
+					for _, addr := range []*string{&n.RaftAddr, &n.GRPCAddr, &n.HTTPAddr} {
+						if *addr, err = c.net.Listen(from, r.Name, *addr); err != nil {
+							return err
+						}
+					}
+				}
+				vr.Nodes = append(vr.Nodes, n)
+			}
+			view.Regions = append(view.Regions, vr)
+		}
+		if err := view.Validate(); err != nil {
+			return fmt.Errorf("regionsim: view of %s: %w", from, err)
+		}
+		path := filepath.Join(c.dir, "topology-"+from+".yaml")
+		if err := cluster.WriteTopology(&view, path); err != nil {
+			return err
+		}
+		c.views[from] = path
+	}
+	return nil
+}
+
+// waitReady waits until every running node and every router answers
+// /readyz with 200.
+func (c *simCluster) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for _, id := range c.nodeIDs {
+		n := c.nodes[id]
+		if !n.proc.Running() {
+			continue
+		}
+		if err := cluster.WaitHTTP(ctx, "http://"+n.real.HTTPAddr+"/readyz"); err != nil {
+			return fmt.Errorf("%w: node %s: %v (log: %s)", ErrClusterNotReady, id, err, n.proc.Log)
+		}
+	}
+	for _, r := range c.regions {
+		sr := c.routers[r]
+		if err := cluster.WaitHTTP(ctx, "http://"+sr.httpAddr+"/readyz"); err != nil {
+			return fmt.Errorf("%w: router %s: %v (log: %s)", ErrClusterNotReady, r, err, sr.proc.Log)
+		}
+	}
+	return nil
+}
+
+// nodesIn returns region's node ids.
+func (c *simCluster) nodesIn(region string) []string {
+	var out []string
+	for _, id := range c.nodeIDs {
+		if c.nodes[id].region == region {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// kill SIGKILLs node id (a crash). The naive lock server shares the fate
+// of its host node.
+func (c *simCluster) kill(id string) {
+	n := c.nodes[id]
+	n.proc.Kill()
+	n.mu.Lock()
+	n.paused = false
+	n.mu.Unlock()
+	if c.naive != nil && id == c.naiveHost {
+		c.naive.Crash()
+	}
+}
+
+// start starts node id (after a kill) with its current clock offset.
+func (c *simCluster) start(id string) error {
+	n := c.nodes[id]
+	if n.proc.Running() {
+		return nil
+	}
+	n.mu.Lock()
+	args := append([]string(nil), n.baseArgs...)
+	if n.offset != 0 {
+		args = append(args, "--testing-clock-offset", n.offset.String())
+	}
+	n.mu.Unlock()
+	n.proc.Args = args
+	if err := n.proc.Start(); err != nil {
+		return err
+	}
+	if c.naive != nil && id == c.naiveHost {
+		c.naive.Restart()
+	}
+	return nil
+}
+
+// restartWithOffset stops node id gracefully (it hands its leaderships
+// over) and starts it again with clock offset d.
+func (c *simCluster) restartWithOffset(id string, d time.Duration) error {
+	n := c.nodes[id]
+	n.mu.Lock()
+	n.offset = d
+	n.paused = false
+	n.mu.Unlock()
+	if err := n.proc.Stop(15 * time.Second); err != nil {
+		c.log.Warn("graceful stop failed", "node", id, "err", err)
+	}
+	if c.naive != nil && id == c.naiveHost {
+		c.naive.SetClockOffset(d)
+	}
+	return c.start(id)
+}
+
+// pause SIGSTOPs node id (a GC pause or a frozen VM); resume SIGCONTs it.
+func (c *simCluster) pause(id string) error {
+	n := c.nodes[id]
+	n.mu.Lock()
+	n.paused = true
+	n.mu.Unlock()
+	if c.naive != nil && id == c.naiveHost {
+		c.naive.Pause()
+	}
+	return n.proc.Signal(syscall.SIGSTOP)
+}
+
+func (c *simCluster) resume(id string) error {
+	n := c.nodes[id]
+	n.mu.Lock()
+	n.paused = false
+	n.mu.Unlock()
+	if c.naive != nil && id == c.naiveHost {
+		c.naive.Resume()
+	}
+	return n.proc.Signal(syscall.SIGCONT)
+}
+
+func (c *simCluster) adminConn(id string) (*grpc.ClientConn, error) {
+	c.adminMu.Lock()
+	defer c.adminMu.Unlock()
+	if conn, ok := c.admin[id]; ok {
+		return conn, nil
+	}
+	conn, err := grpc.NewClient(c.nodes[id].real.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	c.admin[id] = conn
+	return conn, nil
+}
+
+// shardLeaders asks every running, unpaused node which shards it leads
+// (the harness reads status directly, not through the WAN).
+func (c *simCluster) shardLeaders(ctx context.Context) map[string]string {
+	leaders := map[string]string{}
+	for _, id := range c.nodeIDs {
+		n := c.nodes[id]
+		n.mu.Lock()
+		paused := n.paused
+		n.mu.Unlock()
+		if paused || !n.proc.Running() {
+			continue
+		}
+		conn, err := c.adminConn(id)
+		if err != nil {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := idemv1.NewAdminClient(conn).Status(sctx, &idemv1.StatusRequest{})
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, s := range st.Shards {
+			if s.RaftState == "Leader" {
+				leaders[s.Shard] = id
+			}
+		}
+	}
+	return leaders
+}
+
+// busiestLeader returns the node leading the most shards (ties: the first
+// in topology order among candidates), restricted to candidates when given.
+func (c *simCluster) busiestLeader(ctx context.Context, candidates []string) (string, int) {
+	counts := map[string]int{}
+	for _, id := range c.shardLeaders(ctx) {
+		counts[id]++
+	}
+	best, most := "", -1
+	for _, id := range c.nodeIDs {
+		if len(candidates) > 0 && !contains(candidates, id) {
+			continue
+		}
+		if counts[id] > most {
+			best, most = id, counts[id]
+		}
+	}
+	return best, most
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// transferLeadership asks the leader of every shard node id hosts to hand
+// leadership to id; it returns how many shards id leads afterwards.
+func (c *simCluster) transferLeadership(ctx context.Context, id string) int {
+	leaders := c.shardLeaders(ctx)
+	moved := 0
+	for _, s := range c.topo.ShardsOnNode(id) {
+		cur, ok := leaders[s.ID]
+		if !ok || cur == id {
+			if cur == id {
+				moved++
+			}
+			continue
+		}
+		conn, err := c.adminConn(cur)
+		if err != nil {
+			continue
+		}
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := idemv1.NewAdminClient(conn).TransferLeader(tctx, &idemv1.TransferLeaderRequest{Shard: s.ID, TargetNodeId: id})
+		cancel()
+		if err == nil && resp.GetLeaderId() == id {
+			moved++
+		} else if err != nil {
+			c.log.Info("leadership transfer failed", "shard", s.ID, "to", id, "err", err)
+		}
+	}
+	return moved
+}
+
+// heal ends every fault: the WAN heals, paused nodes resume, skewed nodes
+// restart without skew, dead nodes start; then it waits for readiness.
+func (c *simCluster) heal(ctx context.Context) error {
+	c.net.HealAll()
+	var errs []error
+	for _, id := range c.nodeIDs {
+		n := c.nodes[id]
+		n.mu.Lock()
+		paused, offset := n.paused, n.offset
+		n.mu.Unlock()
+		if paused {
+			errs = append(errs, c.resume(id))
+		}
+		switch {
+		case offset != 0:
+			errs = append(errs, c.restartWithOffset(id, 0))
+		case !n.proc.Running():
+			errs = append(errs, c.start(id))
+		}
+	}
+	if c.naive != nil {
+		c.naive.Resume()
+		c.naive.Restart()
+		c.naive.SetClockOffset(0)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return c.waitReady(ctx, 60*time.Second)
+}
+
+// offsets returns the nodes running with a clock offset.
+func (c *simCluster) offsets() map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, id := range c.nodeIDs {
+		n := c.nodes[id]
+		n.mu.Lock()
+		if n.offset != 0 {
+			out[id] = n.offset
+		}
+		n.mu.Unlock()
+	}
+	return out
+}
+
+// down returns the nodes not running or paused, sorted.
+func (c *simCluster) down() []string {
+	var out []string
+	for _, id := range c.nodeIDs {
+		n := c.nodes[id]
+		n.mu.Lock()
+		paused := n.paused
+		n.mu.Unlock()
+		switch {
+		case paused:
+			out = append(out, id+"(stopped)")
+		case !n.proc.Running():
+			out = append(out, id+"(dead)")
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// close stops everything it started, even after a failure: resumed first
+// (a stopped process cannot act on SIGTERM), then SIGTERM, then SIGKILL.
+func (c *simCluster) close() error {
+	var errs []error
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	stop := func(p *cluster.Process) {
+		defer wg.Done()
+		if err := p.Stop(15 * time.Second); err != nil {
+			mu.Lock()
+			errs = append(errs, fmt.Errorf("%s: %w", p.Name, err))
+			mu.Unlock()
+		}
+	}
+	for _, r := range c.routers {
+		wg.Add(1)
+		go stop(r.proc)
+	}
+	wg.Wait()
+	for _, n := range c.nodes {
+		n.proc.Signal(syscall.SIGCONT)
+		wg.Add(1)
+		go stop(n.proc)
+	}
+	wg.Wait()
+	c.adminMu.Lock()
+	for _, conn := range c.admin {
+		conn.Close()
+	}
+	c.adminMu.Unlock()
+	if c.naive != nil {
+		c.naive.Close()
+	}
+	c.net.Close()
+	return errors.Join(errs...)
+}

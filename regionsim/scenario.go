@@ -1,0 +1,326 @@
+package regionsim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/idem-dev/idem/regionsim/wan"
+)
+
+// mix is what the workload does in one phase: how requests are sent and how
+// the API-server instances handling them misbehave. Probabilities are per
+// new payment (Burst, Redeliver, Get), per retry (CrossRetry) or per attempt
+// (the instance behaviours).
+type mix struct {
+	Burst             float64 // a payment is a burst of identical concurrent requests
+	CrossRetry        float64 // a retry goes through another region's router
+	CrashAfterReserve float64 // the instance dies after reserving (SIGKILL of a worker holding a lease)
+	CrashAfterCharge  float64 // ... after charging, before completing
+	Stall             float64 // the instance pauses past its lease before charging (a GC pause)
+	Slow              float64 // the charge takes most of the lease; the instance heartbeats
+	Decline           float64 // the provider declines transiently; the instance releases the key
+	Redeliver         float64 // the queue redelivers the processed event to another consumer
+	Get               float64 // the client reads the key back after success
+	AttemptTimeout    time.Duration
+}
+
+// baseMix is the background workload every phase of every scenario has.
+func baseMix(cfg Config) mix {
+	return mix{CrossRetry: 0.3, Slow: 0.03, Decline: 0.03, Get: 0.15, AttemptTimeout: cfg.AttemptTimeout}
+}
+
+// Fault is one fault of a scenario's schedule.
+type Fault struct {
+	// Name says what the fault does, e.g. "SIGKILL the busiest leader".
+	Name string
+	// At is when it starts, from the scenario's start; For how long it
+	// lasts (its window in the report).
+	At, For time.Duration
+	// Detail is filled in when it starts: which node, which region.
+	Detail string
+
+	start func(ctx context.Context, e *faultEnv) (string, error)
+	stop  func(ctx context.Context, e *faultEnv) error
+	mix   func(m *mix) // the workload while the fault is active
+}
+
+// faultEnv is what faults act on.
+type faultEnv struct {
+	c   *simCluster
+	cfg Config
+	rng *rand.Rand
+	// state shared between a fault's start and stop
+	nodes  []string
+	region string
+}
+
+// Scenario is one failure mode regionsim demonstrates.
+type Scenario struct {
+	// Name is what --scenario takes.
+	Name string
+	// FailureMode is the failure mode it targets, in a few words.
+	FailureMode string
+	// Description says what it does (README and report).
+	Description string
+	// plan builds the fault schedule for a scenario that generates load for
+	// d, drawing every choice from rng.
+	plan func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault
+}
+
+// Scenarios returns every scenario, in the order "all" runs them.
+func Scenarios() []*Scenario {
+	return []*Scenario{
+		{
+			Name:        "race",
+			FailureMode: "duplicate concurrent requests",
+			Description: "Bursts of 4-8 identical requests (same key, same body) sent at once through the routers of every region, as a double-clicked button or an over-eager retry layer does. Exactly one may charge; all must get the same response.",
+			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
+				return []*Fault{{Name: "bursts of identical concurrent requests", At: d / 4, For: d / 2,
+					mix: func(m *mix) { m.Burst = 0.5 }}}
+			},
+		},
+		{
+			Name:        "crash-mid-request",
+			FailureMode: "process crash while holding a lease",
+			Description: "SIGKILL of storage nodes under load (the one hosting the naive lock server, then the busiest Raft leader), restarted on their data dirs, while API-server instances die after reserving or after charging but before completing. Retries must find the charge, not make a second one.",
+			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
+				crashes := func(m *mix) { m.CrashAfterReserve, m.CrashAfterCharge = 0.08, 0.08 }
+				down := max(d/5, 2*time.Second)
+				return []*Fault{
+					{Name: "workers die holding leases", At: d / 4, For: d / 2, mix: crashes},
+					killNode("SIGKILL the naive lock server's node", d/4, down, func(e *faultEnv) string { return e.c.naiveHostOrFirst() }),
+					killNode("SIGKILL the busiest leader", d/2, down, func(e *faultEnv) string {
+						id, _ := e.c.busiestLeader(context.Background(), e.c.running())
+						return id
+					}),
+				}
+			},
+		},
+		{
+			Name:        "clock-skew",
+			FailureMode: "clocks that disagree",
+			Description: "Two nodes restarted with their clocks shifted by seconds in opposite directions (beyond the 1 s clock-skew margin) and made Raft leaders of their shards, so leases are stamped by a fast clock and read by a slow one and back. Slow workers heartbeat; bursts race for keys whose lease a fast clock ended early. Fencing must keep the ledger clean.",
+			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
+				skew := time.Duration(2000+rng.IntN(2001)) * time.Millisecond
+				if rng.IntN(2) == 0 {
+					skew = -skew
+				}
+				work := func(m *mix) { m.Slow, m.Burst, m.Stall = 0.2, 0.15, 0.04 }
+				end := max(3*d/4, d/4+8*time.Second)
+				return []*Fault{
+					skewNode(fmt.Sprintf("clock %+.1fs on a leader", skew.Seconds()), d/4, end-d/4, skew, work, func(e *faultEnv) string {
+						return e.c.naiveHostOrFirst()
+					}),
+					skewNode(fmt.Sprintf("clock %+.1fs on a leader in another region", -skew.Seconds()), d/4+d/8, end-d/4-d/8, -skew, work, func(e *faultEnv) string {
+						others := e.c.nodesIn(e.c.regions[len(e.c.regions)-1])
+						return others[e.rng.IntN(len(others))]
+					}),
+				}
+			},
+		},
+		{
+			Name:        "cross-region-retry",
+			FailureMode: "lost answers and retries elsewhere",
+			Description: "Clients time out after 250 ms (shorter than a far region's round trip), so answers are lost after the store applied the request, and retry through another region's router with a new API-server instance; then one WAN direction blackholes answers only (an asymmetric cut) for a while.",
+			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
+				regions := regionNames(cfg.Regions)
+				tight := func(m *mix) { m.AttemptTimeout, m.CrossRetry = 250*time.Millisecond, 0.9 }
+				faults := []*Fault{{Name: "client timeouts of 250 ms, retries through other regions", At: d / 4, For: d / 2, mix: tight}}
+				if len(regions) > 1 {
+					i := rng.IntN(len(regions))
+					j := (i + 1 + rng.IntN(len(regions)-1)) % len(regions)
+					faults = append(faults, cutLink(fmt.Sprintf("answers %s->%s blackholed (asymmetric)", regions[j], regions[i]),
+						d/2, max(d/5, 2*time.Second), regions[j], regions[i], wan.Blackhole))
+				}
+				return faults
+			},
+		},
+		{
+			Name:        "region-partition",
+			FailureMode: "a region cut off",
+			Description: "One region cut off from all others (refusing connections or, the nasty case, silently swallowing traffic), then an asymmetric cut where one region's traffic to another is blackholed while the reverse direction flows. Keys homed in the isolated region stay writable only from inside it; nothing acknowledged may be lost or doubled.",
+			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
+				regions := regionNames(cfg.Regions)
+				if len(regions) < 2 {
+					return []*Fault{{Name: "no WAN to partition (one region)", At: d / 4, For: d / 2}}
+				}
+				mode := wan.Blackhole
+				if rng.IntN(2) == 0 {
+					mode = wan.Refuse
+				}
+				victim := regions[rng.IntN(len(regions))]
+				i := rng.IntN(len(regions))
+				j := (i + 1 + rng.IntN(len(regions)-1)) % len(regions)
+				return []*Fault{
+					isolateRegion(fmt.Sprintf("%s isolated (%s)", victim, mode), d/4, max(3*d/10, 3*time.Second), victim, mode),
+					cutLink(fmt.Sprintf("%s->%s blackholed, %s->%s open (asymmetric)", regions[i], regions[j], regions[j], regions[i]),
+						d/4+max(3*d/10, 3*time.Second)+d/20, max(d/6, 2*time.Second), regions[i], regions[j], wan.Blackhole),
+				}
+			},
+		},
+		{
+			Name:        "stall-past-lease",
+			FailureMode: "a process paused past its lease",
+			Description: "The busiest Raft leader is frozen with SIGSTOP for longer than its lease and election timeout, then resumed (SIGCONT), while API-server instances pause like a long GC between checking the ledger and charging, past their lease, and then write with their stale fencing token.",
+			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
+				stallFor := cfg.Lease + cfg.ClockSkewMargin + 2*time.Second
+				return []*Fault{
+					{Name: "workers pause past their lease (GC)", At: d / 4, For: d / 2, mix: func(m *mix) { m.Stall = 0.12 }},
+					pauseNode("SIGSTOP the busiest leader", d/3, stallFor, func(e *faultEnv) string {
+						id, _ := e.c.busiestLeader(context.Background(), e.c.running())
+						return id
+					}),
+				}
+			},
+		},
+		{
+			Name:        "consumer-redelivery",
+			FailureMode: "at-least-once delivery",
+			Description: "Payments arrive as queue events; the queue redelivers events that were already processed (to consumers in any region) and events whose consumer died after charging. Consumers deduplicate through idem: every redelivery must replay, never charge.",
+			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
+				return []*Fault{{Name: "queue redelivers processed events", At: d / 4, For: d / 2,
+					mix: func(m *mix) { m.Redeliver, m.CrashAfterCharge = 0.6, 0.05 }}}
+			},
+		},
+		{
+			Name:        "leader-kill",
+			FailureMode: "leader crash",
+			Description: "SIGKILL of the node leading the most shards, three times in a row, each restarted after a few seconds. Elections must not lose acknowledged completions or hand a key to two owners.",
+			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
+				down := max(d/10, 2*time.Second)
+				var faults []*Fault
+				for i, at := range []time.Duration{d / 4, d/4 + d/6, d/4 + d/3} {
+					faults = append(faults, killNode(fmt.Sprintf("SIGKILL the busiest leader (%d/3)", i+1), at, down, func(e *faultEnv) string {
+						id, _ := e.c.busiestLeader(context.Background(), e.c.running())
+						return id
+					}))
+				}
+				return faults
+			},
+		},
+	}
+}
+
+// ScenarioNames returns the names of every scenario.
+func ScenarioNames() []string {
+	var out []string
+	for _, s := range Scenarios() {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
+func killNode(name string, at, down time.Duration, pick func(*faultEnv) string) *Fault {
+	return &Fault{Name: name, At: at, For: down,
+		start: func(ctx context.Context, e *faultEnv) (string, error) {
+			id := pick(e)
+			if id == "" {
+				return "no running node", nil
+			}
+			e.nodes = []string{id}
+			e.c.kill(id)
+			return "killed " + id, nil
+		},
+		stop: func(ctx context.Context, e *faultEnv) error {
+			for _, id := range e.nodes {
+				if err := e.c.start(id); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func pauseNode(name string, at, d time.Duration, pick func(*faultEnv) string) *Fault {
+	return &Fault{Name: name, At: at, For: d,
+		start: func(ctx context.Context, e *faultEnv) (string, error) {
+			id := pick(e)
+			if id == "" {
+				return "no running node", nil
+			}
+			e.nodes = []string{id}
+			return "stopped " + id, e.c.pause(id)
+		},
+		stop: func(ctx context.Context, e *faultEnv) error {
+			for _, id := range e.nodes {
+				if err := e.c.resume(id); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func skewNode(name string, at, d, skew time.Duration, work func(*mix), pick func(*faultEnv) string) *Fault {
+	return &Fault{Name: name, At: at, For: d, mix: work,
+		start: func(ctx context.Context, e *faultEnv) (string, error) {
+			id := pick(e)
+			e.nodes = []string{id}
+			if err := e.c.restartWithOffset(id, skew); err != nil {
+				return "", err
+			}
+			// Wait for it to rejoin, then make it lead what it hosts.
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if err := e.c.waitReady(rctx, 30*time.Second); err != nil {
+				return fmt.Sprintf("%s restarted with clock %+v, not ready: %v", id, skew, err), nil
+			}
+			led := e.c.transferLeadership(ctx, id)
+			return fmt.Sprintf("%s restarted with clock %+.1fs, leads %d shards", id, skew.Seconds(), led), nil
+		},
+		stop: func(ctx context.Context, e *faultEnv) error {
+			for _, id := range e.nodes {
+				if err := e.c.restartWithOffset(id, 0); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func cutLink(name string, at, d time.Duration, src, dst string, mode wan.Cut) *Fault {
+	return &Fault{Name: name, At: at, For: d,
+		start: func(ctx context.Context, e *faultEnv) (string, error) {
+			return fmt.Sprintf("%s->%s %s", src, dst, mode), e.c.net.SetCut(src, dst, mode)
+		},
+		stop: func(ctx context.Context, e *faultEnv) error { return e.c.net.SetCut(src, dst, wan.Up) },
+	}
+}
+
+func isolateRegion(name string, at, d time.Duration, region string, mode wan.Cut) *Fault {
+	return &Fault{Name: name, At: at, For: d,
+		start: func(ctx context.Context, e *faultEnv) (string, error) {
+			return fmt.Sprintf("%s cut from every region (%s)", region, mode), e.c.net.Isolate(region, mode)
+		},
+		stop: func(ctx context.Context, e *faultEnv) error { return e.c.net.Isolate(region, wan.Up) },
+	}
+}
+
+// naiveHostOrFirst returns the node hosting the naive lock server, or the
+// first node.
+func (c *simCluster) naiveHostOrFirst() string {
+	if c.naiveHost != "" {
+		return c.naiveHost
+	}
+	return c.nodeIDs[0]
+}
+
+// running returns the ids of running, unpaused nodes.
+func (c *simCluster) running() []string {
+	var out []string
+	for _, id := range c.nodeIDs {
+		n := c.nodes[id]
+		n.mu.Lock()
+		paused := n.paused
+		n.mu.Unlock()
+		if !paused && n.proc.Running() {
+			out = append(out, id)
+		}
+	}
+	return out
+}
