@@ -1,0 +1,213 @@
+// Command idemnode runs one idem storage node: the Raft groups of the shards
+// it hosts, the JSON and gRPC API, probes and metrics. Any node accepts any
+// key and forwards what it does not lead.
+//
+//	idemnode --dev                                  # one node, one region, no config
+//	idemnode --config topology.yaml --id us-east-1  # a node of a cluster
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/node"
+	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/router"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "v0.1.0-dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "idemnode:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	dev              bool
+	config           string
+	id               string
+	dataDir          string
+	httpAddr         string
+	grpcAddr         string
+	raftAddr         string
+	maxResponseBytes int64
+	clockSkewMargin  time.Duration
+	logLevel         string
+	logFormat        string
+	snapshotEvery    uint64
+	snapshotInterval time.Duration
+	trailingLogs     uint64
+	testClockOffset  time.Duration
+	showVersion      bool
+}
+
+const usageHeader = `idemnode: a storage node of idem, the multi-region idempotency-key store.
+
+Usage:
+  idemnode --dev                                   one node, one region, bootstraps itself
+  idemnode --config FILE --id NODE_ID [flags]      a node of the cluster in FILE
+
+It serves the JSON API, /healthz, /readyz and /metrics on --http-addr, the gRPC
+API on --grpc-addr, and Raft traffic for all its shards on --raft-addr. Any
+node accepts any key and forwards it to the leader of the key's shard. On
+SIGTERM it hands over leadership, drains and exits 0.
+
+Flags:
+`
+
+func parseFlags(args []string, stdout io.Writer) (*options, error) {
+	var o options
+	fs := flag.NewFlagSet("idemnode", flag.ContinueOnError)
+	fs.BoolVar(&o.dev, "dev", false, "run a one-node, one-region cluster that bootstraps itself; needs no config file")
+	fs.StringVar(&o.config, "config", "", "cluster topology `FILE` (YAML or JSON); required unless --dev")
+	fs.StringVar(&o.id, "id", "", "this node's `ID` in the topology; required with --config")
+	fs.StringVar(&o.dataDir, "data-dir", "", "`DIR` for Raft logs, snapshots and state, created if missing (default ./idem-data/<id>, dev: ./idem-data/dev)")
+	fs.StringVar(&o.httpAddr, "http-addr", "", "`HOST:PORT` for the JSON API, /metrics, /healthz, /readyz (dev default 127.0.0.1:8080; else the topology's; with --config only where this process listens)")
+	fs.StringVar(&o.grpcAddr, "grpc-addr", "", "`HOST:PORT` for the gRPC API (dev default 127.0.0.1:7070; else the topology's)")
+	fs.StringVar(&o.raftAddr, "raft-addr", "", "`HOST:PORT` for Raft traffic of all shards of this node (dev default 127.0.0.1:7000; else the topology's)")
+	fs.Int64Var(&o.maxResponseBytes, "max-response-bytes", 1<<20, "largest stored response body in decoded `BYTES`")
+	fs.DurationVar(&o.clockSkewMargin, "clock-skew-margin", time.Second, "how long past a lease's end before another caller may reclaim the key")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
+	fs.Uint64Var(&o.snapshotEvery, "snapshot-threshold", 0, "take a Raft snapshot of a shard after this many new log `ENTRIES` (0: the default, 8192)")
+	fs.DurationVar(&o.snapshotInterval, "snapshot-interval", 0, "how often each shard checks whether to snapshot (0: the default, 2m)")
+	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
+	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY: shift this node's clock by `D` (fault injection for clock-skew scenarios)")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if o.showVersion {
+		fmt.Fprintln(stdout, "idemnode", version)
+		return nil
+	}
+	logger, err := cli.NewLogger(stderr, o.logLevel, o.logFormat)
+	if err != nil {
+		return err
+	}
+	cfg, err := nodeConfig(o)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = logger
+	n, err := node.New(cfg)
+	if err != nil {
+		return err
+	}
+	return n.Serve(ctx)
+}
+
+// nodeConfig turns flags into a node.Config, reporting every problem at once.
+func nodeConfig(o *options) (node.Config, error) {
+	var errs []error
+	cfg := node.Config{
+		HTTPAddr:         o.httpAddr,
+		GRPCAddr:         o.grpcAddr,
+		RaftAddr:         o.raftAddr,
+		DataDir:          o.dataDir,
+		MaxResponseBytes: o.maxResponseBytes,
+		ClockSkewMargin:  o.clockSkewMargin,
+		ClockOffset:      o.testClockOffset,
+		Version:          version,
+		Raft:             raftstore.DefaultConfig(),
+	}
+	if o.snapshotEvery > 0 {
+		cfg.Raft.SnapshotThreshold = o.snapshotEvery
+	}
+	if o.trailingLogs > 0 {
+		cfg.Raft.TrailingLogs = o.trailingLogs
+	}
+	if o.snapshotInterval > 0 {
+		cfg.Raft.SnapshotInterval = o.snapshotInterval
+	}
+	if o.maxResponseBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--max-response-bytes must be positive, got %d", o.maxResponseBytes))
+	}
+	if o.clockSkewMargin < 0 {
+		errs = append(errs, fmt.Errorf("--clock-skew-margin must not be negative, got %s", o.clockSkewMargin))
+	}
+	switch {
+	case o.dev && o.config != "":
+		errs = append(errs, errors.New("--dev and --config exclude each other"))
+	case o.dev:
+		if o.id != "" && o.id != "dev" {
+			errs = append(errs, errors.New("--id is only for --config (dev mode's node is \"dev\")"))
+		}
+		cfg.NodeID = "dev"
+		cfg.HTTPAddr, cfg.GRPCAddr, cfg.RaftAddr = "", "", ""
+		t := devTopology(cmpStr(o.raftAddr, "127.0.0.1:7000"), cmpStr(o.grpcAddr, "127.0.0.1:7070"), cmpStr(o.httpAddr, "127.0.0.1:8080"))
+		if err := t.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("dev topology: %w", err))
+		}
+		cfg.Topology = t
+		cfg.DataDir = cmpStr(o.dataDir, filepath.Join("idem-data", "dev"))
+	case o.config == "":
+		errs = append(errs, errors.New("either --dev or --config FILE is required (see --help)"))
+	default:
+		if o.id == "" {
+			errs = append(errs, errors.New("--id is required with --config"))
+		}
+		t, err := router.LoadFile(o.config)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			cfg.Topology = t
+			if _, ok := t.NodeByID(o.id); o.id != "" && !ok {
+				errs = append(errs, fmt.Errorf("--id %q is not a node of %s", o.id, o.config))
+			}
+		}
+		cfg.NodeID = o.id
+		cfg.DataDir = cmpStr(o.dataDir, filepath.Join("idem-data", o.id))
+	}
+	if len(errs) > 0 {
+		return cfg, cli.OneLine(errs...)
+	}
+	return cfg, nil
+}
+
+// devTopology is the embedded default: one region, one node, four shards,
+// no replication.
+func devTopology(raftAddr, grpcAddr, httpAddr string) *router.Topology {
+	return &router.Topology{
+		Cluster:         "dev",
+		ShardsPerRegion: 4,
+		Replicas:        1,
+		Survival:        router.SurvivalZone,
+		Regions: []router.Region{{
+			Name:  "local",
+			Nodes: []router.Node{{ID: "dev", RaftAddr: raftAddr, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Region: "local"}},
+		}},
+	}
+}
+
+func cmpStr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,80 @@
+// Package cli holds what idem's commands share: GNU-style flag help, one-line
+// errors and the slog logger set up from flags.
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+)
+
+// PrintFlags writes fs's flags as "--name VALUE" with their usage and
+// default, the way the README and the contract spell them.
+func PrintFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		fmt.Fprintln(w, line)
+		fmt.Fprintf(w, "        %s", strings.ReplaceAll(usage, "\n", "\n        "))
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+// Parse parses args with fs (whose output is discarded). On --help it
+// prints header and the flags to stdout and returns flag.ErrHelp. A stray
+// positional argument is an error.
+func Parse(fs *flag.FlagSet, args []string, stdout io.Writer, header string) error {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, header)
+			PrintFlags(stdout, fs)
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (flags start with --; see --help)", fs.Arg(0))
+	}
+	return nil
+}
+
+// OneLine joins errors into one line, as the contract asks of a bad flag or
+// config.
+func OneLine(errs ...error) error {
+	var parts []string
+	for _, e := range errs {
+		if e != nil {
+			parts = append(parts, strings.ReplaceAll(e.Error(), "\n", "; "))
+		}
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(parts, "; "))
+}
+
+// NewLogger returns a slog logger writing to w at level ("debug", "info",
+// "warn", "error") in format ("text" or "json").
+func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+}

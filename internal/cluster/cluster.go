@@ -1,0 +1,343 @@
+// Package cluster starts real idem processes (idemnode, idemrouter) on
+// loopback from a generated topology, for tests and for regionsim. Every
+// process listens on 127.0.0.1 ports picked free at generation time; data
+// dirs and logs live under one base directory.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/idem-dev/idem/router"
+)
+
+// Build compiles the repo's commands (e.g. "idemnode", "idemrouter") into
+// dir and returns their paths by name. It must run inside the module.
+func Build(dir string, commands ...string) (map[string]string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, name := range commands {
+		bin := filepath.Join(dir, name)
+		cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("cluster: go build ./cmd/%s: %v\n%s", name, err, b)
+		}
+		out[name] = bin
+	}
+	return out, nil
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("cluster: go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// FreePorts returns n distinct free TCP ports on 127.0.0.1.
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for len(ports) < n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// Spec describes a cluster to generate.
+type Spec struct {
+	Cluster         string   // default "test"
+	Regions         []string // default ["r1"]
+	NodesPerRegion  int      // default 3
+	ShardsPerRegion int      // default 4
+	Replicas        int      // default 3
+	Survival        string   // default zone
+	WANRTTMs        int
+}
+
+// Topology generates a topology for spec with free loopback ports.
+func Topology(spec Spec) (*router.Topology, error) {
+	if spec.Cluster == "" {
+		spec.Cluster = "test"
+	}
+	if len(spec.Regions) == 0 {
+		spec.Regions = []string{"r1"}
+	}
+	if spec.NodesPerRegion == 0 {
+		spec.NodesPerRegion = 3
+	}
+	if spec.ShardsPerRegion == 0 {
+		spec.ShardsPerRegion = 4
+	}
+	if spec.Replicas == 0 {
+		spec.Replicas = 3
+	}
+	if spec.Survival == "" {
+		spec.Survival = "zone"
+	}
+	ports, err := FreePorts(3 * len(spec.Regions) * spec.NodesPerRegion)
+	if err != nil {
+		return nil, err
+	}
+	t := &router.Topology{
+		Cluster: spec.Cluster, ShardsPerRegion: spec.ShardsPerRegion, Replicas: spec.Replicas,
+		Survival: router.Survival(spec.Survival), WANRTTMs: spec.WANRTTMs,
+	}
+	i := 0
+	addr := func() string { i++; return "127.0.0.1:" + strconv.Itoa(ports[i-1]) }
+	for _, r := range spec.Regions {
+		region := router.Region{Name: r}
+		for j := 1; j <= spec.NodesPerRegion; j++ {
+			region.Nodes = append(region.Nodes, router.Node{ID: r + "-" + strconv.Itoa(j), RaftAddr: addr(), GRPCAddr: addr(), HTTPAddr: addr()})
+		}
+		t.Regions = append(t.Regions, region)
+	}
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// WriteTopology writes t as YAML to path.
+func WriteTopology(t *router.Topology, path string) error {
+	data, err := yaml.Marshal(t)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
+}
+
+// Process is one running (or stopped) idem process.
+type Process struct {
+	Name string
+	Args []string
+	Bin  string
+	Log  string // path of its combined stdout and stderr
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	err    error
+}
+
+// Start starts the process; its output is appended to Log.
+func (p *Process) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return fmt.Errorf("cluster: %s already running", p.Name)
+	}
+	logf, err := os.OpenFile(p.Log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.Bin, p.Args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("cluster: start %s: %w", p.Name, err)
+	}
+	p.cmd, p.exited = cmd, make(chan struct{})
+	go func(cmd *exec.Cmd, exited chan struct{}) {
+		err := cmd.Wait()
+		logf.Close()
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		close(exited)
+	}(cmd, p.exited)
+	return nil
+}
+
+// Running reports whether the process was started and has not exited.
+func (p *Process) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Signal sends sig; a process that is not running is left alone.
+func (p *Process) Signal(sig os.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return nil
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// Stop sends SIGTERM and waits up to timeout for a clean exit, then kills.
+// It returns the process's exit error (nil for exit status 0).
+func (p *Process) Stop(timeout time.Duration) error {
+	return p.halt(syscall.SIGTERM, timeout)
+}
+
+// Kill sends SIGKILL (a crash) and waits for the process to be gone.
+func (p *Process) Kill() error {
+	p.halt(syscall.SIGKILL, 10*time.Second)
+	return nil
+}
+
+func (p *Process) halt(sig syscall.Signal, timeout time.Duration) error {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	cmd.Process.Signal(syscall.SIGCONT) // a stopped process cannot act on SIGTERM
+	cmd.Process.Signal(sig)
+	select {
+	case <-exited:
+	case <-time.After(timeout):
+		cmd.Process.Kill()
+		<-exited
+		p.mu.Lock()
+		p.cmd = nil
+		p.mu.Unlock()
+		return fmt.Errorf("cluster: %s did not exit within %s after %s; killed", p.Name, timeout, sig)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cmd = nil
+	return p.err
+}
+
+// WaitHTTP polls url until it answers 200 or ctx ends.
+func WaitHTTP(ctx context.Context, url string) error {
+	var last string
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: %s not ready: %w (last: %s)", url, ctx.Err(), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Cluster is a set of idemnode processes (and routers) from one topology.
+type Cluster struct {
+	Topology     *router.Topology
+	TopologyPath string
+	Dir          string
+	Nodes        map[string]*Process
+	Routers      map[string]*Process
+}
+
+// NewNodes lays out (but does not start) one idemnode process per node of
+// t under dir, each with extraArgs.
+func NewNodes(t *router.Topology, dir, idemnode string, extraArgs ...string) (*Cluster, error) {
+	c := &Cluster{Topology: t, Dir: dir, TopologyPath: filepath.Join(dir, "topology.yaml"),
+		Nodes: map[string]*Process{}, Routers: map[string]*Process{}}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := WriteTopology(t, c.TopologyPath); err != nil {
+		return nil, err
+	}
+	for _, n := range t.Nodes() {
+		args := append([]string{"--config", c.TopologyPath, "--id", n.ID, "--data-dir", filepath.Join(dir, "data", n.ID), "--log-level", "debug"}, extraArgs...)
+		c.Nodes[n.ID] = &Process{Name: n.ID, Bin: idemnode, Args: args, Log: filepath.Join(dir, n.ID+".log")}
+	}
+	return c, nil
+}
+
+// StartAll starts every node that is not running.
+func (c *Cluster) StartAll() error {
+	for _, p := range c.Nodes {
+		if !p.Running() {
+			if err := p.Start(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// WaitReady waits until /readyz of every running node answers 200.
+func (c *Cluster) WaitReady(ctx context.Context) error {
+	for id, p := range c.Nodes {
+		if !p.Running() {
+			continue
+		}
+		n, _ := c.Topology.NodeByID(id)
+		if err := WaitHTTP(ctx, "http://"+n.HTTPAddr+"/readyz"); err != nil {
+			return fmt.Errorf("%s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// StopAll stops every process gracefully (SIGTERM) and reports failures.
+func (c *Cluster) StopAll() error {
+	var errs []error
+	for _, p := range c.Routers {
+		errs = append(errs, p.Stop(20*time.Second))
+	}
+	for _, p := range c.Nodes {
+		errs = append(errs, p.Stop(20*time.Second))
+	}
+	return errors.Join(errs...)
+}
+
+// HTTPAddr returns the JSON API address of node id.
+func (c *Cluster) HTTPAddr(id string) string {
+	n, _ := c.Topology.NodeByID(id)
+	return n.HTTPAddr
+}

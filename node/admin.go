@@ -1,0 +1,92 @@
+package node
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/raftstore"
+)
+
+// admin serves idemctl: this node's view of the shards it hosts.
+type admin struct {
+	idemv1.UnimplementedAdminServer
+	n *Node
+}
+
+func (a *admin) Status(ctx context.Context, _ *idemv1.StatusRequest) (*idemv1.StatusResponse, error) {
+	n := a.n
+	resp := &idemv1.StatusResponse{
+		Cluster: n.cfg.Topology.Cluster,
+		NodeId:  n.cfg.NodeID,
+		Region:  n.self.Region,
+		Ready:   n.Ready(ctx) == nil,
+		Version: n.cfg.Version,
+	}
+	for _, id := range n.shardIDs() {
+		s := n.shards[id]
+		st := s.group.Stats()
+		fs := s.fsm.Stats()
+		resp.Shards = append(resp.Shards, &idemv1.ShardStatus{
+			Shard:        id,
+			HomeRegion:   s.info.HomeRegion,
+			Voters:       s.info.Voters,
+			RaftState:    st.State,
+			LeaderId:     st.LeaderID,
+			Term:         st.Term,
+			CommitIndex:  st.CommitIndex,
+			AppliedIndex: st.AppliedIndex,
+			LastIndex:    st.LastLogIndex,
+			Records:      uint64(fs.Records),
+			RecordBytes:  uint64(fs.Bytes),
+		})
+	}
+	return resp, nil
+}
+
+func (a *admin) shard(id string) (*shard, error) {
+	s, ok := a.n.shards[id]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "node %s does not host shard %q (ask a voter of that shard; idemctl locate shows them)", a.n.cfg.NodeID, id)
+	}
+	return s, nil
+}
+
+func (a *admin) TransferLeader(ctx context.Context, req *idemv1.TransferLeaderRequest) (*idemv1.TransferLeaderResponse, error) {
+	s, err := a.shard(req.GetShard())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.group.TransferLeadership(req.GetTargetNodeId()); err != nil {
+		return nil, adminError(err)
+	}
+	id, _ := s.group.Leader()
+	return &idemv1.TransferLeaderResponse{LeaderId: id}, nil
+}
+
+func (a *admin) Snapshot(ctx context.Context, req *idemv1.SnapshotRequest) (*idemv1.SnapshotResponse, error) {
+	s, err := a.shard(req.GetShard())
+	if err != nil {
+		return nil, err
+	}
+	index, term, err := s.group.Snapshot()
+	if err != nil {
+		return nil, adminError(err)
+	}
+	return &idemv1.SnapshotResponse{Index: index, Term: term}, nil
+}
+
+func adminError(err error) error {
+	switch {
+	case errors.Is(err, raftstore.ErrNotLeader):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, raftstore.ErrUnknownPeer):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, raftstore.ErrNothingToSnapshot):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}
