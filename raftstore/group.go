@@ -98,9 +98,13 @@ func (g *Group) Apply(ctx context.Context, data []byte) (any, error) {
 	}
 	ctx, cancel := g.opContext(ctx)
 	defer cancel()
+	enqueueTimeout := remaining(ctx)
+	if enqueueTimeout <= 0 { // raft reads 0 as "wait forever"
+		return nil, g.translate(context.DeadlineExceeded, phaseBeforeEnqueue)
+	}
 	start := time.Now()
 	// raft's timeout argument only bounds the wait to enqueue the command.
-	f := g.raft.Apply(data, remaining(ctx))
+	f := g.raft.Apply(data, enqueueTimeout)
 	if err := g.waitFuture(ctx, f); err != nil {
 		return nil, g.translate(err, phaseAfterEnqueue)
 	}
@@ -141,7 +145,11 @@ func (g *Group) ReadBarrier(ctx context.Context) error {
 		if !ok {
 			// Fresh leader: commit (and apply) an entry of this term, then
 			// start over with the new commit index.
-			if err := g.waitFuture(ctx, g.raft.Barrier(remaining(ctx))); err != nil {
+			t := remaining(ctx)
+			if t <= 0 {
+				return shardErr(g.id, "read barrier: %w", context.DeadlineExceeded)
+			}
+			if err := g.waitFuture(ctx, g.raft.Barrier(t)); err != nil {
 				return g.translateRead(err)
 			}
 			continue

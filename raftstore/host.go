@@ -157,6 +157,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	cleanup = append(cleanup, func() { bolt.Close() })
 
 	gm := h.metrics.forGroup(id)
+	cleanup = append(cleanup, func() { h.metrics.forgetGroup(id) })
 	counted := &countingLogStore{LogStore: bolt, metrics: gm}
 	logs, err := raft.NewLogCache(logCacheSize, counted)
 	if err != nil {
@@ -405,8 +406,12 @@ func (h *Host) handOverLeadership(ctx context.Context, groups []*Group) {
 			start := time.Now()
 			var err error
 			for _, target := range targets {
-				if ctx.Err() != nil || !g.IsLeader() {
+				if ctx.Err() != nil {
 					break
+				}
+				if !g.IsLeader() {
+					g.logger.Info("leadership moved away during shutdown", "took", time.Since(start))
+					return
 				}
 				if err = g.transferLeadership(ctx, target); err == nil || errors.Is(err, ErrNotLeader) {
 					h.handOvers.Add(1)

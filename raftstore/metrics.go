@@ -141,6 +141,14 @@ func (m *hostMetrics) forGroup(id string) *groupMetrics {
 	}
 }
 
+// forgetGroup drops the series of a group that failed to start.
+func (m *hostMetrics) forgetGroup(id string) {
+	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.applyDuration, m.batchSize,
+		m.logStoreBatch, m.logCommit, m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores} {
+		v.DeleteLabelValues(id)
+	}
+}
+
 // Describe and Collect export the gauges, read from raft at scrape time
 // rather than polled.
 func (m *hostMetrics) Describe(ch chan<- *prometheus.Desc) {
