@@ -61,11 +61,13 @@ type fakeNode struct {
 func newFakeCluster(t *testing.T, regions ...string) *fakeCluster {
 	t.Helper()
 	topo := &Topology{Cluster: "fake", ShardsPerRegion: 1, Replicas: 3, Survival: SurvivalZone}
+	addrs := freeAddrs(t, 9*len(regions))
 	for _, r := range regions {
 		region := Region{Name: r}
 		for j := 1; j <= 3; j++ {
 			region.Nodes = append(region.Nodes, Node{ID: fmt.Sprintf("%s-%d", r, j),
-				RaftAddr: freeAddr(t), GRPCAddr: freeAddr(t), HTTPAddr: freeAddr(t), Region: r})
+				RaftAddr: addrs[0], GRPCAddr: addrs[1], HTTPAddr: addrs[2], Region: r})
+			addrs = addrs[3:]
 		}
 		topo.Regions = append(topo.Regions, region)
 	}
@@ -90,15 +92,19 @@ func newFakeCluster(t *testing.T, regions ...string) *fakeCluster {
 	return c
 }
 
-// freeAddr returns a loopback address nobody listens on.
-func freeAddr(t *testing.T) string {
+// freeAddrs returns n distinct loopback addresses nobody listens on.
+func freeAddrs(t *testing.T, n int) []string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var addrs []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close() // held until all are picked, so none repeats
+		addrs = append(addrs, ln.Addr().String())
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs
 }
 
 func (n *fakeNode) start(t *testing.T) {
