@@ -1,0 +1,74 @@
+// Command idemrouter is idem's stateless edge router. It serves the same
+// JSON and gRPC API as a storage node (API-v1.md) and forwards each request
+// to the leader of its key's shard; it holds no data, so any number of
+// routers can run per region and be restarted at will.
+//
+//	idemrouter --config cluster.yaml --region us-east
+//	idemrouter --config cluster.yaml --region eu-west --http-addr 0.0.0.0:8090 --grpc-addr 0.0.0.0:7090
+//
+// # Flags
+//
+//	--config FILE          the topology file, the same as the nodes' (required)
+//	--region NAME          the region this router runs in (required; must be in FILE)
+//	--http-addr HOST:PORT  JSON API, /metrics, /healthz, /readyz (default 127.0.0.1:8090)
+//	--grpc-addr HOST:PORT  gRPC API (default 127.0.0.1:7090)
+//	--request-timeout D    deadline for one forwarded request (default 5s)
+//	--log-level LEVEL      debug, info, warn or error (default info)
+//	--log-format FORMAT    text or json (default text)
+//	--help, --version
+//
+// A bad flag or topology exits 1 with one line on stderr. On SIGTERM (or
+// Ctrl-C) the router stops accepting, lets in-flight requests finish and
+// exits 0, within 15 s.
+//
+// # How a request is routed
+//
+// Every router computes key -> shard -> home region -> voters from the
+// topology file alone (package router's Ring), then forwards over gRPC to
+// the shard's leader. It keeps a leader cache fed by the idem-leader header
+// that nodes put on their answers, tries the shard's other voters when the
+// cached leader fails (dropping it from the cache), and marks each forwarded
+// request with an idem-hops count so that a stale hint can never make a
+// request circle between nodes.
+//
+// Retries never apply a command twice: the router fills in a reserve's owner
+// token before forwarding (generating one when the client sent none), so a
+// reserve retried after a lost answer comes back as the same reservation
+// (ACQUIRED with the same owner and fencing token) or as IN_PROGRESS, never
+// as a second ACQUIRED; heartbeat and complete are idempotent for the same
+// owner token; and a release whose retry answers NOT_OWNER after an
+// ambiguous first attempt is reported as UNAVAILABLE (outcome unknown)
+// rather than as a false NOT_OWNER.
+//
+// # Unavailability and readiness
+//
+// When the key's shard cannot be reached within --request-timeout (the home
+// region is lost under survival: zone, the shard has no leader, the network
+// swallows requests), the answer is 503 UNAVAILABLE with Retry-After (gRPC
+// UNAVAILABLE with a RetryInfo), and nothing else: the router never guesses
+// an answer for a region it cannot reach. Refused connections are detected
+// at once, so keys of a lost region fail fast rather than at the deadline.
+// As the contract says for UNAVAILABLE, the client retries with the same
+// owner token.
+//
+// /readyz answers 200 once the topology is loaded and a gRPC connection to
+// at least one node is up; the router watches a connection to every node in
+// the background, so /readyz never waits on the network. It stays ready
+// while a remote region is lost (those keys get 503).
+//
+// # Metrics
+//
+// Besides the API's idem_api_* series and the Go runtime's:
+//
+//	idem_forward_requests_total{region,outcome}       forwarded attempts by destination region and outcome
+//	idem_forward_duration_seconds{region}             latency of one forwarded attempt
+//	idem_forward_leader_cache_misses_total            attempts that did not go to a cached leader first
+//	idem_router_request_duration_seconds{region,outcome}  whole requests by home region, retries included
+//	idem_router_unavailable_total{region}             503 answers by the key's home region
+//	idem_router_reachable_nodes{region}               nodes with a ready connection, by region
+//
+// # Proxy mode
+//
+// With --upstream the router also runs as an idempotency proxy in front of
+// an HTTP API (see API-v1.md, "Proxy mode"); that mode is wired in run().
+package main

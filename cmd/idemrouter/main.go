@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+
+	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/server"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "v0.1.0-dev"
+
+// drainTimeout bounds the drain after SIGTERM, inside the contract's 15 s.
+const drainTimeout = 12 * time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "idemrouter:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	config         string
+	region         string
+	httpAddr       string
+	grpcAddr       string
+	requestTimeout time.Duration
+	logLevel       string
+	logFormat      string
+	showVersion    bool
+	// Proxy mode's flags (--upstream, --proxy-addr, --require-key,
+	// --namespace-header, --max-request-bytes) are registered by package
+	// proxy's wiring; see run.
+}
+
+const usageHeader = `idemrouter: the stateless edge router of idem, the multi-region idempotency-key store.
+
+Usage:
+  idemrouter --config FILE --region NAME [flags]
+
+It serves the same JSON API (with /healthz, /readyz and /metrics) on
+--http-addr and gRPC API on --grpc-addr as a storage node, and forwards each
+request to the leader of its key's shard, found from the topology FILE alone.
+A key whose shard cannot be reached within --request-timeout (its home region
+lost, no leader) gets 503 UNAVAILABLE with Retry-After; the router stays
+ready while any node answers. On SIGTERM it drains and exits 0.
+
+Flags:
+`
+
+func parseFlags(args []string, stdout io.Writer) (*options, error) {
+	var o options
+	fs := flag.NewFlagSet("idemrouter", flag.ContinueOnError)
+	fs.StringVar(&o.config, "config", "", "cluster topology `FILE` (YAML or JSON), the same file as the nodes'; required")
+	fs.StringVar(&o.region, "region", "", "the region this router runs in, a region `NAME` of the topology; required")
+	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8090", "`HOST:PORT` for the JSON API, /metrics, /healthz, /readyz")
+	fs.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:7090", "`HOST:PORT` for the gRPC API")
+	fs.DurationVar(&o.requestTimeout, "request-timeout", router.DefaultRequestTimeout, "deadline `D` for one forwarded request; past it the answer is 503 UNAVAILABLE")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	// PROXY MODE: package proxy registers its flags on fs here.
+	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// backendConfig turns flags into a router.BackendConfig, reporting every
+// problem at once on one line.
+func backendConfig(o *options) (router.BackendConfig, error) {
+	var errs []error
+	cfg := router.DefaultBackendConfig()
+	cfg.Region = o.region
+	cfg.RequestTimeout = o.requestTimeout
+	if o.requestTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--request-timeout must be positive, got %s", o.requestTimeout))
+	}
+	if o.config == "" {
+		errs = append(errs, errors.New("--config FILE is required (see --help)"))
+	}
+	if o.region == "" {
+		errs = append(errs, errors.New("--region NAME is required (see --help)"))
+	}
+	for _, a := range []struct{ flag, addr string }{{"--http-addr", o.httpAddr}, {"--grpc-addr", o.grpcAddr}} {
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q is not HOST:PORT", a.flag, a.addr))
+		}
+	}
+	if o.config != "" {
+		t, err := router.LoadFile(o.config)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			cfg.Topology = t
+			if _, ok := t.RegionByName(o.region); o.region != "" && !ok {
+				var names []string
+				for _, r := range t.Regions {
+					names = append(names, r.Name)
+				}
+				errs = append(errs, fmt.Errorf("--region %q is not a region of %s (regions: %v)", o.region, o.config, names))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return cfg, cli.OneLine(errs...)
+	}
+	return cfg, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if o.showVersion {
+		fmt.Fprintln(stdout, "idemrouter", version)
+		return nil
+	}
+	logger, err := cli.NewLogger(stderr, o.logLevel, o.logFormat)
+	if err != nil {
+		return err
+	}
+	cfg, err := backendConfig(o)
+	if err != nil {
+		return err
+	}
+	logger = logger.With("region", o.region)
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Logger, cfg.Registry = logger, registry
+	backend, err := router.NewBackend(cfg)
+	if err != nil {
+		return cli.OneLine(err)
+	}
+	defer backend.Close()
+	api, err := server.New(server.Config{Backend: backend, Logger: logger, Registry: registry, Version: version})
+	if err != nil {
+		return cli.OneLine(err)
+	}
+
+	var servers []servable
+	httpLn, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+	servers = append(servers, &httpServable{name: "http", ln: httpLn, srv: &http.Server{
+		Handler: api.HTTPHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}})
+	grpcLn, err := net.Listen("tcp", o.grpcAddr)
+	if err != nil {
+		httpLn.Close()
+		return fmt.Errorf("--grpc-addr: %w", err)
+	}
+	servers = append(servers, &grpcServable{ln: grpcLn, srv: api.NewGRPCServer()})
+
+	// PROXY MODE: when --upstream is set, package proxy builds its handler
+	// over the same backend (proxy.New(proxy.Config{Backend: backend, ...}))
+	// and a listener on --proxy-addr is appended to servers here, so that it
+	// is served and drained with the API.
+
+	logger.Info("idemrouter serving", "cluster", cfg.Topology.Cluster, "http", httpLn.Addr().String(),
+		"grpc", grpcLn.Addr().String(), "nodes", len(cfg.Topology.Nodes()), "request_timeout", cfg.RequestTimeout, "version", version)
+	return serveAndDrain(ctx, logger, servers)
+}
+
+// servable is one listener and its server.
+type servable interface {
+	serve() error
+	drain(ctx context.Context) error
+}
+
+type httpServable struct {
+	name string
+	ln   net.Listener
+	srv  *http.Server
+}
+
+func (h *httpServable) serve() error {
+	if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("%s: %w", h.name, err)
+	}
+	return nil
+}
+
+func (h *httpServable) drain(ctx context.Context) error {
+	if err := h.srv.Shutdown(ctx); err != nil {
+		h.srv.Close()
+		return fmt.Errorf("%s: drain: %w", h.name, err)
+	}
+	return nil
+}
+
+type grpcServable struct {
+	ln  net.Listener
+	srv *grpc.Server
+}
+
+func (g *grpcServable) serve() error {
+	if err := g.srv.Serve(g.ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("grpc: %w", err)
+	}
+	return nil
+}
+
+func (g *grpcServable) drain(ctx context.Context) error {
+	stopped := make(chan struct{})
+	go func() { g.srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+		return nil
+	case <-ctx.Done():
+		g.srv.Stop()
+		return errors.New("grpc: drain: in-flight requests did not finish in time; cut off")
+	}
+}
+
+// serveAndDrain serves until ctx ends or a server fails, then stops taking
+// requests and lets in-flight ones finish (each is bounded by
+// --request-timeout), within drainTimeout. A clean drain returns nil.
+func serveAndDrain(ctx context.Context, logger *slog.Logger, servers []servable) error {
+	errc := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() {
+			if err := s.serve(); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+		logger.Error("server failed", "error", serveErr)
+	}
+	logger.Info("draining")
+	drainCtx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	errs := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() { errs <- s.drain(drainCtx) }()
+	}
+	var drainErr []error
+	for range servers {
+		drainErr = append(drainErr, <-errs)
+	}
+	logger.Info("stopped")
+	return cli.OneLine(append([]error{serveErr}, drainErr...)...)
+}
