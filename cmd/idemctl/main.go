@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/router"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "v0.1.0-dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "idemctl:", strings.ReplaceAll(err.Error(), "\n", "; "))
+		os.Exit(1)
+	}
+}
+
+// globals are the flags every command takes, before or after its name.
+type globals struct {
+	config  string
+	json    bool
+	timeout time.Duration
+}
+
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.config, "config", g.config, "cluster topology `FILE` (YAML or JSON), the same file as the nodes'")
+	fs.BoolVar(&g.json, "json", g.json, "print JSON for scripts instead of tables")
+	fs.DurationVar(&g.timeout, "timeout", g.timeout, "deadline `D` for each call to a node")
+}
+
+// command is one subcommand.
+type command struct {
+	name    string
+	args    string // usage of the positional arguments
+	extra   string // usage of the command's own flags
+	summary string
+	about   string // longer help
+	nargs   [2]int // min and max positional arguments
+	flags   func(fs *flag.FlagSet, o *cmdOptions)
+	run     func(ctx context.Context, env *env, args []string) error
+}
+
+// cmdOptions holds the command-specific flags.
+type cmdOptions struct {
+	addr string // get
+	node string // snapshot
+}
+
+var commands = []*command{
+	{
+		name: "status", summary: "regions, nodes, shards, leaders, terms, commit/applied indexes, health",
+		about: `Asks every node of the topology for its status (Admin.Status on its gRPC
+address) and prints the nodes with their health (ready, not ready, or
+unreachable) and, per shard, its leader and every replica's Raft state, term,
+commit, applied and last log index and record count. It fails only when no
+node answers.`,
+		run: runStatus,
+	},
+	{
+		name: "locate", args: "NAMESPACE KEY", nargs: [2]int{2, 2},
+		summary: "the key's shard, home region, voters and current leader",
+		about: `Computes the key's shard and home region from the topology file, as every
+node and router does, and asks the shard's voters which one leads it.`,
+		run: runLocate,
+	},
+	{
+		name: "get", args: "NAMESPACE KEY", nargs: [2]int{2, 2},
+		extra:   "[--addr HOST:PORT]",
+		summary: "read a key's record (never its owner token)",
+		about: `Reads the key over the gRPC API: from --addr (a node's or a router's gRPC
+address) when given, else from the nodes of the topology, the key's voters
+first. Reads are linearizable. A key with no record is an error (exit 1).`,
+		flags: func(fs *flag.FlagSet, o *cmdOptions) {
+			fs.StringVar(&o.addr, "addr", "", "gRPC `HOST:PORT` of the node or router to ask (default: the topology's nodes)")
+		},
+		run: runGet,
+	},
+	{
+		name: "transfer-leader", args: "SHARD [TARGET_NODE]", nargs: [2]int{1, 2},
+		summary: "move a shard's leadership to TARGET_NODE (or the voter Raft picks)",
+		about: `Finds the shard's current leader and asks it to hand leadership to
+TARGET_NODE, a voter of the shard (without it, Raft picks the most up-to-date
+follower), then waits until a new leader is known.`,
+		run: runTransferLeader,
+	},
+	{
+		name: "snapshot", args: "SHARD", nargs: [2]int{1, 1},
+		extra:   "[--node ID]",
+		summary: "force a Raft snapshot of a shard (on its leader, or on --node)",
+		about: `Makes one replica of the shard take a Raft snapshot now, which also lets it
+truncate its log: the current leader by default, or the voter --node.`,
+		flags: func(fs *flag.FlagSet, o *cmdOptions) {
+			fs.StringVar(&o.node, "node", "", "the voter `ID` that takes the snapshot (default: the shard's leader)")
+		},
+		run: runSnapshot,
+	},
+}
+
+func (c *command) synopsis() string {
+	return strings.Join(strings.Fields(c.name+" "+c.args+" "+c.extra), " ")
+}
+
+func findCommand(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func commandNames() string {
+	var names []string
+	for _, c := range commands {
+		names = append(names, c.name)
+	}
+	return strings.Join(names, ", ")
+}
+
+const usageHeader = `idemctl: the operator's tool for idem, the multi-region idempotency-key store.
+
+Usage:
+  idemctl [--config FILE] [--json] [--timeout D] COMMAND [ARGS] [FLAGS]
+
+Commands:
+`
+
+func printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, usageHeader)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-37s %s\n", c.synopsis(), c.summary)
+	}
+	fmt.Fprint(w, "\nFlags (also accepted after the command):\n")
+	cli.PrintFlags(w, fs)
+	fmt.Fprint(w, "\nRun \"idemctl COMMAND --help\" for a command's help. Tables are aligned for people;\n--json prints one JSON document for scripts. Any failure exits 1 with one line on stderr.\n")
+}
+
+func printCommandUsage(w io.Writer, c *command, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage:\n  idemctl %s [--config FILE] [--json] [--timeout D]\n\n%s\n\nFlags:\n", c.synopsis(), c.about)
+	cli.PrintFlags(w, fs)
+}
+
+// env is what a command runs with.
+type env struct {
+	g      globals
+	o      cmdOptions
+	topo   *router.Topology // nil when --config was not given
+	stdout io.Writer
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	g := globals{timeout: 5 * time.Second}
+	fs := flag.NewFlagSet("idemctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	g.register(fs)
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout, fs)
+			return nil
+		}
+		return err
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "idemctl", version)
+		return nil
+	}
+	if fs.NArg() == 0 {
+		return fmt.Errorf("a command is required (%s; see --help)", commandNames())
+	}
+	name, rest := fs.Arg(0), fs.Args()[1:]
+	if name == "help" {
+		if len(rest) > 0 {
+			if c := findCommand(rest[0]); c != nil {
+				cfs := commandFlags(c, &g, &cmdOptions{})
+				printCommandUsage(stdout, c, cfs)
+				return nil
+			}
+		}
+		printUsage(stdout, fs)
+		return nil
+	}
+	c := findCommand(name)
+	if c == nil {
+		return fmt.Errorf("unknown command %q (commands: %s; see --help)", name, commandNames())
+	}
+	e := &env{stdout: stdout}
+	cfs := commandFlags(c, &g, &e.o)
+	positional, err := parseInterleaved(cfs, rest)
+	if errors.Is(err, flag.ErrHelp) {
+		printCommandUsage(stdout, c, cfs)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.name, err)
+	}
+	if len(positional) < c.nargs[0] || len(positional) > c.nargs[1] {
+		if c.args == "" {
+			return fmt.Errorf("%s takes no arguments, got %q (see idemctl %s --help)", c.name, positional, c.name)
+		}
+		return fmt.Errorf("%s needs %s, got %d argument(s) (see idemctl %s --help)", c.name, c.args, len(positional), c.name)
+	}
+	if g.timeout <= 0 {
+		return fmt.Errorf("--timeout must be positive, got %s", g.timeout)
+	}
+	e.g = g
+	if g.config != "" {
+		if e.topo, err = router.LoadFile(g.config); err != nil {
+			return err
+		}
+	}
+	return c.run(ctx, e, positional)
+}
+
+func commandFlags(c *command, g *globals, o *cmdOptions) *flag.FlagSet {
+	fs := flag.NewFlagSet("idemctl "+c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	g.register(fs)
+	if c.flags != nil {
+		c.flags(fs, o)
+	}
+	return fs
+}
+
+// parseInterleaved parses flags anywhere among the positional arguments
+// ("locate ns key --json"); after "--" everything is positional, so a key
+// that starts with "-" can be given.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// needTopology returns the topology or the error a command without one gets.
+func (e *env) needTopology(what string) (*router.Topology, error) {
+	if e.topo == nil {
+		return nil, fmt.Errorf("%s needs the topology: pass --config FILE", what)
+	}
+	return e.topo, nil
+}
