@@ -369,7 +369,9 @@ func TestReadBarrierFailsOnPartitionedLeader(t *testing.T) {
 	// The old leader may still believe it leads; a read barrier started now
 	// must not succeed, because the majority is about to accept a newer write.
 	barrier := make(chan error, 1)
+	stillLeader := c.group(old, "s0").IsLeader()
 	go func() { barrier <- c.group(old, "s0").ReadBarrier(context.Background()) }()
+	t.Logf("isolated leader still believed it led when the read barrier started: %v", stillLeader)
 
 	var majority []int
 	for _, i := range c.upNodes() {

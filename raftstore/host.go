@@ -45,6 +45,7 @@ type Host struct {
 
 	mu      sync.RWMutex
 	groups  map[string]*Group
+	opening map[string]bool // ids being opened by AddGroup
 	closing bool
 
 	stopOnce sync.Once
@@ -79,9 +80,10 @@ func NewHost(cfg Config) (*Host, error) {
 		return nil, fmt.Errorf("raftstore: advertise address: %w", err)
 	}
 	h := &Host{
-		cfg:    cfg,
-		logger: logger,
-		groups: map[string]*Group{},
+		cfg:     cfg,
+		logger:  logger,
+		groups:  map[string]*Group{},
+		opening: map[string]bool{},
 	}
 	h.mux = newMux(ln, advertise, logger)
 	m, err := newHostMetrics(h, cfg.Registry)
@@ -112,18 +114,35 @@ func (h *Host) AddGroup(gc GroupConfig, sm StateMachine) (*Group, error) {
 		return nil, fmt.Errorf("raftstore: group %q: nil StateMachine", gc.ID)
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closing {
+	switch {
+	case h.closing:
+		h.mu.Unlock()
 		return nil, fmt.Errorf("raftstore: add group %s: %w", gc.ID, ErrShutdown)
-	}
-	if h.groups[gc.ID] != nil {
+	case h.groups[gc.ID] != nil || h.opening[gc.ID]:
+		h.mu.Unlock()
 		return nil, shardErr(gc.ID, "%w", ErrGroupExists)
 	}
+	// Open without holding the lock: restoring a large snapshot can take a
+	// while, and Groups (metrics scrapes, Ready) must not wait for it.
+	h.opening[gc.ID] = true
+	h.mu.Unlock()
+
 	g, err := h.openGroup(gc, sm)
+
+	h.mu.Lock()
+	delete(h.opening, gc.ID)
+	closing := h.closing
+	if err == nil && !closing {
+		h.groups[gc.ID] = g
+	}
+	h.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	h.groups[gc.ID] = g
+	if closing { // Shutdown began while we were opening
+		g.shutdown()
+		return nil, fmt.Errorf("raftstore: add group %s: %w", gc.ID, ErrShutdown)
+	}
 	return g, nil
 }
 
