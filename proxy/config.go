@@ -137,12 +137,12 @@ type Config struct {
 }
 
 // DefaultConfig returns a Config with the defaults filled in; set Upstream
-// and Store (and Logger, Registry) before use.
+// and Store (and Logger, Registry) before use. HeartbeatInterval stays 0 so
+// that it follows a changed Lease (Lease/3).
 func DefaultConfig() Config {
 	return Config{
 		MaxRequestBytes:     DefaultMaxRequestBytes,
 		Lease:               DefaultLease,
-		HeartbeatInterval:   DefaultLease / 3,
 		UpstreamTimeout:     DefaultUpstreamTimeout,
 		StoreTimeout:        DefaultStoreTimeout,
 		Retention:           DefaultRetention,

@@ -191,6 +191,21 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte(strings.Repeat("x", n)))
+	case r.URL.Path == "/events":
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "data: run %d\n\n", run)
+		http.NewResponseController(w).Flush()
+		select {
+		case <-u.gate:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "data: end\n\n")
+	case r.URL.Path == "/trailer":
+		w.Header().Set("Trailer", "X-Checksum")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "with trailer run=%d", run)
+		w.Header().Set("X-Checksum", "abc")
 	case r.URL.Path == "/echo":
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -354,7 +355,7 @@ func TestHeartbeatsKeepTheLease(t *testing.T) {
 	up := newUpstream(t)
 	be := newBackend(10 * time.Millisecond)
 	srv, _ := startProxy(t, up.srv.URL, proxy.BackendStore(be), func(c *proxy.Config) {
-		c.Lease = 150 * time.Millisecond
+		c.Lease = 300 * time.Millisecond
 		c.HeartbeatInterval = 30 * time.Millisecond
 	})
 	done := make(chan reply, 1)
@@ -366,7 +367,7 @@ func TestHeartbeatsKeepTheLease(t *testing.T) {
 	// Wait well past the lease: only heartbeats keep the key.
 	waitFor(t, "heartbeats past the lease", func() (bool, string) {
 		n := be.Calls(fsm.OpHeartbeat)
-		return n >= 10, fmt.Sprintf("%d heartbeats", n)
+		return n >= 16, fmt.Sprintf("%d heartbeats", n)
 	})
 	problem(t, send(t, srv.URL, "POST", "/slow", "x", "Idempotency-Key", "k-hb"), 409)
 	close(up.gate)
@@ -470,6 +471,58 @@ func TestOversizeResponseStoredWithoutBody(t *testing.T) {
 	again := send(t, srv.URL, "POST", "/big?n=800", "", "Idempotency-Key", "k-refused")
 	if again.Header.Get("Idempotent-Replayed") != "true" || again.Header.Get("Idempotent-Body-Omitted") != "true" || again.Body != "" {
 		t.Errorf("body refused by the store: replay %v", again)
+	}
+}
+
+// An event stream flushes through to the first caller as it comes; replays
+// get it whole.
+func TestEventStreamStreams(t *testing.T) {
+	up := newUpstream(t)
+	srv, _ := startProxy(t, up.srv.URL, proxy.BackendStore(newBackend(time.Second)))
+	req, _ := http.NewRequest("POST", srv.URL+"/events", nil)
+	req.Header.Set("Idempotency-Key", "k-sse")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, len("data: run 1\n\n"))
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "data: run 1\n\n" {
+		t.Fatalf("first event before the upstream finished: %q, %v", first, err)
+	}
+	close(up.gate)
+	rest, _ := io.ReadAll(resp.Body)
+	if string(rest) != "data: end\n\n" {
+		t.Errorf("rest of the stream %q", rest)
+	}
+	again := send(t, srv.URL, "POST", "/events", "", "Idempotency-Key", "k-sse")
+	if again.Body != "data: run 1\n\ndata: end\n\n" || again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replay %v", again)
+	}
+}
+
+// Trailers reach the first caller and are not stored.
+func TestTrailersReachTheFirstCaller(t *testing.T) {
+	up := newUpstream(t)
+	srv, _ := startProxy(t, up.srv.URL, proxy.BackendStore(newBackend(time.Second)))
+	get := func() (string, http.Header, http.Header) {
+		req, _ := http.NewRequest("POST", srv.URL+"/trailer", nil)
+		req.Header.Set("Idempotency-Key", "k-trailer")
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b), resp.Header, resp.Trailer
+	}
+	body, _, trailer := get()
+	if body != "with trailer run=1" || trailer.Get("X-Checksum") != "abc" {
+		t.Errorf("first: %q, trailer %v", body, trailer)
+	}
+	body, header, trailer := get()
+	if body != "with trailer run=1" || header.Get("Idempotent-Replayed") != "true" || trailer.Get("X-Checksum") != "" {
+		t.Errorf("replay: %q, %v, trailer %v", body, header, trailer)
 	}
 }
 

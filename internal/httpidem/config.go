@@ -144,7 +144,8 @@ type Config struct {
 	Observe func(Event)
 }
 
-// DefaultConfig returns a Config with every default filled in; set Store.
+// DefaultConfig returns a Config with the defaults filled in; set Store.
+// HeartbeatInterval stays 0 so that it follows a changed Lease (Lease/3).
 func DefaultConfig() Config {
 	return Config{
 		Methods:             slices.Clone(DefaultMethods),
@@ -153,7 +154,6 @@ func DefaultConfig() Config {
 		SpoolThresholdBytes: DefaultSpoolThresholdBytes,
 		MaxStoredBodyBytes:  DefaultMaxStoredBodyBytes,
 		Lease:               DefaultLease,
-		HeartbeatInterval:   DefaultLease / 3,
 		Timeout:             DefaultTimeout,
 		StoreTimeout:        DefaultStoreTimeout,
 		Retention:           DefaultRetention,

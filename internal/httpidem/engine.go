@@ -314,6 +314,7 @@ func (e *Engine) run(w http.ResponseWriter, r *http.Request, next http.Handler, 
 	out.TransferEncoding = nil
 	out.GetBody = func() (io.ReadCloser, error) { return b.reader(), nil }
 	out.Header.Set(HeaderFencingToken, strconv.FormatUint(res.FencingToken, 10))
+	out.Header.Del("Expect")             // the body is here already
 	if out.Header.Get("Upgrade") != "" { // a keyed response cannot switch protocols: it must be stored
 		out.Header.Del("Upgrade")
 		out.Header.Del("Connection")
