@@ -131,8 +131,10 @@ type Config struct {
 	// upstream URL's host.
 	PreserveHost bool
 	// XForwarded sets X-Forwarded-For, X-Forwarded-Host and
-	// X-Forwarded-Proto on upstream requests (replacing what the caller
-	// sent). DefaultConfig turns it on.
+	// X-Forwarded-Proto on upstream requests, replacing what the caller sent
+	// (and dropping its Forwarded): the proxy is the edge, and callers'
+	// claims are not passed on as facts. Off, the caller's forwarding
+	// headers pass untouched. DefaultConfig turns it on.
 	XForwarded bool
 }
 

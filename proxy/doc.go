@@ -54,7 +54,9 @@
 //
 // Requests go to Upstream joined with the request path and query
 // (ReverseProxy.SetURL), with the upstream's Host unless PreserveHost, and
-// X-Forwarded-For/-Host/-Proto when XForwarded (DefaultConfig). Hop-by-hop
+// X-Forwarded-For/-Host/-Proto set by the proxy when XForwarded
+// (DefaultConfig; the caller's own are replaced, since the proxy is the
+// edge; without XForwarded they pass as sent). Hop-by-hop
 // headers are dropped both ways, as RFC 9110 requires of a proxy. Other
 // methods and key-less requests pass through untouched otherwise: their
 // bodies stream, they have no size bound and no deadline but the caller's,

@@ -56,7 +56,14 @@ func New(cfg Config) (*Proxy, error) {
 				pr.Out.Host = pr.In.Host
 			}
 			if cfg.XForwarded {
-				pr.SetXForwarded()
+				pr.SetXForwarded() // replaces what the caller sent: the proxy is the edge
+			} else {
+				// ReverseProxy strips them; without XForwarded they pass untouched.
+				for _, h := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+					if v, ok := pr.In.Header[h]; ok {
+						pr.Out.Header[h] = v
+					}
+				}
 			}
 		},
 		Transport:    transport,

@@ -737,3 +737,25 @@ func startUpstreamHandler(t *testing.T, h http.Handler) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
+
+func TestForwardingHeaders(t *testing.T) {
+	up := newUpstream(t)
+	edge, _ := startProxy(t, up.srv.URL, proxy.BackendStore(newBackend(time.Second)))
+	inner, _ := startProxy(t, up.srv.URL, proxy.BackendStore(newBackend(time.Second)), func(c *proxy.Config) { c.XForwarded = false })
+	for _, tc := range []struct {
+		name, base, want string
+	}{
+		{"XForwarded replaces the caller's claim", edge.URL, `"forwarded_for":"127.0.0.1"`},
+		{"without XForwarded it passes untouched", inner.URL, `"forwarded_for":"203.0.113.9"`},
+	} {
+		for _, key := range []string{"", "k-xff-" + tc.base[len(tc.base)-5:]} {
+			headers := []string{"X-Forwarded-For", "203.0.113.9"}
+			if key != "" {
+				headers = append(headers, "Idempotency-Key", key)
+			}
+			if rep := send(t, tc.base, "POST", "/echo", "x", headers...); !strings.Contains(rep.Body, tc.want) {
+				t.Errorf("%s (key %q): %s", tc.name, key, rep.Body)
+			}
+		}
+	}
+}
