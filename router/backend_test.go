@@ -32,6 +32,8 @@ import (
 type fakeCluster struct {
 	topo *Topology
 	ring *Ring
+	// maxResponseBytes is the nodes' --max-response-bytes (0: default).
+	maxResponseBytes int64
 
 	mu      sync.Mutex
 	leaders map[string]string
@@ -121,7 +123,7 @@ func (n *fakeNode) start(t *testing.T) {
 	if err != nil {
 		t.Fatalf("fake node %s: %v", n.id, err)
 	}
-	api, err := server.New(server.Config{Backend: n})
+	api, err := server.New(server.Config{Backend: n, MaxResponseBytes: n.c.maxResponseBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -586,4 +588,37 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...
 		}
 	}
 	return sum
+}
+
+// TestBackendLargeReplay: with nodes that store bodies over gRPC's default
+// 4 MiB message limit, a router whose MaxMessageBytes matches relays them.
+func TestBackendLargeReplay(t *testing.T) {
+	c := newFakeCluster(t, "r1")
+	const max = 6 << 20
+	c.maxResponseBytes = max
+	for _, n := range c.nodes {
+		n.stop()
+		n.start(t)
+	}
+	b, _, _ := newTestBackend(t, c, "r1", func(cfg *BackendConfig) {
+		cfg.MaxMessageBytes = server.Config{MaxResponseBytes: max}.GRPCMaxMessageBytes()
+	})
+	ctx := t.Context()
+	key, _ := c.keyIn(t, "pay", "r1")
+	body := []byte(strings.Repeat("x", 5<<20))
+	if res, err := reserve(ctx, b, "pay", key, "owner-aaaaaaaaaaaaaaaa"); err != nil || res.Outcome != fsm.OutcomeAcquired {
+		t.Fatalf("reserve: %+v, %v", res, err)
+	}
+	if res, err := b.Apply(ctx, &fsm.Command{Op: fsm.OpComplete, Namespace: "pay", Key: key, OwnerToken: "owner-aaaaaaaaaaaaaaaa",
+		Response: &fsm.Response{Status: 200, Body: body}, Retention: int64(time.Hour)}); err != nil || res.Outcome != fsm.OutcomeOK {
+		t.Fatalf("complete with a 5 MiB body: %+v, %v", res, err)
+	}
+	res, err := reserve(ctx, b, "pay", key, "owner-bbbbbbbbbbbbbbbb")
+	if err != nil || res.Outcome != fsm.OutcomeCompleted || res.Response == nil || len(res.Response.Body) != len(body) {
+		t.Fatalf("replay of a 5 MiB body: outcome %v, %v", res.Outcome, err)
+	}
+	rec, found, err := b.Get(ctx, "pay", key)
+	if err != nil || !found || len(rec.Response.Body) != len(body) {
+		t.Fatalf("get of a 5 MiB body: found=%v, %v", found, err)
+	}
 }
