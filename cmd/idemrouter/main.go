@@ -44,6 +44,7 @@ type options struct {
 	httpAddr       string
 	grpcAddr       string
 	requestTimeout time.Duration
+	maxResponse    int64
 	logLevel       string
 	logFormat      string
 	showVersion    bool
@@ -75,6 +76,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8090", "`HOST:PORT` for the JSON API, /metrics, /healthz, /readyz")
 	fs.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:7090", "`HOST:PORT` for the gRPC API")
 	fs.DurationVar(&o.requestTimeout, "request-timeout", router.DefaultRequestTimeout, "deadline `D` for one forwarded request; past it the answer is 503 UNAVAILABLE")
+	fs.Int64Var(&o.maxResponse, "max-response-bytes", server.DefaultMaxResponseBytes, "largest stored response body in decoded `BYTES`; set it as on the nodes")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
@@ -94,6 +96,11 @@ func backendConfig(o *options) (router.BackendConfig, error) {
 	cfg.RequestTimeout = o.requestTimeout
 	if o.requestTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--request-timeout must be positive, got %s", o.requestTimeout))
+	}
+	if o.maxResponse <= 0 || o.maxResponse > server.MaxMaxResponseBytes {
+		errs = append(errs, fmt.Errorf("--max-response-bytes must be 1..%d, got %d", server.MaxMaxResponseBytes, o.maxResponse))
+	} else {
+		cfg.MaxMessageBytes = server.Config{MaxResponseBytes: o.maxResponse}.GRPCMaxMessageBytes()
 	}
 	if o.config == "" {
 		errs = append(errs, errors.New("--config FILE is required (see --help)"))
@@ -156,7 +163,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cli.OneLine(err)
 	}
 	defer backend.Close()
-	api, err := server.New(server.Config{Backend: backend, Logger: logger, Registry: registry, Version: version})
+	api, err := server.New(server.Config{Backend: backend, Logger: logger, Registry: registry, Version: version, MaxResponseBytes: o.maxResponse})
 	if err != nil {
 		return cli.OneLine(err)
 	}

@@ -46,6 +46,7 @@ func TestRunFlags(t *testing.T) {
 		{name: "bad timeout", args: []string{"--config", good, "--region", "r1", "--request-timeout", "soon"}, wantErr: "request-timeout"},
 		{name: "bad address", args: []string{"--config", good, "--region", "r1", "--http-addr", "localhost"}, wantErr: `--http-addr "localhost" is not HOST:PORT`},
 		{name: "every problem at once", args: []string{"--request-timeout", "-1s", "--grpc-addr", "x"}, wantErr: "--request-timeout must be positive, got -1s; --config FILE is required"},
+		{name: "bad max response", args: []string{"--config", good, "--region", "r1", "--max-response-bytes", "0"}, wantErr: "--max-response-bytes must be 1.."},
 		{name: "bad log level", args: []string{"--config", good, "--region", "r1", "--log-level", "loud"}, wantErr: "--log-level"},
 		{name: "bad log format", args: []string{"--config", good, "--region", "r1", "--log-format", "xml"}, wantErr: "--log-format"},
 	} {
