@@ -201,8 +201,38 @@ type GroupConfig struct {
 
 	// Voters are the group's initial members, this node included. They are
 	// used only to bootstrap a brand-new group; a group with existing state
-	// on disk restarts from its stored configuration.
+	// on disk restarts from its stored configuration. Their addresses are
+	// also how this node dials each peer, always (a raft
+	// ServerAddressProvider), whatever address a replicated configuration
+	// or snapshot carries: every node dials at the addresses of its own
+	// view, so a node's topology file decides the route to each peer.
 	Voters []Peer
+
+	// Timing overrides the host's Raft timeouts for this group; zero fields
+	// keep the host's. Shards whose voters span regions need WAN-sized
+	// timeouts (see WANTiming).
+	Timing Timing
+}
+
+// Timing is the set of Raft timeouts a group may override.
+type Timing struct {
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+}
+
+// WANTiming derives Raft timeouts for a group whose voters are rtt apart
+// (the worst round trip between two voters): a follower waits several round
+// trips before it campaigns, so one slow or lost heartbeat does not start an
+// election, and a leader keeps its lease for two round trips beyond its
+// heartbeats. Never below base, the LAN defaults.
+func WANTiming(base Config, rtt time.Duration) Timing {
+	t := Timing{
+		HeartbeatTimeout:   max(base.HeartbeatTimeout, 8*rtt),
+		ElectionTimeout:    max(base.ElectionTimeout, 8*rtt),
+		LeaderLeaseTimeout: max(base.LeaderLeaseTimeout, 4*rtt),
+	}
+	return t
 }
 
 var shardIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)

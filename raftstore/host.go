@@ -192,19 +192,24 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		return nil, err
 	}
 	cleanup = append(cleanup, func() { stream.Close() })
+	addrs := peerAddrs{}
+	for _, p := range gc.Voters {
+		addrs[raft.ServerID(p.ID)] = raft.ServerAddress(p.Addr)
+	}
 	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:  stream,
-		MaxPool: transportMaxPool,
-		Timeout: transportTimeout,
-		Logger:  rlog.Named("raft-net"),
+		Stream:                stream,
+		MaxPool:               transportMaxPool,
+		Timeout:               transportTimeout,
+		Logger:                rlog.Named("raft-net"),
+		ServerAddressProvider: addrs,
 	})
 	cleanup = append(cleanup, func() { trans.Close() })
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(h.cfg.NodeID)
-	rc.HeartbeatTimeout = h.cfg.HeartbeatTimeout
-	rc.ElectionTimeout = h.cfg.ElectionTimeout
-	rc.LeaderLeaseTimeout = h.cfg.LeaderLeaseTimeout
+	rc.HeartbeatTimeout = cmpDuration(gc.Timing.HeartbeatTimeout, h.cfg.HeartbeatTimeout)
+	rc.ElectionTimeout = cmpDuration(gc.Timing.ElectionTimeout, h.cfg.ElectionTimeout)
+	rc.LeaderLeaseTimeout = cmpDuration(gc.Timing.LeaderLeaseTimeout, h.cfg.LeaderLeaseTimeout)
 	rc.CommitTimeout = h.cfg.CommitTimeout
 	rc.MaxAppendEntries = h.cfg.MaxAppendEntries
 	rc.SnapshotThreshold = h.cfg.SnapshotThreshold
@@ -449,3 +454,20 @@ func (h *Host) handOverLeadership(ctx context.Context, groups []*Group) {
 // setIsolated is a test hook: it cuts this node off the network (all groups,
 // both directions) while on.
 func (h *Host) setIsolated(on bool) { h.mux.setIsolated(on) }
+
+// peerAddrs resolves a peer's id to the address in this node's own view.
+type peerAddrs map[raft.ServerID]raft.ServerAddress
+
+func (p peerAddrs) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
+	if a, ok := p[id]; ok {
+		return a, nil
+	}
+	return "", fmt.Errorf("raftstore: no address for peer %q", id)
+}
+
+func cmpDuration(override, fallback time.Duration) time.Duration {
+	if override > 0 {
+		return override
+	}
+	return fallback
+}
