@@ -204,16 +204,25 @@ func New(cfg Config) (_ *Node, err error) {
 			vn, _ := cfg.Topology.NodeByID(v)
 			peers = append(peers, raftstore.Peer{ID: v, Addr: vn.RaftAddr})
 		}
+		gc := raftstore.GroupConfig{ID: info.ID, Voters: peers}
+		if spansRegions(cfg.Topology, info) && cfg.Topology.WANRTTMs > 0 {
+			gc.Timing = raftstore.WANTiming(rcfg, time.Duration(cfg.Topology.WANRTTMs)*time.Millisecond)
+		}
 		s := &shard{info: info, fsm: fsm.New()}
-		if s.group, err = n.host.AddGroup(raftstore.GroupConfig{ID: info.ID, Voters: peers}, stateMachine{s.fsm}); err != nil {
+		if s.group, err = n.host.AddGroup(gc, stateMachine{s.fsm}); err != nil {
 			return nil, err
 		}
 		n.shards[info.ID] = s
 	}
 
+	// Forwarded replays carry whole stored responses: allow messages as
+	// large as the API accepts, not gRPC's 4 MiB default.
+	msgBytes := server.Config{MaxResponseBytes: cfg.MaxResponseBytes}.GRPCMaxMessageBytes()
 	if n.fwd, err = router.NewForwarder(router.ForwarderConfig{
 		Topology: cfg.Topology, Self: cfg.NodeID, AttemptTimeout: cfg.ForwardAttemptTimeout,
 		Logger: n.log, Registry: cfg.Registry,
+		DialOptions: append(router.DefaultDialOptions(), grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(msgBytes), grpc.MaxCallSendMsgSize(msgBytes))),
 	}); err != nil {
 		return nil, err
 	}
@@ -243,6 +252,17 @@ func New(cfg Config) (_ *Node, err error) {
 		go n.balanceLoop()
 	}
 	return n, nil
+}
+
+// spansRegions reports whether the shard's voters live in more than one
+// region (region survival): its Raft timeouts must allow for WAN round trips.
+func spansRegions(t *router.Topology, s router.Shard) bool {
+	for _, v := range s.Voters {
+		if r, _ := t.RegionOf(v); r != s.HomeRegion {
+			return true
+		}
+	}
+	return false
 }
 
 func cmp(override, fallback string) string {

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/internal/cluster"
+)
+
+// A node forwards replays larger than gRPC's default 4 MiB message limit
+// when --max-response-bytes allows them (its forwarder sizes messages from it).
+func TestNodeForwardsLargeReplay(t *testing.T) {
+	topo, err := cluster.Topology(cluster.Spec{Regions: []string{"r1"}, NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"], "--max-response-bytes", "6000000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.StopAll() })
+	c.StartAll()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var apis []*cluster.API
+	for _, n := range topo.Nodes() {
+		apis = append(apis, cluster.NewAPI(n.HTTPAddr))
+	}
+	body := base64.StdEncoding.EncodeToString([]byte(strings.Repeat("x", 5000000)))
+	check(t, 200)(apis[0].Reserve(ctx, "ns", "big", map[string]any{"owner_token": "owner-token-000001"}))
+	check(t, 200)(apis[0].Complete(ctx, "ns", "big", map[string]any{"owner_token": "owner-token-000001", "response": map[string]any{"status": 200, "body": body}}))
+	for i, a := range apis {
+		r, err := a.Reserve(ctx, "ns", "big", map[string]any{})
+		if err != nil || r.Status != 200 || r.Str("outcome") != "COMPLETED" {
+			t.Errorf("replay via node %d: %d %s %v", i, r.Status, r.ErrCode(), err)
+		}
+	}
+}
