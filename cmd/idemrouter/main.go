@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
 )
@@ -48,9 +49,14 @@ type options struct {
 	logLevel       string
 	logFormat      string
 	showVersion    bool
-	// Proxy mode's flags (--upstream, --proxy-addr, --require-key,
-	// --namespace-header, --max-request-bytes) are registered by package
-	// proxy's wiring; see run.
+
+	// Proxy mode.
+	upstream        string
+	proxyAddr       string
+	requireKey      bool
+	namespaceHeader string
+	maxRequestBytes int64
+	upstreamTimeout time.Duration
 }
 
 const usageHeader = `idemrouter: the stateless edge router of idem, the multi-region idempotency-key store.
@@ -64,6 +70,13 @@ request to the leader of its key's shard, found from the topology FILE alone.
 A key whose shard cannot be reached within --request-timeout (its home region
 lost, no leader) gets 503 UNAVAILABLE with Retry-After; the router stays
 ready while any node answers. On SIGTERM it drains and exits 0.
+
+Proxy mode (--upstream URL): requests to --proxy-addr go to the upstream.
+A POST or PATCH with an Idempotency-Key header is reserved in the store
+first, runs upstream once, and its response is stored and replayed to
+retries (Idempotent-Replayed: true); a retry while it runs gets 409, the
+same key with another request 422 (problem+json). Other requests pass
+through untouched.
 
 Flags:
 `
@@ -80,7 +93,12 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
-	// PROXY MODE: package proxy registers its flags on fs here.
+	fs.StringVar(&o.upstream, "upstream", "", "proxy mode: the `URL` of the service to put idem in front of")
+	fs.StringVar(&o.proxyAddr, "proxy-addr", "127.0.0.1:8088", "proxy mode: `HOST:PORT` where clients send their API traffic")
+	fs.BoolVar(&o.requireKey, "require-key", false, "proxy mode: a POST or PATCH without Idempotency-Key gets 400")
+	fs.StringVar(&o.namespaceHeader, "namespace-header", "", "proxy mode: the request header `NAME` naming the caller (its namespace); when set and missing, 401")
+	fs.Int64Var(&o.maxRequestBytes, "max-request-bytes", proxy.DefaultMaxRequestBytes, "proxy mode: largest body of a keyed request in `BYTES`; larger gets 413")
+	fs.DurationVar(&o.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "proxy mode: ceiling `D` of one keyed upstream request; past it the caller gets 504 and the key is released")
 	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
 		return nil, err
 	}
@@ -183,10 +201,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	servers = append(servers, &grpcServable{ln: grpcLn, srv: api.NewGRPCServer()})
 
-	// PROXY MODE: when --upstream is set, package proxy builds its handler
-	// over the same backend (proxy.New(proxy.Config{Backend: backend, ...}))
-	// and a listener on --proxy-addr is appended to servers here, so that it
-	// is served and drained with the API.
+	// Proxy mode: the proxy runs over the same in-process backend, and is
+	// served and drained with the API.
+	if o.upstream != "" {
+		pcfg := proxy.DefaultConfig()
+		pcfg.Upstream, pcfg.RequireKey = o.upstream, o.requireKey
+		pcfg.NamespaceHeader, pcfg.MaxRequestBytes = o.namespaceHeader, o.maxRequestBytes
+		pcfg.UpstreamTimeout = o.upstreamTimeout
+		pcfg.MaxStoredBodyBytes = o.maxResponse
+		pcfg.Store = proxy.BackendStore(backend)
+		pcfg.StoreTimeout = o.requestTimeout
+		pcfg.Logger, pcfg.Registry = logger.With("component", "proxy"), registry
+		px, err := proxy.New(pcfg)
+		if err != nil {
+			closeAll(servers)
+			return cli.OneLine(err)
+		}
+		proxyLn, err := net.Listen("tcp", o.proxyAddr)
+		if err != nil {
+			closeAll(servers)
+			return fmt.Errorf("--proxy-addr: %w", err)
+		}
+		servers = append(servers, &httpServable{name: "proxy", ln: proxyLn, srv: &http.Server{
+			Handler: px, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		}})
+		logger.Info("proxy mode", "proxy", proxyLn.Addr().String(), "upstream", o.upstream, "require_key", o.requireKey,
+			"namespace_header", o.namespaceHeader)
+	}
 
 	logger.Info("idemrouter serving", "cluster", cfg.Topology.Cluster, "http", httpLn.Addr().String(),
 		"grpc", grpcLn.Addr().String(), "nodes", len(cfg.Topology.Nodes()), "request_timeout", cfg.RequestTimeout, "version", version)
@@ -197,6 +238,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 type servable interface {
 	serve() error
 	drain(ctx context.Context) error
+	close()
+}
+
+// closeAll releases the listeners of servers that never served.
+func closeAll(servers []servable) {
+	for _, s := range servers {
+		s.close()
+	}
 }
 
 type httpServable struct {
@@ -211,6 +260,8 @@ func (h *httpServable) serve() error {
 	}
 	return nil
 }
+
+func (h *httpServable) close() { h.ln.Close() }
 
 func (h *httpServable) drain(ctx context.Context) error {
 	if err := h.srv.Shutdown(ctx); err != nil {
@@ -231,6 +282,8 @@ func (g *grpcServable) serve() error {
 	}
 	return nil
 }
+
+func (g *grpcServable) close() { g.ln.Close() }
 
 func (g *grpcServable) drain(ctx context.Context) error {
 	stopped := make(chan struct{})

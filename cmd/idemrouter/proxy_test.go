@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/internal/cluster"
+)
+
+// TestProxyModeEndToEnd runs idemrouter --upstream in front of a real
+// upstream HTTP server, over a real three-node region, and walks the
+// contract's proxy table as a client would.
+func TestProxyModeEndToEnd(t *testing.T) {
+	var executions sync.Map // key -> *atomic.Int32
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := strings.Trim(r.Header.Get("Idempotency-Key"), `"`)
+		n, _ := executions.LoadOrStore(key, new(atomic.Int32))
+		count := n.(*atomic.Int32).Add(1)
+		body, _ := io.ReadAll(r.Body)
+		if strings.HasPrefix(key, "slow-") {
+			<-release
+		}
+		if strings.HasPrefix(key, "flaky-") && count == 1 {
+			http.Error(w, "try again", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Set-Cookie", "session=abc")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"charged":%q,"fencing":%q,"run":%d}`, body, r.Header.Get("Idempotency-Fencing-Token"), count)
+	}))
+	defer upstream.Close()
+	defer close(release)
+
+	topo, err := cluster.Topology(cluster.Spec{Regions: []string{"r1"}, ShardsPerRegion: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports, err := cluster.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	r, err := c.NewRouter(binaries["idemrouter"], "edge", "r1", "--upstream", upstream.URL, "--proxy-addr", proxyAddr,
+		"--require-key", "--namespace-header", "X-Api-Key-Id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.StopAll(); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	send := func(method, path, key, caller, body string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, method, "http://"+proxyAddr+path, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		if caller != "" {
+			req.Header.Set("X-Api-Key-Id", caller)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	read := func(resp *http.Response) string {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	runs := func(key string) int32 {
+		n, ok := executions.Load(key)
+		if !ok {
+			return 0
+		}
+		return n.(*atomic.Int32).Load()
+	}
+
+	// First request runs upstream with the fencing token; the retry replays.
+	first := send("POST", "/charges?x=1", `"order-1"`, "tenant-a", "100 EUR")
+	firstBody := read(first)
+	if first.StatusCode != 201 || first.Header.Get("Idempotent-Replayed") != "" || first.Header.Get("Set-Cookie") == "" ||
+		!strings.Contains(firstBody, `"fencing":"`) || strings.Contains(firstBody, `"fencing":""`) {
+		t.Fatalf("first: %d %v %s", first.StatusCode, first.Header, firstBody)
+	}
+	replay := send("POST", "/charges?x=1", "order-1", "tenant-a", "100 EUR")
+	if body := read(replay); replay.StatusCode != 201 || replay.Header.Get("Idempotent-Replayed") != "true" || body != firstBody ||
+		replay.Header.Get("Set-Cookie") != "" {
+		t.Fatalf("replay: %d %v %s", replay.StatusCode, replay.Header, body)
+	}
+	// Same key, another body or path: 422 problem+json.
+	for _, tc := range []struct{ path, body string }{{"/charges?x=1", "999 EUR"}, {"/refunds?x=1", "100 EUR"}, {"/charges?x=2", "100 EUR"}} {
+		resp := send("POST", tc.path, "order-1", "tenant-a", tc.body)
+		if read(resp); resp.StatusCode != 422 || resp.Header.Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("mismatch %v: %d %s", tc, resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+	}
+	// Another caller with the same key string runs on its own.
+	other := send("POST", "/charges?x=1", "order-1", "tenant-b", "100 EUR")
+	if read(other); other.StatusCode != 201 || other.Header.Get("Idempotent-Replayed") != "" || runs("order-1") != 2 {
+		t.Fatalf("other tenant: %d replayed=%q runs=%d", other.StatusCode, other.Header.Get("Idempotent-Replayed"), runs("order-1"))
+	}
+	// No key under --require-key: 400; no caller header: 401; nothing reaches the upstream.
+	if resp := send("POST", "/charges", "", "tenant-a", "x"); read(resp) == "" || resp.StatusCode != 400 {
+		t.Fatalf("missing key: %d", resp.StatusCode)
+	}
+	if resp := send("POST", "/charges", "order-9", "", "x"); read(resp) == "" || resp.StatusCode != 401 || runs("order-9") != 0 {
+		t.Fatalf("missing caller: %d", resp.StatusCode)
+	}
+	// GET passes through untouched.
+	if resp := send("GET", "/charges", "", "", ""); read(resp) == "" || resp.StatusCode != 201 {
+		t.Fatalf("passthrough: %d", resp.StatusCode)
+	}
+	// A 503 upstream releases the key: the retry runs again and succeeds.
+	if resp := send("POST", "/charges", "flaky-1", "tenant-a", "x"); read(resp) == "" || resp.StatusCode != 503 {
+		t.Fatalf("flaky first: %d", resp.StatusCode)
+	}
+	if resp := send("POST", "/charges", "flaky-1", "tenant-a", "x"); !strings.Contains(read(resp), `"run":2`) || resp.StatusCode != 201 {
+		t.Fatalf("flaky retry: %d", resp.StatusCode)
+	}
+	// 30 concurrent identical requests while the first is running: one
+	// upstream execution, the others 409 problem+json.
+	var wg sync.WaitGroup
+	statuses := make(chan int, 30)
+	for i := 0; i < 30; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := send("POST", "/charges", "slow-1", "tenant-a", "x")
+			read(resp)
+			statuses <- resp.StatusCode
+		}()
+	}
+	waitUntil(t, 20*time.Second, func() bool { return runs("slow-1") == 1 && len(statuses) == 29 })
+	release <- struct{}{}
+	wg.Wait()
+	close(statuses)
+	count := map[int]int{}
+	for s := range statuses {
+		count[s]++
+	}
+	if count[201] != 1 || count[409] != 29 || runs("slow-1") != 1 {
+		t.Fatalf("concurrent identical requests: statuses %v, upstream runs %d", count, runs("slow-1"))
+	}
+}
+
+func waitUntil(t *testing.T, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
