@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -61,6 +63,7 @@ type simNode struct {
 	mu     sync.Mutex
 	offset time.Duration
 	paused bool
+	killed bool // down on purpose (a fault); otherwise a dead process is a crash
 }
 
 type simRouter struct {
@@ -83,6 +86,23 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 		WANRTTMs: int(2 * cfg.LatencyMax / time.Millisecond),
 	})
 	if err != nil {
+		return nil, fmt.Errorf("regionsim: topology: %w", err)
+	}
+	// Re-address every process outside the ephemeral port range, so that
+	// neither the proxies (which listen on :0) nor outgoing connections can
+	// take a port between its pick and a (re)start of the process.
+	ports, err := reservePorts(3*len(topo.Nodes()) + 2*len(regions))
+	if err != nil {
+		return nil, err
+	}
+	next := func() string { p := ports[0]; ports = ports[1:]; return "127.0.0.1:" + strconv.Itoa(p) }
+	for i := range topo.Regions {
+		for j := range topo.Regions[i].Nodes {
+			n := &topo.Regions[i].Nodes[j]
+			n.RaftAddr, n.GRPCAddr, n.HTTPAddr = next(), next(), next()
+		}
+	}
+	if err := topo.Validate(); err != nil {
 		return nil, fmt.Errorf("regionsim: topology: %w", err)
 	}
 	network, err := wan.New(wan.Config{Regions: regions, Seed: cfg.Seed, Logger: log,
@@ -123,11 +143,7 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 		c.nodeIDs = append(c.nodeIDs, n.ID)
 	}
 	for _, r := range regions {
-		ports, err := cluster.FreePorts(2)
-		if err != nil {
-			return nil, err
-		}
-		sr := &simRouter{region: r, httpAddr: "127.0.0.1:" + strconv.Itoa(ports[0]), grpcAddr: "127.0.0.1:" + strconv.Itoa(ports[1])}
+		sr := &simRouter{region: r, httpAddr: next(), grpcAddr: next()}
 		sr.proc = &cluster.Process{Name: "router-" + r, Bin: bins["idemrouter"], Log: filepath.Join(dir, "logs", "router-"+r+".log"),
 			Args: []string{"--config", c.views[r], "--region", r, "--http-addr", sr.httpAddr, "--grpc-addr", sr.grpcAddr,
 				"--request-timeout", cfg.RouterTimeout.String(), "--log-level", "info"}}
@@ -175,6 +191,42 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 		return nil, err
 	}
 	return c, nil
+}
+
+// reservePorts returns n distinct free loopback ports below the kernel's
+// ephemeral range (which listeners on :0 and outgoing connections draw
+// from), or ephemeral ones when that range leaves no room.
+func reservePorts(n int) ([]int, error) {
+	low := 32768
+	if data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var lo, hi int
+		if _, err := fmt.Sscan(string(data), &lo, &hi); err == nil {
+			low = lo
+		}
+	}
+	const base = 10000
+	if low-base < 20*n {
+		return cluster.FreePorts(n)
+	}
+	used := map[int]bool{}
+	var out []int
+	for tries := 0; len(out) < n && tries < 200*n; tries++ {
+		p := base + rand.IntN(low-base)
+		if used[p] {
+			continue
+		}
+		used[p] = true
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		out = append(out, p)
+	}
+	if len(out) < n {
+		return nil, fmt.Errorf("regionsim: found only %d of %d free ports", len(out), n)
+	}
+	return out, nil
 }
 
 // regionPairs lists unordered region pairs in a fixed order.
@@ -230,15 +282,15 @@ func (c *simCluster) writeViews() error {
 	return nil
 }
 
-// waitReady waits until every running node and every router answers
-// /readyz with 200.
+// waitReady waits until every node and every router answers /readyz with
+// 200; a node that is not running is an error.
 func (c *simCluster) waitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for _, id := range c.nodeIDs {
 		n := c.nodes[id]
 		if !n.proc.Running() {
-			continue
+			return fmt.Errorf("%w: node %s is not running (log: %s)", ErrClusterNotReady, id, n.proc.Log)
 		}
 		if err := cluster.WaitHTTP(ctx, "http://"+n.real.HTTPAddr+"/readyz"); err != nil {
 			return fmt.Errorf("%w: node %s: %v (log: %s)", ErrClusterNotReady, id, err, n.proc.Log)
@@ -268,10 +320,10 @@ func (c *simCluster) nodesIn(region string) []string {
 // of its host node.
 func (c *simCluster) kill(id string) {
 	n := c.nodes[id]
-	n.proc.Kill()
 	n.mu.Lock()
-	n.paused = false
+	n.paused, n.killed = false, true
 	n.mu.Unlock()
+	n.proc.Kill()
 	if c.naive != nil && id == c.naiveHost {
 		c.naive.Crash()
 	}
@@ -293,6 +345,9 @@ func (c *simCluster) start(id string) error {
 	if err := n.proc.Start(); err != nil {
 		return err
 	}
+	n.mu.Lock()
+	n.killed = false
+	n.mu.Unlock()
 	if c.naive != nil && id == c.naiveHost {
 		c.naive.Restart()
 	}
@@ -305,7 +360,7 @@ func (c *simCluster) restartWithOffset(id string, d time.Duration) error {
 	n := c.nodes[id]
 	n.mu.Lock()
 	n.offset = d
-	n.paused = false
+	n.paused, n.killed = false, true
 	n.mu.Unlock()
 	if err := n.proc.Stop(15 * time.Second); err != nil {
 		c.log.Warn("graceful stop failed", "node", id, "err", err)
@@ -413,16 +468,14 @@ func contains(list []string, s string) bool {
 }
 
 // transferLeadership asks the leader of every shard node id hosts to hand
-// leadership to id; it returns how many shards id leads afterwards.
+// leadership to id; it returns how many shards id leads once the transfers
+// settled (a transfer completes asynchronously).
 func (c *simCluster) transferLeadership(ctx context.Context, id string) int {
 	leaders := c.shardLeaders(ctx)
-	moved := 0
-	for _, s := range c.topo.ShardsOnNode(id) {
+	hosted := c.topo.ShardsOnNode(id)
+	for _, s := range hosted {
 		cur, ok := leaders[s.ID]
 		if !ok || cur == id {
-			if cur == id {
-				moved++
-			}
 			continue
 		}
 		conn, err := c.adminConn(cur)
@@ -430,15 +483,26 @@ func (c *simCluster) transferLeadership(ctx context.Context, id string) int {
 			continue
 		}
 		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := idemv1.NewAdminClient(conn).TransferLeader(tctx, &idemv1.TransferLeaderRequest{Shard: s.ID, TargetNodeId: id})
+		_, err = idemv1.NewAdminClient(conn).TransferLeader(tctx, &idemv1.TransferLeaderRequest{Shard: s.ID, TargetNodeId: id})
 		cancel()
-		if err == nil && resp.GetLeaderId() == id {
-			moved++
-		} else if err != nil {
+		if err != nil {
 			c.log.Info("leadership transfer failed", "shard", s.ID, "to", id, "err", err)
 		}
 	}
-	return moved
+	led := 0
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		led = 0
+		now := c.shardLeaders(ctx)
+		for _, s := range hosted {
+			if now[s.ID] == id {
+				led++
+			}
+		}
+		if led == len(hosted) || time.Now().After(deadline) || !sleepUntil(ctx, time.Now().Add(200*time.Millisecond)) {
+			return led
+		}
+	}
 }
 
 // heal ends every fault: the WAN heals, paused nodes resume, skewed nodes
@@ -449,10 +513,13 @@ func (c *simCluster) heal(ctx context.Context) error {
 	for _, id := range c.nodeIDs {
 		n := c.nodes[id]
 		n.mu.Lock()
-		paused, offset := n.paused, n.offset
+		paused, offset, killed := n.paused, n.offset, n.killed
 		n.mu.Unlock()
 		if paused {
 			errs = append(errs, c.resume(id))
+		}
+		if !n.proc.Running() && !killed {
+			errs = append(errs, fmt.Errorf("node %s exited on its own (a crash nobody injected); see %s", id, n.proc.Log))
 		}
 		switch {
 		case offset != 0:
@@ -466,10 +533,7 @@ func (c *simCluster) heal(ctx context.Context) error {
 		c.naive.Restart()
 		c.naive.SetClockOffset(0)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	return c.waitReady(ctx, 60*time.Second)
+	return errors.Join(append(errs, c.waitReady(ctx, 60*time.Second))...)
 }
 
 // offsets returns the nodes running with a clock offset.

@@ -22,11 +22,16 @@ func phaseOf(t int64, during [2]int64) string {
 	return "after"
 }
 
-// stats computes availability and latency percentiles of attempts.
+// stats computes availability and latency percentiles of attempts,
+// leaving out those whose instance misbehaved on purpose.
 func stats(phase, region string, atts []attemptRec) report.Phase {
-	p := report.Phase{Phase: phase, Region: region, Attempts: len(atts)}
+	p := report.Phase{Phase: phase, Region: region}
 	var lat []float64
 	for _, a := range atts {
+		if a.Injected {
+			continue
+		}
+		p.Attempts++
 		if a.OK {
 			p.OK++
 			lat = append(lat, float64(a.End-a.Start)/1e6)

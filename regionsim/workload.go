@@ -95,6 +95,10 @@ type attemptRec struct {
 	Start, End          int64 // ns since the scenario started
 	OK                  bool
 	Err                 string
+	// Injected: the instance misbehaved on purpose (died, paused, ran
+	// slowly, declined); such attempts say nothing about the store's
+	// availability or latency and are left out of those figures.
+	Injected bool
 }
 
 // systemResults is what one system delivered in one scenario.
@@ -333,7 +337,7 @@ func (r *scenarioRun) attempt(sys system, p *payment, region, via string, m mix,
 	case <-r.instCtx.Done():
 		a.err = errTimeout
 	}
-	rec := attemptRec{System: sys.name(), Region: region, Via: via, Start: start, End: r.now(), OK: a.err == nil}
+	rec := attemptRec{System: sys.name(), Region: region, Via: via, Start: start, End: r.now(), OK: a.err == nil, Injected: in.behave != normal}
 	res := r.result(sys.name())
 	if a.err != nil {
 		rec.Err = errKind(a.err)

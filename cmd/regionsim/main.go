@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -66,6 +67,7 @@ type options struct {
 	jsonPath    string
 	htmlPath    string
 	keep        bool
+	fromJSON    string
 	quiet       bool
 	logLevel    string
 	showVersion bool
@@ -94,6 +96,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.jsonPath, "json", "", "write the report as JSON to `FILE`")
 	fs.StringVar(&o.htmlPath, "html", "regionsim-report.html", "write the HTML report to `FILE` (empty: none)")
 	fs.StringVar(&c.WorkDir, "work-dir", "", "`DIR` for data dirs, topology views and process logs (default: a temporary dir, removed after a passing run)")
+	fs.StringVar(&o.fromJSON, "from-json", "", "run nothing: read a report written with --json from `FILE` and write its text and --html forms again")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary work dir even when the run passed")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress line")
 	fs.StringVar(&o.logLevel, "log-level", "", "log regionsim's own events to stderr at `LEVEL` (debug, info, warn, error); default none")
@@ -154,6 +157,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, "regionsim", version)
 		return nil
 	}
+	if o.fromJSON != "" {
+		return rerender(o, stdout)
+	}
 	if o.logLevel != "" {
 		if o.cfg.Logger, err = cli.NewLogger(stderr, o.logLevel, "text"); err != nil {
 			return err
@@ -200,6 +206,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w; seed %d; replay: %s", errViolations, rep.Seed, rep.Command)
 	}
 	return nil
+}
+
+// rerender writes the text and HTML forms of a saved JSON report.
+func rerender(o *options, stdout io.Writer) error {
+	data, err := os.ReadFile(o.fromJSON)
+	if err != nil {
+		return err
+	}
+	var rep report.Report
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return fmt.Errorf("%s is not a regionsim JSON report: %w", o.fromJSON, err)
+	}
+	if err := report.WriteText(stdout, &rep); err != nil {
+		return err
+	}
+	return writeFile(o.htmlPath, &rep, report.WriteHTML)
 }
 
 func writeFile(path string, rep *report.Report, write func(io.Writer, *report.Report) error) error {

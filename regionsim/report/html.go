@@ -36,7 +36,7 @@ func niceStep(span float64, ticks int) float64 {
 
 // lineChart renders an SVG line chart with the fault windows shaded.
 func lineChart(title, unit string, xMax float64, series []chartSeries, faults []Fault) template.HTML {
-	const w, h, left, right, top, bottom = 560.0, 220.0, 48.0, 12.0, 28.0, 30.0
+	const w, h, left, right, top, bottom = 560.0, 200.0, 48.0, 12.0, 28.0, 20.0
 	pw, ph := w-left-right, h-top-bottom
 	yMax := 0.0
 	for _, s := range series {
@@ -51,7 +51,7 @@ func lineChart(title, unit string, xMax float64, series []chartSeries, faults []
 	y := func(v float64) float64 { return top + ph - ph*v/yMax }
 	b := &strings.Builder{}
 	fmt.Fprintf(b, `<svg viewBox="0 0 %.0f %.0f" class="chart" role="img" aria-label="%s">`, w, h, template.HTMLEscapeString(title))
-	fmt.Fprintf(b, `<text x="%.0f" y="16" class="ctitle">%s</text>`, left, template.HTMLEscapeString(title))
+	fmt.Fprintf(b, `<text x="%.0f" y="16" class="ctitle">%s (%s)</text>`, left, template.HTMLEscapeString(title), template.HTMLEscapeString(unit))
 	for i, f := range faults {
 		x0, x1 := x(math.Min(f.StartS, xMax)), x(math.Min(f.EndS, xMax))
 		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" opacity="0.35"><title>%s</title></rect>`,
@@ -66,7 +66,6 @@ func lineChart(title, unit string, xMax float64, series []chartSeries, faults []
 	for v := 0.0; v <= xMax+xs/100; v += xs {
 		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" class="tick" text-anchor="middle">%ss</text>`, x(v), top+ph+14, trimFloat(v))
 	}
-	fmt.Fprintf(b, `<text x="%.1f" y="%.1f" class="tick">%s</text>`, 4.0, top-6, template.HTMLEscapeString(unit))
 	for _, s := range series {
 		if len(s.X) == 0 {
 			continue
@@ -81,16 +80,6 @@ func lineChart(title, unit string, xMax float64, series []chartSeries, faults []
 		}
 		fmt.Fprintf(b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="1.6"%s><title>%s</title></polyline>`,
 			strings.Join(pts, " "), s.Color, dash, template.HTMLEscapeString(s.Name))
-	}
-	lx := left
-	for _, s := range series {
-		dash := ""
-		if s.Dashed {
-			dash = ` stroke-dasharray="4 3"`
-		}
-		fmt.Fprintf(b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="%s" stroke-width="2"%s/>`, lx, lx+14, h-6, h-6, s.Color, dash)
-		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" class="tick">%s</text>`, lx+17, h-2, template.HTMLEscapeString(s.Name))
-		lx += 24 + 6.5*float64(len(s.Name))
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String())
@@ -116,6 +105,7 @@ type htmlCheck struct {
 
 type htmlPage struct {
 	R         *Report
+	Headline  string
 	Verdict   string
 	Class     string
 	Scenarios []htmlScenario
@@ -134,6 +124,7 @@ func WriteHTML(w io.Writer, r *Report) error {
 		color[reg] = palette[i%len(palette)]
 		page.Regions = append(page.Regions, regionColor{reg, color[reg]})
 	}
+	page.Headline = Headline(page.Totals)
 	for _, sc := range r.Scenarios {
 		hs := htmlScenario{Scenario: sc}
 		xMax := 0.0
@@ -153,8 +144,8 @@ func WriteHTML(w io.Writer, r *Report) error {
 			thr = append(thr, ok, bad)
 			lat = append(lat, p99)
 		}
-		hs.Throughput = lineChart("idem: successful (solid) and failed (dashed) client attempts per second, by client region", "attempts/s", xMax, thr, sc.Faults)
-		hs.Latency = lineChart("idem: p99 latency of successful attempts per second, by client region", "ms", xMax, lat, sc.Faults)
+		hs.Throughput = lineChart("idem throughput per client region: ok (solid), failed (dashed)", "attempts/s", xMax, thr, sc.Faults)
+		hs.Latency = lineChart("idem p99 latency of successful attempts, per client region", "ms", xMax, lat, sc.Faults)
 		for _, c := range sc.Checks {
 			hc := htmlCheck{Name: c.Check, Verdict: verdict(c.Passed()), Class: strings.ToLower(verdict(c.Passed())),
 				Checked: c.Checked, Violations: c.Violations, Inconclusive: c.Inconclusive}
@@ -196,14 +187,17 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:
 main{max-width:1180px;margin:0 auto;padding:20px 24px 60px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:0} h3{font-size:14px;margin:14px 0 6px;color:#374151}
 .sub{color:#6b7280;margin:0 0 14px}
-.badge{display:inline-block;padding:2px 10px;border-radius:999px;font-weight:600;font-size:13px;color:#fff}
-.badge.pass{background:#16a34a}.badge.fail{background:#dc2626}
+.pass{color:#16a34a;font-weight:600}.fail{color:#dc2626;font-weight:600}
+.badge{display:inline-block;padding:2px 10px;border-radius:999px;font-weight:600;font-size:13px}
+.badge.pass{background:#16a34a;color:#fff}.badge.fail{background:#dc2626;color:#fff}
+.legend{font-size:12px;color:#4b5563;margin:2px 0 8px}.legend span{display:inline-block;margin-right:14px}
+.swatch{display:inline-block;width:18px;height:0;border-top:3px solid;vertical-align:middle;margin-right:4px}
+.headline{font-size:15px;margin:8px 0 12px}
 .card{background:#fff;border:1px solid #e5e7eb;border-radius:10px;padding:16px 18px;margin:16px 0;box-shadow:0 1px 2px rgba(0,0,0,.04)}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #f1f5f9;vertical-align:top}
 th{color:#6b7280;font-weight:600;background:#f8fafc}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
-.pass{color:#16a34a;font-weight:600}.fail{color:#dc2626;font-weight:600}
 .badnum{color:#dc2626;font-weight:700}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));gap:10px}
 svg.chart{width:100%;height:auto;background:#fff}
@@ -225,12 +219,13 @@ Replay: <code>{{.R.Command}}</code></p>
 
 <div class="card" id="comparison">
 <h2>What each approach let through</h2>
+<p class="headline">{{.Headline}}</p>
 <p class="desc">The same seeded workload and the same faults, at the same time: idem with the ledger's fencing guard on; the same ledger writes replayed against a ledger without the guard (what idem without fencing downstream would have allowed); and a naive <code>SET NX PX</code> lock on one Redis-like server in {{with index .R.Setup.Regions 0}}{{.}}{{end}} (wall-clock TTLs, fsync every second, no fencing tokens).</p>
-<table><tr><th>system</th><th class="num">payments</th><th class="num">completed</th><th class="num">double-charged keys</th><th class="num">exactly-once violations</th><th class="num">changed replays</th><th class="num">lost completions</th><th class="num">linearizability violations</th><th class="num">availability</th><th class="num">p99</th></tr>
+<table><tr><th>system</th><th class="num">payments</th><th class="num">completed</th><th class="num">double-charged keys</th><th class="num">exactly-once violations</th><th class="num">changed replays</th><th class="num">lost or overwritten completions</th><th class="num">linearizability violations</th><th class="num">availability</th><th class="num">p99</th></tr>
 {{range .Totals}}<tr><td>{{.Name}}</td><td class="num">{{.Payments}}</td><td class="num">{{.Completed}}</td><td class="num {{bad .DoubleCharged}}">{{.DoubleCharged}}</td><td class="num {{bad .ExactlyOnceViolations}}">{{.ExactlyOnceViolations}}</td><td class="num {{bad .ChangedReplays}}">{{.ChangedReplays}}</td><td class="num {{bad .LostCompletions}}">{{.LostCompletions}}</td><td class="num {{bad .Linearizability}}">{{lin .Linearizability}}</td><td class="num">{{pct .Availability}}</td><td class="num">{{ms .P99Ms}}</td></tr>
 {{end}}</table>
 <h3>Per scenario</h3>
-<table><tr><th>scenario</th><th>verdict (idem)</th>{{range .Totals}}<th class="num">{{.Name}}: double-charged / lost / changed</th>{{end}}</tr>
+<table><tr><th>scenario</th><th>verdict (idem)</th>{{range .Totals}}<th class="num">{{.Name}}: double-charged / lost or overwritten / changed replays</th>{{end}}</tr>
 {{range .Scenarios}}<tr><td><a href="#{{.Name}}">{{.Name}}</a></td><td class="{{if .Passed}}pass{{else}}fail{{end}}">{{if .Passed}}PASS{{else}}FAIL{{end}}</td>{{range .Systems}}<td class="num"><span class="{{bad .DoubleCharged}}">{{.DoubleCharged}}</span> / <span class="{{bad .LostCompletions}}">{{.LostCompletions}}</span> / <span class="{{bad .ChangedReplays}}">{{.ChangedReplays}}</span></td>{{end}}</tr>
 {{end}}</table>
 </div>
@@ -244,6 +239,7 @@ Replay: <code>{{.R.Command}}</code></p>
 {{range $i, $f := .Faults}}<tr><td>F{{add1 $i}}</td><td>{{$f.Name}}</td><td>{{printf "%.1f" $f.StartS}}s &ndash; {{printf "%.1f" $f.EndS}}s</td><td>{{$f.Detail}}{{if $f.Error}} <span class="fail">({{$f.Error}})</span>{{end}}</td></tr>{{end}}
 </table>
 <div class="charts">{{.Throughput}}{{.Latency}}</div>
+<div class="legend">{{range $.Regions}}<span><i class="swatch" style="border-color:{{.Color}}"></i>{{.Name}}</span>{{end}}<span><i class="swatch" style="border-color:#9ca3af;border-top-style:dashed"></i>failed attempts</span><span>shaded: fault windows F1, F2, ... (hover for details)</span></div>
 <h3>Checks (idem, ledger guard on)</h3>
 <table><tr><th>check</th><th>verdict</th><th class="num">checked</th><th class="num">violations</th><th class="num">inconclusive</th></tr>
 {{range .CheckRows}}<tr><td>{{.Name}}{{range .Examples}}<div class="ex">{{.}}</div>{{end}}</td><td class="{{.Class}}">{{.Verdict}}</td><td class="num">{{.Checked}}</td><td class="num {{bad .Violations}}">{{.Violations}}</td><td class="num">{{.Inconclusive}}</td></tr>{{end}}
@@ -254,7 +250,7 @@ Replay: <code>{{.R.Command}}</code></p>
 {{range .FaultWindows}}<tr><td>{{.Phase}}</td><td>{{.Region}}</td><td class="num">{{.Attempts}}</td><td class="num">{{pct .Availability}}</td><td class="num">{{ms .P50Ms}}</td><td class="num">{{ms .P90Ms}}</td><td class="num">{{ms .P99Ms}}</td><td class="num">{{ms .MaxMs}}</td></tr>{{end}}
 </table>
 <h3>Comparison</h3>
-<table><tr><th>system</th><th class="num">payments</th><th class="num">completed</th><th class="num">abandoned</th><th class="num">double-charged keys</th><th class="num">exactly-once violations</th><th class="num">changed replays</th><th class="num">lost completions</th><th class="num">fenced writes</th><th class="num">availability</th><th class="num">p99</th></tr>
+<table><tr><th>system</th><th class="num">payments</th><th class="num">completed</th><th class="num">abandoned</th><th class="num">double-charged keys</th><th class="num">exactly-once violations</th><th class="num">changed replays</th><th class="num">lost or overwritten completions</th><th class="num">fenced writes</th><th class="num">availability</th><th class="num">p99</th></tr>
 {{range .Systems}}<tr><td>{{.Name}}{{if .Note}}<div class="muted">{{.Note}}</div>{{end}}</td><td class="num">{{.Payments}}</td><td class="num">{{.Completed}}</td><td class="num">{{.Abandoned}}</td><td class="num {{bad .DoubleCharged}}">{{.DoubleCharged}}</td><td class="num {{bad .ExactlyOnceViolations}}">{{.ExactlyOnceViolations}}</td><td class="num {{bad .ChangedReplays}}">{{.ChangedReplays}}</td><td class="num {{bad .LostCompletions}}">{{.LostCompletions}}</td><td class="num">{{.FencedWrites}}</td><td class="num">{{pct .Availability}}</td><td class="num">{{ms .P99Ms}}</td></tr>{{end}}
 </table>
 </div>

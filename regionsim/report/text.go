@@ -137,6 +137,33 @@ func Totals(r *Report) []System {
 	return out
 }
 
+// Headline is the comparison in one sentence.
+func Headline(totals []System) string {
+	var parts []string
+	for _, s := range totals {
+		bad := s.DoubleCharged + s.LostCompletions + s.ChangedReplays + max(s.Linearizability, 0)
+		if bad == 0 {
+			parts = append(parts, fmt.Sprintf("%s: %d payments, nothing let through", s.Name, s.Payments))
+			continue
+		}
+		var what []string
+		if s.DoubleCharged > 0 {
+			what = append(what, fmt.Sprintf("%d double-charged keys", s.DoubleCharged))
+		}
+		if s.LostCompletions > 0 {
+			what = append(what, fmt.Sprintf("%d lost or overwritten completions", s.LostCompletions))
+		}
+		if s.ChangedReplays > 0 {
+			what = append(what, fmt.Sprintf("%d changed replays", s.ChangedReplays))
+		}
+		if s.Linearizability > 0 {
+			what = append(what, fmt.Sprintf("%d non-linearizable keys", s.Linearizability))
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s in %d payments", s.Name, strings.Join(what, ", "), s.Payments))
+	}
+	return strings.Join(parts, "; ") + "."
+}
+
 func writeSummary(b *strings.Builder, r *Report) {
 	b.WriteString("== summary\n")
 	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
@@ -151,6 +178,7 @@ func writeSummary(b *strings.Builder, r *Report) {
 	}
 	tw.Flush()
 	writeSystems(b, Totals(r), "     ")
+	fmt.Fprintf(b, "   %s\n", Headline(Totals(r)))
 	fmt.Fprintf(b, "\nverdict: %s (seed %d, %.0fs)\n", verdict(r.Passed), r.Seed, r.ElapsedS)
 	if !r.Passed {
 		fmt.Fprintf(b, "replay: %s\n", r.Command)

@@ -1,0 +1,104 @@
+package regionsim
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/client"
+	"github.com/idem-dev/idem/regionsim/wan"
+	"github.com/idem-dev/idem/router"
+)
+
+// TestRaftCrossesTheWAN starts a region-survival cluster (every shard has a
+// voter in each region) and cuts one region off. If Raft bypassed the WAN
+// proxies, the isolated region's leaders would keep leading; they must step
+// down, and every shard must stay writable from the other regions (the
+// promise of region survival).
+func TestRaftCrossesTheWAN(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Survival = "region"
+	cfg.Compare = false
+	cfg.LatencyMin, cfg.LatencyMax = 20*time.Millisecond, 40*time.Millisecond
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	c, err := startCluster(ctx, cfg, t.TempDir(), bins, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.close(); err != nil {
+			t.Errorf("stopping: %v", err)
+		}
+		if t.Failed() {
+			dumpLogs(t, c)
+		}
+	}()
+	ring, err := router.NewRing(c.topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One key per shard.
+	keys := map[string]string{}
+	for i := 0; len(keys) < len(ring.Shards()) && i < 100000; i++ {
+		k := fmt.Sprintf("probe-%d", i)
+		if s := ring.Locate(namespace, k); keys[s.ID] == "" {
+			keys[s.ID] = k
+		}
+	}
+	isolated := c.regions[0]
+	// Make sure the isolated region leads something before the cut.
+	if led := c.transferLeadership(ctx, c.nodesIn(isolated)[0]); led == 0 {
+		t.Fatalf("could not move any leadership to %s", c.nodesIn(isolated)[0])
+	}
+	if err := c.net.Isolate(isolated, wan.Refuse); err != nil {
+		t.Fatal(err)
+	}
+	var leaders map[string]string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		leaders = c.shardLeaders(ctx)
+		inIsolated := 0
+		for _, id := range leaders {
+			if c.nodes[id].region == isolated {
+				inIsolated++
+			}
+		}
+		if inIsolated == 0 && len(leaders) == len(ring.Shards()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("with %s cut off, leaders are still %v: Raft does not go through the simulated WAN", isolated, leaders)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cl, err := client.New(client.Config{Endpoints: []string{c.via[c.regions[1]][c.regions[1]]}, MaxAttempts: 5, RequestTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for shard, key := range keys {
+		res, err := cl.Reserve(ctx, client.ReserveRequest{Namespace: namespace, Key: key})
+		if err != nil || !res.Outcome.Owned() {
+			t.Fatalf("shard %s (key %s) not writable from %s with %s cut off: %+v %v", shard, key, c.regions[1], isolated, res, err)
+		}
+	}
+	if err := c.heal(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dumpLogs logs the tail of every process log.
+func dumpLogs(t *testing.T, c *simCluster) {
+	t.Helper()
+	for _, id := range c.nodeIDs {
+		data, _ := os.ReadFile(c.nodes[id].proc.Log)
+		if len(data) > 4000 {
+			data = data[len(data)-4000:]
+		}
+		t.Logf("---- tail of %s ----\n%s", id, data)
+	}
+}

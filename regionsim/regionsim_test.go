@@ -1,0 +1,279 @@
+package regionsim
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/regionsim/report"
+	"github.com/idem-dev/idem/regionsim/wan"
+	"github.com/idem-dev/idem/router"
+)
+
+// -regionsim.long runs every scenario for its default duration, in both
+// survival modes (minutes).
+var long = flag.Bool("regionsim.long", os.Getenv("REGIONSIM_LONG") != "", "run the long regionsim scenarios")
+
+var bins map[string]string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "regionsim-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := func() int {
+		defer os.RemoveAll(dir)
+		if bins, err = cluster.Build(dir, "idemnode", "idemrouter"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("default config: %v", err)
+	}
+	c := DefaultConfig()
+	c.Scenarios = []string{"nope"}
+	c.Duration = time.Second
+	c.Survival = "planet"
+	c.Regions = 0
+	c.Loss = 3
+	c.AttemptTimeout = c.RouterTimeout
+	err := c.Validate()
+	if !errors.Is(err, ErrUnknownScenario) || !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("got %v", err)
+	}
+	for _, want := range []string{"nope", "duration", "survival", "regions", "loss", "attempt timeout"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q: %v", want, err)
+		}
+	}
+	c = DefaultConfig()
+	c.Survival, c.Regions = "region", 2
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "at least 3 regions") {
+		t.Fatalf("region survival with 2 regions: %v", err)
+	}
+}
+
+// TestPlansDeriveFromTheSeed: the same seed gives the same fault schedule,
+// another seed may not.
+func TestPlansDeriveFromTheSeed(t *testing.T) {
+	cfg := DefaultConfig()
+	describe := func(seed uint64) string {
+		var b strings.Builder
+		for _, sc := range Scenarios() {
+			rng := rand.New(rand.NewPCG(streamSeed(seed, sc.Name, "faults"), 0))
+			for _, f := range sc.plan(cfg, cfg.Duration, rng) {
+				fmt.Fprintf(&b, "%s|%s|%s|%s\n", sc.Name, f.Name, f.At, f.For)
+			}
+		}
+		return b.String()
+	}
+	a, b := describe(7), describe(7)
+	if a != b {
+		t.Fatalf("seed 7 gave two schedules:\n%s\n%s", a, b)
+	}
+	differs := false
+	for seed := uint64(8); seed < 20 && !differs; seed++ {
+		differs = describe(seed) != a
+	}
+	if !differs {
+		t.Fatal("twelve other seeds all gave seed 7's schedule: the seed does not drive it")
+	}
+	for _, sc := range Scenarios() {
+		rng := rand.New(rand.NewPCG(1, 0))
+		for _, f := range sc.plan(cfg, cfg.Duration, rng) {
+			if f.At <= 0 || f.For <= 0 || f.At+f.For > 2*cfg.Duration {
+				t.Errorf("%s: fault %q at %s for %s falls outside the load", sc.Name, f.Name, f.At, f.For)
+			}
+		}
+	}
+}
+
+// TestViewsPlaceKeysIdentically: each region's topology view routes other
+// regions' nodes through the WAN proxies but places every shard and voter
+// exactly as the real topology does.
+func TestViewsPlaceKeysIdentically(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Survival = "region"
+	topo, err := cluster.Topology(cluster.Spec{Cluster: "regionsim", Regions: regionNames(3), NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3, Survival: "region"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := router.NewRing(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := &simCluster{cfg: cfg, dir: t.TempDir(), regions: regionNames(3), topo: topo, views: map[string]string{}}
+	if sc.net, err = wan.New(wan.Config{Regions: sc.regions}); err != nil {
+		t.Fatal(err)
+	}
+	defer sc.net.Close()
+	if err := sc.writeViews(); err != nil {
+		t.Fatal(err)
+	}
+	for _, region := range sc.regions {
+		view, err := router.LoadFile(sc.views[region])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ring, err := router.NewRing(view)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ring.Fingerprint() != real.Fingerprint() {
+			t.Fatalf("view of %s places keys differently", region)
+		}
+		if !reflect.DeepEqual(view.Shards(), topo.Shards()) {
+			t.Fatalf("view of %s has other shards or voters", region)
+		}
+		for _, n := range view.Nodes() {
+			realNode, _ := topo.NodeByID(n.ID)
+			same := n.RaftAddr == realNode.RaftAddr && n.GRPCAddr == realNode.GRPCAddr && n.HTTPAddr == realNode.HTTPAddr
+			if (n.Region == region) != same {
+				t.Fatalf("view of %s: node %s (region %s) at %+v, real %+v", region, n.ID, n.Region, n, realNode)
+			}
+		}
+	}
+}
+
+func shortConfig(t *testing.T) Config {
+	cfg := DefaultConfig()
+	cfg.Seed = uint64(time.Now().UnixNano()%1000 + 1)
+	if s := os.Getenv("REGIONSIM_SEED"); s != "" {
+		fmt.Sscan(s, &cfg.Seed)
+	}
+	cfg.Duration = 4 * time.Second
+	cfg.DrainTimeout = 12 * time.Second
+	cfg.WorkersPerRegion = 2
+	cfg.RatePerRegion = 5
+	cfg.Lease = time.Second
+	cfg.ClockSkewMargin = 500 * time.Millisecond
+	cfg.AttemptTimeout = 2500 * time.Millisecond
+	cfg.RouterTimeout = 2 * time.Second
+	cfg.Binaries = bins
+	cfg.WorkDir = t.TempDir()
+	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return cfg
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// assertClean fails the test for every violation in rep, with the seed and
+// the command that replays it.
+func assertClean(t *testing.T, cfg Config, rep *report.Report) {
+	t.Helper()
+	replay := fmt.Sprintf("REGIONSIM_SEED=%d go test ./regionsim -run '%s'", cfg.Seed, t.Name())
+	if len(rep.Scenarios) != len(mustScenarios(t, cfg)) {
+		t.Fatalf("%d of %d scenarios ran; replay: %s", len(rep.Scenarios), len(mustScenarios(t, cfg)), replay)
+	}
+	for _, sc := range rep.Scenarios {
+		if sc.Error != "" {
+			t.Errorf("%s: %s", sc.Name, sc.Error)
+		}
+		for _, c := range sc.Checks {
+			if !c.Passed() {
+				t.Errorf("%s: %s", sc.Name, c)
+				for _, f := range c.Findings {
+					t.Errorf("    key %s: %s", f.Key, f.Detail)
+				}
+			}
+			if c.Checked == 0 {
+				t.Errorf("%s: %s checked nothing", sc.Name, c.Check)
+			}
+		}
+		idem := sc.Systems[0]
+		if idem.Completed == 0 || idem.Completed < idem.Payments*3/4 {
+			t.Errorf("%s: idem completed %d of %d payments", sc.Name, idem.Completed, idem.Payments)
+		}
+		t.Logf("%s: %s; idem %d/%d payments, guard-off double charges %d, naive double charges %d, lost %d",
+			sc.Name, verdictWord(sc.Passed), idem.Completed, idem.Payments, sc.Systems[1].DoubleCharged,
+			lastSystem(sc).DoubleCharged, lastSystem(sc).LostCompletions)
+	}
+	if t.Failed() || !rep.Passed {
+		var b strings.Builder
+		report.WriteText(&b, rep)
+		t.Logf("report:\n%s", b.String())
+		t.Fatalf("invariants broke (seed %d); replay: %s; logs in %s", cfg.Seed, replay, cfg.WorkDir)
+	}
+}
+
+func lastSystem(sc report.Scenario) report.System { return sc.Systems[len(sc.Systems)-1] }
+
+func mustScenarios(t *testing.T, cfg Config) []*Scenario {
+	s, err := cfg.scenarios()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestEveryScenarioShort runs every scenario for a few seconds on one
+// three-region cluster and asserts that no check found a violation.
+func TestEveryScenarioShort(t *testing.T) {
+	if *long {
+		t.Skip("the long run covers it")
+	}
+	cfg := shortConfig(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("run (seed %d): %v", cfg.Seed, err)
+	}
+	assertClean(t, cfg, rep)
+	var b strings.Builder
+	if err := report.WriteHTML(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range rep.Scenarios {
+		if !strings.Contains(b.String(), `id="`+sc.Name+`"`) {
+			t.Fatalf("the HTML report has no section for %s", sc.Name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cfg.WorkDir, "topology-us-east.yaml")); err != nil {
+		t.Fatalf("work dir: %v", err)
+	}
+}
+
+// TestLong runs the default demonstration in both survival modes.
+func TestLong(t *testing.T) {
+	if !*long {
+		t.Skip("set -regionsim.long or REGIONSIM_LONG=1")
+	}
+	for _, survival := range []string{"zone", "region"} {
+		t.Run(survival, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Survival = survival
+			cfg.Binaries = bins
+			cfg.WorkDir = t.TempDir()
+			cfg.Seed = uint64(time.Now().UnixNano()%1000 + 1)
+			rep, err := Run(t.Context(), cfg)
+			if err != nil {
+				t.Fatalf("run (seed %d): %v", cfg.Seed, err)
+			}
+			assertClean(t, cfg, rep)
+		})
+	}
+}
