@@ -57,7 +57,9 @@ func BenchmarkApplyConcurrent(b *testing.B) {
 						cmd := append(fmt.Appendf(nil, "k%d=", n), payload...)
 						ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 						if _, err := g.Apply(ctx, cmd); err != nil {
-							failed.Add(1)
+							if failed.Add(1) == 1 {
+								b.Logf("first failed apply: %v", err)
+							}
 						}
 						cancel()
 					}
