@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,4 +102,61 @@ func dumpLogs(t *testing.T, c *simCluster) {
 		}
 		t.Logf("---- tail of %s ----\n%s", id, data)
 	}
+}
+
+// TestInterruptStopsEverything: a run cancelled in the middle of a
+// scenario returns promptly and leaves no process of its own behind.
+func TestInterruptStopsEverything(t *testing.T) {
+	cfg := shortConfig(t)
+	cfg.Scenarios = []string{"leader-kill"}
+	cfg.Duration = 30 * time.Second
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() {
+		// Cancel once the scenario is under way (a node was killed).
+		deadline := time.Now().Add(2 * time.Minute)
+		for time.Now().Before(deadline) {
+			if len(processesUnder(cfg.WorkDir)) > 0 {
+				time.Sleep(10 * time.Second)
+				cancel()
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	started := time.Now()
+	rep, err := Run(ctx, cfg)
+	if err == nil {
+		t.Fatal("an interrupted run returned no error")
+	}
+	if rep == nil || len(rep.Scenarios) != 1 || rep.Scenarios[0].Error == "" || rep.Passed {
+		t.Fatalf("report of an interrupted run: %+v", rep)
+	}
+	if took := time.Since(started); took > 90*time.Second {
+		t.Errorf("the interrupted run took %s to return", took)
+	}
+	if left := processesUnder(cfg.WorkDir); len(left) > 0 {
+		t.Fatalf("processes left running after the interrupt: %v", left)
+	}
+}
+
+// processesUnder lists the pids of running processes whose command line
+// mentions dir (every process regionsim starts has its data dir there).
+func processesUnder(dir string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		stat, _ := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if strings.Contains(string(cmdline), dir) && !strings.Contains(string(stat), ") Z ") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }

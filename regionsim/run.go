@@ -2,7 +2,6 @@ package regionsim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -111,10 +110,11 @@ func Run(ctx context.Context, cfg Config) (rep *report.Report, err error) {
 		res := env.runScenario(ctx, sc, i, len(scenarios))
 		rep.Scenarios = append(rep.Scenarios, res)
 		rep.Passed = rep.Passed && res.Passed
-		prog.say(fmt.Sprintf("[%d/%d] %s: %s", i+1, len(scenarios), sc.Name, verdictWord(res.Passed)))
-		if res.Error != "" && errors.Is(ctx.Err(), context.Canceled) {
+		if ctx.Err() != nil {
+			prog.say(fmt.Sprintf("[%d/%d] %s: interrupted", i+1, len(scenarios), sc.Name))
 			return rep, ctx.Err()
 		}
+		prog.say(fmt.Sprintf("[%d/%d] %s: %s", i+1, len(scenarios), sc.Name, verdictWord(res.Passed)))
 	}
 	return rep, nil
 }
@@ -279,6 +279,15 @@ func (env *runEnv) runScenario(ctx context.Context, sc *Scenario, idx, total int
 	out.Faults = reported
 	sleepUntil(ctx, r.loadEnd)
 	out.LoadS = time.Since(start).Seconds()
+	if ctx.Err() != nil {
+		// Interrupted: no healing, no checks; Run stops every process.
+		cancelInst()
+		waitGroup(&r.clients, 10*time.Second)
+		waitGroup(&r.instances, 10*time.Second)
+		stopProgress()
+		out.Error = "interrupted: " + context.Cause(ctx).Error()
+		return out
+	}
 	// Heal whatever is left (a fault that failed to end) while in-flight
 	// payments drain.
 	if err := env.c.heal(ctx); err != nil {
@@ -290,6 +299,10 @@ func (env *runEnv) runScenario(ctx context.Context, sc *Scenario, idx, total int
 	waitGroup(&r.instances, 10*time.Second)
 	out.DrainS = time.Since(start).Seconds() - out.LoadS
 	stopProgress()
+	if ctx.Err() != nil {
+		out.Error = "interrupted: " + context.Cause(ctx).Error()
+		return out
+	}
 	env.progress.say(fmt.Sprintf("[%d/%d] %s: load done, reading back every acknowledged completion and checking", idx+1, total, sc.Name))
 
 	finals := map[string]map[string]check.FinalRead{}
