@@ -22,21 +22,7 @@ import (
 
 var binaries map[string]string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "idemctl-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binaries, err = cluster.Build(dir, "idemnode", "idemrouter", "idemctl")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode", "idemrouter", "idemctl") }
 
 // ctl runs idemctl in-process with args and returns its stdout.
 func ctl(t *testing.T, args ...string) (string, error) {

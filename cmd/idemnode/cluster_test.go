@@ -25,21 +25,7 @@ import (
 
 var binaries map[string]string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "idemnode-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binaries, err = cluster.Build(dir, "idemnode")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode") }
 
 // startCluster starts a three-node, one-region cluster and stops it when the test ends.
 func startCluster(t *testing.T, spec cluster.Spec, extraArgs ...string) *cluster.Cluster {

@@ -30,21 +30,7 @@ import (
 
 var binaries map[string]string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "idemrouter-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binaries, err = cluster.Build(dir, "idemnode", "idemrouter")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode", "idemrouter") }
 
 var regions = []string{"us-east", "eu-west", "ap-south"}
 

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -340,4 +341,25 @@ func (c *Cluster) StopAll() error {
 func (c *Cluster) HTTPAddr(id string) string {
 	n, _ := c.Topology.NodeByID(id)
 	return n.HTTPAddr
+}
+
+// RunTests is a TestMain body for packages that start real processes: it
+// builds the named commands into a temporary dir, stores their paths in
+// *bins, runs the tests, removes the dir and exits with the tests' code.
+func RunTests(m *testing.M, bins *map[string]string, commands ...string) {
+	dir, err := os.MkdirTemp("", "idem-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	built, err := Build(dir, commands...)
+	if err != nil {
+		os.RemoveAll(dir)
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*bins = built
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
