@@ -18,6 +18,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/raftstore"
@@ -115,6 +118,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg.Logger = logger
+	cfg.Registry = prometheus.NewRegistry()
+	cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	n, err := node.New(cfg)
 	if err != nil {
 		return err
