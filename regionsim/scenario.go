@@ -115,7 +115,10 @@ func Scenarios() []*Scenario {
 						return e.c.naiveHostOrFirst()
 					}),
 					skewNode(fmt.Sprintf("clock %+.1fs on a leader in another region", -skew.Seconds()), d/4+d/8, end-d/4-d/8, -skew, work, func(e *faultEnv) string {
-						others := e.c.nodesIn(e.c.regions[len(e.c.regions)-1])
+						others := slices.DeleteFunc(e.c.nodesIn(e.c.regions[len(e.c.regions)-1]), func(id string) bool { return id == e.c.naiveHostOrFirst() })
+						if len(others) == 0 {
+							return e.c.naiveHostOrFirst()
+						}
 						return others[e.rng.IntN(len(others))]
 					}),
 				}
@@ -132,7 +135,7 @@ func Scenarios() []*Scenario {
 				if len(regions) > 1 {
 					i := rng.IntN(len(regions))
 					j := (i + 1 + rng.IntN(len(regions)-1)) % len(regions)
-					faults = append(faults, cutLink(fmt.Sprintf("answers %s->%s blackholed (asymmetric)", regions[j], regions[i]),
+					faults = append(faults, cutLink(fmt.Sprintf("%s->%s blackholed, %s->%s open (asymmetric): %s's calls into %s lose their answers", regions[j], regions[i], regions[i], regions[j], regions[i], regions[j]),
 						d/2, max(d/5, 2*time.Second), regions[j], regions[i], wan.Blackhole))
 				}
 				return faults
