@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-dev/idem/regionsim/check"
 	"github.com/idem-dev/idem/regionsim/history"
+	"github.com/idem-dev/idem/regionsim/ledger"
 	"github.com/idem-dev/idem/regionsim/report"
 )
 
@@ -142,6 +143,7 @@ func (env *runEnv) fill(out *report.Scenario, r *scenarioRun, faults []*Fault, f
 	}
 	row := sysRow(sysIdem, idemRes, idemAtts)
 	row.DoubleCharged = r.guard.Stats().DoubleCharged
+	row.DoubleChargeCauses = causes(r.guard.All())
 	row.ExactlyOnceViolations, row.ChangedReplays, row.LostCompletions = once.Violations, replays.Violations, noLoss.Violations
 	row.Linearizability = lin.Violations
 	row.FencedWrites = r.guard.Stats().Rejected
@@ -155,6 +157,7 @@ func (env *runEnv) fill(out *report.Scenario, r *scenarioRun, faults []*Fault, f
 	row2 := row
 	row2.Name = sysIdemNoGuard
 	row2.DoubleCharged, row2.ExactlyOnceViolations, row2.FencedWrites = r.shadow.Stats().DoubleCharged, noGuard.Violations, 0
+	row2.DoubleChargeCauses = causes(r.shadow.All())
 	row2.Note = "the idem run's ledger writes, applied to a ledger without the fencing guard"
 	out.Systems = append(out.Systems, row2)
 
@@ -165,12 +168,28 @@ func (env *runEnv) fill(out *report.Scenario, r *scenarioRun, faults []*Fault, f
 		nLoss := check.NoLoss(nres.acks, finals[sysNaive])
 		row3 := sysRow(sysNaive, nres, bySys[sysNaive])
 		row3.DoubleCharged = r.naiveLedger.Stats().DoubleCharged
+		row3.DoubleChargeCauses = causes(r.naiveLedger.All())
 		row3.ExactlyOnceViolations, row3.ChangedReplays, row3.LostCompletions = nOnce.Violations, nReplays.Violations, nLoss.Violations
 		row3.Note = fmt.Sprintf("one lock server in %s, shares the fate of node %s", env.c.nodes[env.c.naiveHost].region, env.c.naiveHost)
 		out.Systems = append(out.Systems, row3)
 	}
 
 	out.Timeline = timeline(idemAtts, env.c.regions)
+}
+
+// causes counts the extra charges of double-charged keys by the behaviour
+// of the instance that wrote them (the last part of its name).
+func causes(all map[string][]ledger.Charge) map[string]int {
+	out := map[string]int{}
+	for _, cs := range all {
+		for _, c := range cs[min(1, len(cs)):] {
+			out[c.By[strings.LastIndex(c.By, "/")+1:]]++
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 func countKeys(ds []check.Delivery) int {

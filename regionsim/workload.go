@@ -301,9 +301,10 @@ func pickBehaviour(m mix, rng *rand.Rand) behaviour {
 // answer is then lost), as a real server's request handler does.
 func (r *scenarioRun) attempt(sys system, p *payment, region, via string, m mix, rng *rand.Rand) (string, bool, error) {
 	id := int(r.seq.Add(1))
+	behave := pickBehaviour(m, rng)
 	in := &instance{
-		id: id, name: fmt.Sprintf("%s/i%d", region, id), owner: client.NewOwnerToken(),
-		region: region, via: via, p: p, behave: pickBehaviour(m, rng),
+		id: id, name: fmt.Sprintf("%s/i%d/%s", region, id, behave), owner: client.NewOwnerToken(),
+		region: region, via: via, p: p, behave: behave,
 		deadline: time.Now().Add(m.AttemptTimeout),
 		stall:    r.cfg.Lease + r.cfg.ClockSkewMargin + 1500*time.Millisecond,
 	}

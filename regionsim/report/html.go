@@ -163,9 +163,10 @@ func WriteHTML(w io.Writer, r *Report) error {
 }
 
 var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
-	"pct":  pct,
-	"ms":   msStr,
-	"add1": func(i int) int { return i + 1 },
+	"pct":    pct,
+	"causes": causeList,
+	"ms":     msStr,
+	"add1":   func(i int) int { return i + 1 },
 	"lin": func(n int) string {
 		if n < 0 {
 			return "n/a"
@@ -222,7 +223,7 @@ Replay: <code>{{.R.Command}}</code></p>
 <p class="headline">{{.Headline}}</p>
 <p class="desc">The same seeded workload and the same faults, at the same time: idem with the ledger's fencing guard on; the same ledger writes replayed against a ledger without the guard (what idem without fencing downstream would have allowed); and a naive <code>SET NX PX</code> lock on one Redis-like server in {{with index .R.Setup.Regions 0}}{{.}}{{end}} (wall-clock TTLs, fsync every second, no fencing tokens).</p>
 <table><tr><th>system</th><th class="num">payments</th><th class="num">completed</th><th class="num">double-charged keys</th><th class="num">exactly-once violations</th><th class="num">changed replays</th><th class="num">lost or overwritten completions</th><th class="num">linearizability violations</th><th class="num">availability</th><th class="num">p99</th></tr>
-{{range .Totals}}<tr><td>{{.Name}}</td><td class="num">{{.Payments}}</td><td class="num">{{.Completed}}</td><td class="num {{bad .DoubleCharged}}">{{.DoubleCharged}}</td><td class="num {{bad .ExactlyOnceViolations}}">{{.ExactlyOnceViolations}}</td><td class="num {{bad .ChangedReplays}}">{{.ChangedReplays}}</td><td class="num {{bad .LostCompletions}}">{{.LostCompletions}}</td><td class="num {{bad .Linearizability}}">{{lin .Linearizability}}</td><td class="num">{{pct .Availability}}</td><td class="num">{{ms .P99Ms}}</td></tr>
+{{range .Totals}}<tr><td>{{.Name}}{{if .DoubleChargeCauses}}<div class="muted">extra charges written by {{causes .DoubleChargeCauses}}</div>{{end}}</td><td class="num">{{.Payments}}</td><td class="num">{{.Completed}}</td><td class="num {{bad .DoubleCharged}}">{{.DoubleCharged}}</td><td class="num {{bad .ExactlyOnceViolations}}">{{.ExactlyOnceViolations}}</td><td class="num {{bad .ChangedReplays}}">{{.ChangedReplays}}</td><td class="num {{bad .LostCompletions}}">{{.LostCompletions}}</td><td class="num {{bad .Linearizability}}">{{lin .Linearizability}}</td><td class="num">{{pct .Availability}}</td><td class="num">{{ms .P99Ms}}</td></tr>
 {{end}}</table>
 <h3>Per scenario</h3>
 <table><tr><th>scenario</th><th>verdict (idem)</th>{{range .Totals}}<th class="num">{{.Name}}: double-charged / lost or overwritten / changed replays</th>{{end}}</tr>
@@ -251,7 +252,7 @@ Replay: <code>{{.R.Command}}</code></p>
 </table>
 <h3>Comparison</h3>
 <table><tr><th>system</th><th class="num">payments</th><th class="num">completed</th><th class="num">abandoned</th><th class="num">double-charged keys</th><th class="num">exactly-once violations</th><th class="num">changed replays</th><th class="num">lost or overwritten completions</th><th class="num">fenced writes</th><th class="num">availability</th><th class="num">p99</th></tr>
-{{range .Systems}}<tr><td>{{.Name}}{{if .Note}}<div class="muted">{{.Note}}</div>{{end}}</td><td class="num">{{.Payments}}</td><td class="num">{{.Completed}}</td><td class="num">{{.Abandoned}}</td><td class="num {{bad .DoubleCharged}}">{{.DoubleCharged}}</td><td class="num {{bad .ExactlyOnceViolations}}">{{.ExactlyOnceViolations}}</td><td class="num {{bad .ChangedReplays}}">{{.ChangedReplays}}</td><td class="num {{bad .LostCompletions}}">{{.LostCompletions}}</td><td class="num">{{.FencedWrites}}</td><td class="num">{{pct .Availability}}</td><td class="num">{{ms .P99Ms}}</td></tr>{{end}}
+{{range .Systems}}<tr><td>{{.Name}}{{if .Note}}<div class="muted">{{.Note}}</div>{{end}}{{if .DoubleChargeCauses}}<div class="muted">extra charges written by {{causes .DoubleChargeCauses}}</div>{{end}}</td><td class="num">{{.Payments}}</td><td class="num">{{.Completed}}</td><td class="num">{{.Abandoned}}</td><td class="num {{bad .DoubleCharged}}">{{.DoubleCharged}}</td><td class="num {{bad .ExactlyOnceViolations}}">{{.ExactlyOnceViolations}}</td><td class="num {{bad .ChangedReplays}}">{{.ChangedReplays}}</td><td class="num {{bad .LostCompletions}}">{{.LostCompletions}}</td><td class="num">{{.FencedWrites}}</td><td class="num">{{pct .Availability}}</td><td class="num">{{ms .P99Ms}}</td></tr>{{end}}
 </table>
 </div>
 {{end}}

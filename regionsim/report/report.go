@@ -115,6 +115,10 @@ type System struct {
 	Abandoned int `json:"abandoned"`
 	// DoubleCharged: keys the ledger charged more than once.
 	DoubleCharged int `json:"double_charged"`
+	// DoubleChargeCauses counts the second and later charges of
+	// double-charged keys by what the instance that wrote them was doing
+	// (its injected behaviour: stall, slow, normal, ...).
+	DoubleChargeCauses map[string]int `json:"double_charge_causes,omitempty"`
 	// ExactlyOnceViolations: the exactly-once check's violations (double
 	// charges plus completed keys not charged exactly once).
 	ExactlyOnceViolations int `json:"exactly_once_violations"`

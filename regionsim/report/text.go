@@ -3,6 +3,7 @@ package report
 import (
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"text/tabwriter"
 )
@@ -100,6 +101,29 @@ func writeSystems(b *strings.Builder, systems []System, indent string) {
 			s.ExactlyOnceViolations, s.ChangedReplays, s.LostCompletions, lin, pct(s.Availability), msStr(s.P99Ms))
 	}
 	tw.Flush()
+	for _, s := range systems {
+		if len(s.DoubleChargeCauses) > 0 {
+			fmt.Fprintf(b, "%s%s: extra charges written by %s\n", indent, s.Name, causeList(s.DoubleChargeCauses))
+		}
+	}
+}
+
+// causeList spells a cause count map, largest first.
+func causeList(m map[string]int) string {
+	type kv struct {
+		k string
+		v int
+	}
+	var list []kv
+	for k, v := range m {
+		list = append(list, kv{k, v})
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].v > list[j].v || list[i].v == list[j].v && list[i].k < list[j].k })
+	var parts []string
+	for _, e := range list {
+		parts = append(parts, fmt.Sprintf("%d %s", e.v, e.k))
+	}
+	return strings.Join(parts, ", ") + " instances"
 }
 
 // Totals sums the comparison over every scenario, by system name.
@@ -128,6 +152,12 @@ func Totals(r *Report) []System {
 				t.Linearizability = max(t.Linearizability, 0) + s.Linearizability
 			}
 			t.P99Ms = max(t.P99Ms, s.P99Ms)
+			for k, v := range s.DoubleChargeCauses {
+				if t.DoubleChargeCauses == nil {
+					t.DoubleChargeCauses = map[string]int{}
+				}
+				t.DoubleChargeCauses[k] += v
+			}
 		}
 	}
 	out := make([]System, 0, len(order))
