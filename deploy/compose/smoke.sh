@@ -47,6 +47,7 @@ watchdog=
 cleanup() {
   status=$?
   trap - EXIT INT TERM
+  set +e
   [ -n "$watchdog" ] && kill "$watchdog" 2>/dev/null
   if [ "$started" = 1 ]; then
     if [ "$status" != 0 ]; then
