@@ -505,6 +505,26 @@ func (c *simCluster) transferLeadership(ctx context.Context, id string) int {
 	}
 }
 
+// transferAway asks node id to hand the leadership of every shard it leads
+// to another voter.
+func (c *simCluster) transferAway(ctx context.Context, id string) {
+	conn, err := c.adminConn(id)
+	if err != nil {
+		return
+	}
+	for shard, leader := range c.shardLeaders(ctx) {
+		if leader != id {
+			continue
+		}
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := idemv1.NewAdminClient(conn).TransferLeader(tctx, &idemv1.TransferLeaderRequest{Shard: shard})
+		cancel()
+		if err != nil {
+			c.log.Info("leadership transfer failed", "shard", shard, "from", id, "err", err)
+		}
+	}
+}
+
 // heal ends every fault: the WAN heals, paused nodes resume, skewed nodes
 // restart without skew, dead nodes start; then it waits for readiness.
 func (c *simCluster) heal(ctx context.Context) error {

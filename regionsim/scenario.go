@@ -20,7 +20,7 @@ type mix struct {
 	CrashAfterReserve float64 // the instance dies after reserving (SIGKILL of a worker holding a lease)
 	CrashAfterCharge  float64 // ... after charging, before completing
 	Stall             float64 // the instance pauses past its lease before charging (a GC pause)
-	Slow              float64 // the charge takes most of the lease; the instance heartbeats
+	Slow              float64 // the instance heartbeats, then its charge takes most of the lease
 	Decline           float64 // the provider declines transiently; the instance releases the key
 	Redeliver         float64 // the queue redelivers the processed event to another consumer
 	Get               float64 // the client reads the key back after success
@@ -102,14 +102,16 @@ func Scenarios() []*Scenario {
 		{
 			Name:        "clock-skew",
 			FailureMode: "clocks that disagree",
-			Description: "Two nodes restarted with their clocks shifted by seconds in opposite directions (beyond the 1 s clock-skew margin) and made Raft leaders of their shards, so leases are stamped by a fast clock and read by a slow one and back. Slow workers heartbeat; bursts race for keys whose lease a fast clock ended early. Fencing must keep the ledger clean.",
+			Description: "Two nodes restarted with their clocks shifted by seconds in opposite directions (beyond the clock-skew margin) and made Raft leaders of their shards; leadership then moves back and forth between them and normal clocks, so a lease stamped under one clock is judged by another and can end early in real time. Slow workers renew their lease and then make a charge that takes most of it, which is safe with honest clocks; bursts race for the same keys. Fencing must keep the ledger clean.",
 			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
 				skew := time.Duration(2000+rng.IntN(2001)) * time.Millisecond
 				if rng.IntN(2) == 0 {
 					skew = -skew
 				}
-				work := func(m *mix) { m.Slow, m.Burst, m.Stall = 0.2, 0.15, 0.04 }
-				end := max(3*d/4, d/4+8*time.Second)
+				// No worker pauses here: every extra charge a guard-less ledger
+				// takes in this scenario is the clocks' doing.
+				work := func(m *mix) { m.Slow, m.Burst = 0.4, 0.4 }
+				end := max(3*d/4+2*time.Second, d/4+8*time.Second)
 				return []*Fault{
 					skewNode(fmt.Sprintf("clock %+.1fs on a leader", skew.Seconds()), d/4, end-d/4, skew, work, func(e *faultEnv) string {
 						return e.c.naiveHostOrFirst()
@@ -121,6 +123,7 @@ func Scenarios() []*Scenario {
 						}
 						return others[e.rng.IntN(len(others))]
 					}),
+					flipLeaders("leadership moves between skewed and normal clocks", d/4+d/8+time.Second, end-d/4-d/8-2*time.Second),
 				}
 			},
 		},
@@ -288,6 +291,65 @@ func skewNode(name string, at, d, skew time.Duration, work func(*mix), pick func
 			return nil
 		},
 	}
+}
+
+// flipLeaders moves the leadership of the skewed nodes' shards away for 4 s
+// and back for 2 s, over and over, while it is active.
+func flipLeaders(name string, at, d time.Duration) *Fault {
+	var stop chan struct{}
+	var done chan struct{}
+	return &Fault{Name: name, At: at, For: max(d, time.Second),
+		start: func(ctx context.Context, e *faultEnv) (string, error) {
+			stop, done = make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					// Away long enough for real time to catch up with a fast
+					// clock's stamps, back long enough for a slow clock to
+					// stamp leases that end early once it hands over.
+					for id := range e.c.offsets() {
+						e.c.transferAway(ctx, id)
+					}
+					if !sleepOrStop(ctx, stop, 4*time.Second) {
+						return
+					}
+					for id := range e.c.offsets() {
+						e.c.transferLeadership(ctx, id)
+					}
+					if !sleepOrStop(ctx, stop, 2*time.Second) {
+						return
+					}
+				}
+			}()
+			return fmt.Sprintf("between %v and the other voters", mapKeys(e.c.offsets())), nil
+		},
+		stop: func(ctx context.Context, e *faultEnv) error {
+			close(stop)
+			<-done
+			return nil
+		},
+	}
+}
+
+func sleepOrStop(ctx context.Context, stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-stop:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+func mapKeys(m map[string]time.Duration) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func cutLink(name string, at, d time.Duration, src, dst string, mode wan.Cut) *Fault {

@@ -405,6 +405,10 @@ func canonical(r client.Response) string {
 	return b.String()
 }
 
+// slowCharge is how long a slow charge takes: most of a lease, but well
+// inside it.
+func slowCharge(cfg Config) time.Duration { return cfg.Lease * 7 / 10 }
+
 // providerLatency is the simulated payment provider's answer time.
 func providerLatency(rng *rand.Rand) time.Duration {
 	return time.Duration(5+rng.IntN(15)) * time.Millisecond
@@ -602,6 +606,17 @@ func (s *idemSystem) owned(ctx context.Context, cl *client.Client, in *instance,
 		if in.behave == stall {
 			sleepUntil(ctx, time.Now().Add(in.stall)) // a GC pause past the lease
 		}
+		if in.behave == slow {
+			// A careful slow worker: it renews its lease and gives up unless
+			// the store confirms it, then makes a slow charge (a 3-D Secure
+			// style call) that lands well inside the renewed lease. Only a
+			// store whose leases end early (clock skew) can be reclaimed
+			// under it.
+			if err := s.heartbeat(ctx, cl, in); err != nil {
+				return "", false, errLostLease
+			}
+			sleepUntil(ctx, time.Now().Add(slowCharge(r.cfg)))
+		}
 		sleepUntil(ctx, time.Now().Add(providerLatency(rng)))
 		// The same write reaches a ledger without the guard: what idem
 		// without fencing at the ledger would have let through.
@@ -616,12 +631,6 @@ func (s *idemSystem) owned(ctx context.Context, cl *client.Client, in *instance,
 	}
 	if in.behave == crashAfterCharge {
 		return "", false, errVanished
-	}
-	if in.behave == slow {
-		sleepUntil(ctx, time.Now().Add(r.cfg.Lease*6/10))
-		if err := s.heartbeat(ctx, cl, in); errors.Is(err, client.ErrNotOwner) {
-			return "", false, errLostLease
-		}
 	}
 	resp := response(in.p.key, ch)
 	for try := 0; ; try++ {
@@ -734,14 +743,15 @@ func (s *naiveSystem) serve(ctx context.Context, in *instance) (string, bool, er
 		if in.behave == stall {
 			sleepUntil(ctx, time.Now().Add(in.stall))
 		}
+		if in.behave == slow {
+			// The same slow charge, well inside the lock's TTL.
+			sleepUntil(ctx, time.Now().Add(slowCharge(r.cfg)))
+		}
 		sleepUntil(ctx, time.Now().Add(providerLatency(rng)))
 		ch, _ = r.naiveLedger.Charge(in.p.key, 0, in.p.amount, in.name)
 	}
 	if in.behave == crashAfterCharge {
 		return "", false, errVanished
-	}
-	if in.behave == slow {
-		sleepUntil(ctx, time.Now().Add(r.cfg.Lease*6/10))
 	}
 	resp := canonical(response(in.p.key, ch))
 	if err := cl.Set(ctx, resKey, resp); err != nil {
