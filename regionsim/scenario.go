@@ -111,7 +111,8 @@ func Scenarios() []*Scenario {
 				// No worker pauses here: every extra charge a guard-less ledger
 				// takes in this scenario is the clocks' doing.
 				work := func(m *mix) { m.Slow, m.Burst = 0.4, 0.4 }
-				end := max(3*d/4+2*time.Second, d/4+8*time.Second)
+				// Long enough for a few hand-overs to the fast clock.
+				end := d/4 + max(d/2, min(18*time.Second, 3*d))
 				return []*Fault{
 					skewNode(fmt.Sprintf("clock %+.1fs on a leader", skew.Seconds()), d/4, end-d/4, skew, work, func(e *faultEnv) string {
 						return e.c.naiveHostOrFirst()
@@ -293,8 +294,10 @@ func skewNode(name string, at, d, skew time.Duration, work func(*mix), pick func
 	}
 }
 
-// flipLeaders moves the leadership of the skewed nodes' shards away for 4 s
-// and back for 2 s, over and over, while it is active.
+// flipLeaders moves the leadership of the skewed nodes' shards away for
+// 3.5 s and back for 1.5 s, over and over, while it is active. Each hand-over
+// to a fast clock makes the leases granted meanwhile end at once; each
+// hand-over from a slow clock ends early the leases it granted.
 func flipLeaders(name string, at, d time.Duration) *Fault {
 	var stop chan struct{}
 	var done chan struct{}
@@ -310,13 +313,13 @@ func flipLeaders(name string, at, d time.Duration) *Fault {
 					for id := range e.c.offsets() {
 						e.c.transferAway(ctx, id)
 					}
-					if !sleepOrStop(ctx, stop, 4*time.Second) {
+					if !sleepOrStop(ctx, stop, 3500*time.Millisecond) {
 						return
 					}
 					for id := range e.c.offsets() {
 						e.c.transferLeadership(ctx, id)
 					}
-					if !sleepOrStop(ctx, stop, 2*time.Second) {
+					if !sleepOrStop(ctx, stop, 1500*time.Millisecond) {
 						return
 					}
 				}
