@@ -20,11 +20,12 @@ type admin struct {
 func (a *admin) Status(ctx context.Context, _ *idemv1.StatusRequest) (*idemv1.StatusResponse, error) {
 	n := a.n
 	resp := &idemv1.StatusResponse{
-		Cluster: n.cfg.Topology.Cluster,
-		NodeId:  n.cfg.NodeID,
-		Region:  n.self.Region,
-		Ready:   n.Ready(ctx) == nil,
-		Version: n.cfg.Version,
+		Cluster:         n.cfg.Topology.Cluster,
+		NodeId:          n.cfg.NodeID,
+		Region:          n.self.Region,
+		Ready:           n.Ready(ctx) == nil,
+		Version:         n.cfg.Version,
+		RingFingerprint: n.ring.Fingerprint(),
 	}
 	for _, id := range n.shardIDs() {
 		s := n.shards[id]

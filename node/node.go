@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -151,6 +152,9 @@ type Node struct {
 
 	stopSweep chan struct{}
 	sweepWG   sync.WaitGroup
+	// ringErr is set when a peer reports another cluster or ring: this
+	// node's topology file is not the one the cluster was created with.
+	ringErr   atomic.Pointer[error]
 	closeOnce sync.Once
 }
 
@@ -247,6 +251,18 @@ func New(cfg Config) (_ *Node, err error) {
 
 	n.sweepWG.Add(1)
 	go n.sweepLoop()
+	n.sweepWG.Add(1)
+	go func() {
+		defer n.sweepWG.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { <-n.stopSweep; cancel() }()
+		router.NewRingCheck(cfg.Topology, ring, cfg.NodeID, n.fwd.Conn).Watch(ctx, 2*time.Second, func(err error) {
+			if err != nil {
+				n.ringErr.Store(&err)
+				n.log.Error("a peer was created with another ring: this node's topology file differs from the cluster's", "error", err)
+			}
+		})
+	}()
 	if cfg.LeaderBalanceInterval > 0 {
 		n.sweepWG.Add(1)
 		go n.balanceLoop()
@@ -418,7 +434,12 @@ func unavailable(info router.Shard, err error) error {
 
 // Ready implements server.Backend: every hosted shard has a leader and this
 // node has applied what it knows to be committed.
-func (n *Node) Ready(ctx context.Context) error { return n.host.Ready() }
+func (n *Node) Ready(ctx context.Context) error {
+	if p := n.ringErr.Load(); p != nil {
+		return *p
+	}
+	return n.host.Ready()
+}
 
 // WaitReady blocks until Ready is nil or ctx ends.
 func (n *Node) WaitReady(ctx context.Context) error {

@@ -184,6 +184,9 @@ type Backend struct {
 	closeOnce   sync.Once
 	unavailable atomic.Uint64
 	forwarded   atomic.Uint64
+	// ringErr is set (once) when a node reports another cluster or ring.
+	ringErr   atomic.Pointer[error]
+	ringCheck chan struct{} // closed once a node answered the ring check
 
 	unavailableTotal *prometheus.CounterVec
 	requestDuration  *prometheus.HistogramVec
@@ -224,6 +227,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 		log:        cfg.Logger.With("region", cfg.Region),
 		ring:       ring,
 		probeConns: map[string]*grpc.ClientConn{},
+		ringCheck:  make(chan struct{}),
 		nodeReady:  map[string]*atomic.Bool{},
 		nodeDown:   map[string]*atomic.Bool{},
 		unavailableTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -276,7 +280,41 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 		b.probes.Add(1)
 		go b.watch(id)
 	}
+	b.probes.Add(1)
+	go func() {
+		defer b.probes.Done()
+		NewRingCheck(cfg.Topology, ring, "", b.fwd.Conn).Watch(b.probeCtx, time.Second, func(err error) {
+			if err != nil {
+				b.ringErr.Store(&err)
+				b.log.Error("refusing to route: the cluster was created with another ring", "error", err)
+			}
+			close(b.ringCheck)
+		})
+	}()
 	return b, nil
+}
+
+// RingError waits until a node has answered the ring check (or ctx ends)
+// and returns a non-nil error wrapping ErrRingMismatch when the cluster was
+// created with another cluster name or ring than this router's topology.
+// It returns nil when the rings match or no node answered in time.
+func (b *Backend) RingError(ctx context.Context) error {
+	select {
+	case <-b.ringCheck:
+	case <-ctx.Done():
+	}
+	if p := b.ringErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// misrouted is the error of every request while the ring does not match.
+func (b *Backend) misrouted() error {
+	if p := b.ringErr.Load(); p != nil {
+		return &server.UnavailableError{RetryAfter: time.Minute, Reason: (*p).Error()}
+	}
+	return nil
 }
 
 // probeOrder lists the nodes of this router's region first, so that the
@@ -373,6 +411,9 @@ func (b *Backend) Stats() BackendStats {
 // reads what the background probes found and never blocks. Losing a remote
 // region keeps the router ready: it answers 503 for that region's keys.
 func (b *Backend) Ready(ctx context.Context) error {
+	if p := b.ringErr.Load(); p != nil {
+		return *p
+	}
 	if b.readyNodes.Load() > 0 {
 		return nil
 	}
@@ -400,6 +441,9 @@ var errUnreachable = status.Error(codes.Unavailable, "no voter of the shard can 
 // key's shard. The server has set the owner token of a reserve, so a
 // forwarded retry is the same reservation.
 func (b *Backend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	if err := b.misrouted(); err != nil {
+		return fsm.Result{}, err
+	}
 	shard := b.ring.Locate(cmd.Namespace, cmd.Key)
 	if b.unreachable(shard) {
 		return fsm.Result{}, b.finish(ctx, shard, time.Now(), errUnreachable)
@@ -415,6 +459,9 @@ func (b *Backend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, erro
 // Get implements server.Backend with a linearizable read on the shard's
 // leader.
 func (b *Backend) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {
+	if err := b.misrouted(); err != nil {
+		return fsm.Record{}, false, err
+	}
 	shard := b.ring.Locate(namespace, key)
 	if b.unreachable(shard) {
 		return fsm.Record{}, false, b.finish(ctx, shard, time.Now(), errUnreachable)

@@ -179,10 +179,19 @@ func (f *Forwarder) Leader(shardID string) (string, bool) {
 }
 
 func (f *Forwarder) conn(nodeID string) (idemv1.IdempotencyClient, error) {
+	c, err := f.Conn(nodeID)
+	if err != nil {
+		return nil, err
+	}
+	return idemv1.NewIdempotencyClient(c), nil
+}
+
+// Conn returns the (shared, lazily dialled) gRPC connection to nodeID.
+func (f *Forwarder) Conn(nodeID string) (*grpc.ClientConn, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if c, ok := f.conns[nodeID]; ok {
-		return idemv1.NewIdempotencyClient(c), nil
+		return c, nil
 	}
 	n, ok := f.nodes[nodeID]
 	if !ok {
@@ -193,7 +202,7 @@ func (f *Forwarder) conn(nodeID string) (idemv1.IdempotencyClient, error) {
 		return nil, fmt.Errorf("router: dial %s (%s): %w", nodeID, n.GRPCAddr, err)
 	}
 	f.conns[nodeID] = c
-	return idemv1.NewIdempotencyClient(c), nil
+	return c, nil
 }
 
 // candidates lists whom to try for shard: the cached leader, then the

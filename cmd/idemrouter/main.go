@@ -181,6 +181,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cli.OneLine(err)
 	}
 	defer backend.Close()
+	// Refuse to start against a cluster created with another ring: routing
+	// by the wrong ring would send keys to shards that do not hold them.
+	// When no node answers yet (the cluster is starting too), the check
+	// goes on in the background and the router stays unready on a mismatch.
+	checkCtx, cancelCheck := context.WithTimeout(ctx, 3*time.Second)
+	err = backend.RingError(checkCtx)
+	cancelCheck()
+	if err != nil {
+		return cli.OneLine(err)
+	}
 	api, err := server.New(server.Config{Backend: backend, Logger: logger, Registry: registry, Version: version, MaxResponseBytes: o.maxResponse})
 	if err != nil {
 		return cli.OneLine(err)

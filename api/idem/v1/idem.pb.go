@@ -1026,15 +1026,18 @@ func (x *ShardStatus) GetRecordBytes() uint64 {
 }
 
 type StatusResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Cluster       string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
-	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Region        string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
-	Ready         bool                   `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
-	Shards        []*ShardStatus         `protobuf:"bytes,5,rep,name=shards,proto3" json:"shards,omitempty"`
-	Version       string                 `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Cluster string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	NodeId  string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Region  string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	Ready   bool                   `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
+	Shards  []*ShardStatus         `protobuf:"bytes,5,rep,name=shards,proto3" json:"shards,omitempty"`
+	Version string                 `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
+	// The fingerprint of the ring this node was created with (router.Ring):
+	// routers and peers refuse to work with a node whose ring differs.
+	RingFingerprint string `protobuf:"bytes,7,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1105,6 +1108,13 @@ func (x *StatusResponse) GetShards() []*ShardStatus {
 func (x *StatusResponse) GetVersion() string {
 	if x != nil {
 		return x.Version
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetRingFingerprint() string {
+	if x != nil {
+		return x.RingFingerprint
 	}
 	return ""
 }
@@ -1389,14 +1399,15 @@ const file_idem_proto_rawDesc = "" +
 	"last_index\x18\t \x01(\x04R\tlastIndex\x12\x18\n" +
 	"\arecords\x18\n" +
 	" \x01(\x04R\arecords\x12!\n" +
-	"\frecord_bytes\x18\v \x01(\x04R\vrecordBytes\"\xb9\x01\n" +
+	"\frecord_bytes\x18\v \x01(\x04R\vrecordBytes\"\xe4\x01\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
 	"\x06region\x18\x03 \x01(\tR\x06region\x12\x14\n" +
 	"\x05ready\x18\x04 \x01(\bR\x05ready\x12,\n" +
 	"\x06shards\x18\x05 \x03(\v2\x14.idem.v1.ShardStatusR\x06shards\x12\x18\n" +
-	"\aversion\x18\x06 \x01(\tR\aversion\"S\n" +
+	"\aversion\x18\x06 \x01(\tR\aversion\x12)\n" +
+	"\x10ring_fingerprint\x18\a \x01(\tR\x0fringFingerprint\"S\n" +
 	"\x15TransferLeaderRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\x12$\n" +
 	"\x0etarget_node_id\x18\x02 \x01(\tR\ftargetNodeId\"5\n" +

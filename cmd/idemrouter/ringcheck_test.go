@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/internal/cluster"
+)
+
+// TestRouterRefusesAnotherRing: a router whose topology gives another ring
+// than the one the running cluster was created with refuses to start, with
+// one clear line, instead of sending keys to shards that do not hold them.
+func TestRouterRefusesAnotherRing(t *testing.T) {
+	topo, err := cluster.Topology(cluster.Spec{Regions: []string{"r1"}, NodesPerRegion: 1, Replicas: 1, ShardsPerRegion: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.StopAll() })
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	changed := topo.Clone()
+	changed.ShardsPerRegion = 3
+	path := filepath.Join(t.TempDir(), "changed.yaml")
+	if err := cluster.WriteTopology(changed, path); err != nil {
+		t.Fatal(err)
+	}
+	ports, _ := cluster.FreePorts(2)
+	cmd := exec.CommandContext(ctx, binaries["idemrouter"], "--config", path, "--region", "r1",
+		"--http-addr", "127.0.0.1:"+itoa(ports[0]), "--grpc-addr", "127.0.0.1:"+itoa(ports[1]))
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("router started with a changed ring; output:\n%s", out)
+	}
+	last := strings.TrimSpace(string(out))
+	last = last[strings.LastIndex(last, "\n")+1:]
+	if !strings.HasPrefix(last, "idemrouter:") || !strings.Contains(last, "does not match the cluster's ring") {
+		t.Fatalf("want one clear line about the ring, got:\n%s", out)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
