@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -91,7 +89,7 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 	// Re-address every process outside the ephemeral port range, so that
 	// neither the proxies (which listen on :0) nor outgoing connections can
 	// take a port between its pick and a (re)start of the process.
-	ports, err := reservePorts(3*len(topo.Nodes()) + 2*len(regions))
+	ports, err := cluster.FreePorts(3*len(topo.Nodes()) + 2*len(regions))
 	if err != nil {
 		return nil, err
 	}
@@ -191,42 +189,6 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 		return nil, err
 	}
 	return c, nil
-}
-
-// reservePorts returns n distinct free loopback ports below the kernel's
-// ephemeral range (which listeners on :0 and outgoing connections draw
-// from), or ephemeral ones when that range leaves no room.
-func reservePorts(n int) ([]int, error) {
-	low := 32768
-	if data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		var lo, hi int
-		if _, err := fmt.Sscan(string(data), &lo, &hi); err == nil {
-			low = lo
-		}
-	}
-	const base = 10000
-	if low-base < 20*n {
-		return cluster.FreePorts(n)
-	}
-	used := map[int]bool{}
-	var out []int
-	for tries := 0; len(out) < n && tries < 200*n; tries++ {
-		p := base + rand.IntN(low-base)
-		if used[p] {
-			continue
-		}
-		used[p] = true
-		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			continue
-		}
-		ln.Close()
-		out = append(out, p)
-	}
-	if len(out) < n {
-		return nil, fmt.Errorf("regionsim: found only %d of %d free ports", len(out), n)
-	}
-	return out, nil
 }
 
 // regionPairs lists unordered region pairs in a fixed order.

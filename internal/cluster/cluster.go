@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -62,8 +63,46 @@ func moduleRoot() (string, error) {
 	}
 }
 
-// FreePorts returns n distinct free TCP ports on 127.0.0.1.
+// FreePorts returns n distinct TCP ports on 127.0.0.1 that were free when
+// it looked. It picks them at random below the kernel's ephemeral range:
+// listeners on :0 and outgoing connections draw from that range, so a port
+// picked there could be taken by another process (or this one) before the
+// idem process that is meant to bind it starts. It falls back to ephemeral
+// ports when the range leaves no room.
 func FreePorts(n int) ([]int, error) {
+	low := 32768
+	if data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var lo, hi int
+		if _, err := fmt.Sscan(string(data), &lo, &hi); err == nil {
+			low = lo
+		}
+	}
+	const base = 10000
+	if low-base < 20*n {
+		return ephemeralPorts(n)
+	}
+	used := map[int]bool{}
+	var out []int
+	for tries := 0; len(out) < n && tries < 200*n; tries++ {
+		p := base + rand.IntN(low-base)
+		if used[p] {
+			continue
+		}
+		used[p] = true
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		out = append(out, p)
+	}
+	if len(out) < n {
+		return nil, fmt.Errorf("cluster: found only %d of %d free ports", len(out), n)
+	}
+	return out, nil
+}
+
+func ephemeralPorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	var lns []net.Listener
 	defer func() {
