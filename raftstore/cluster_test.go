@@ -258,9 +258,11 @@ func TestRestartRestoresState(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		snapshot bool
+		ownLog   bool // each group in its own bolt file instead of the shared log
 	}{
-		{"log", false},
-		{"snapshot+tail", true},
+		{"log", false, false},
+		{"snapshot+tail", true, false},
+		{"own-log/snapshot+tail", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			shards := []string{"s0", "s1"}
@@ -269,6 +271,7 @@ func TestRestartRestoresState(t *testing.T) {
 			// tail written afterwards stays in the log.
 			lowThreshold := tc.snapshot
 			c := newTestCluster(t, 3, shards, func(cfg *Config) {
+				cfg.SharedLog = !tc.ownLog
 				if tc.snapshot {
 					cfg.SnapshotInterval = 50 * time.Millisecond
 					cfg.TrailingLogs = 2
@@ -344,7 +347,10 @@ func TestRestartRestoresState(t *testing.T) {
 					t.Fatalf("leader of %s lost %v after restart", shard, miss)
 				}
 				c.waitReplicated(shard, want[shard], c.upNodes())
-				for _, n := range c.nodes {
+				for i, n := range c.nodes {
+					if got := c.group(i, shard).Stats().SharedLog; got == tc.ownLog {
+						t.Fatalf("%s/%s: SharedLog = %v, want %v", n.id, shard, got, !tc.ownLog)
+					}
 					applies, restores := n.sms[shard].counts()
 					if tc.snapshot {
 						// State came from the snapshot plus the replayed tail

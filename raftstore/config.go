@@ -75,6 +75,15 @@ type Config struct {
 	// context has no earlier deadline.
 	ApplyTimeout time.Duration
 
+	// SharedLog keeps the log and stable store of every new group in one
+	// bbolt file per host (DataDir/log.db) written by a group-commit writer,
+	// so writes of all groups arriving together share one fsync'd commit.
+	// false gives each new group its own bolt file
+	// (DataDir/shards/<id>/raft.db). A group keeps the store it was created
+	// with whatever this says later: one that has a raft.db keeps using it,
+	// one that lives in the shared log stays there. DefaultConfig: true.
+	SharedLog bool
+
 	// NoFsync skips fsync on log writes. UNSAFE: a power loss can lose
 	// acknowledged writes. Tests and benchmarks only; false (fsync) by default.
 	NoFsync bool
@@ -102,6 +111,7 @@ func DefaultConfig() Config {
 		SnapshotInterval:   2 * time.Minute,
 		TrailingLogs:       10240,
 		ApplyTimeout:       10 * time.Second,
+		SharedLog:          true,
 	}
 }
 

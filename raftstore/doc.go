@@ -31,7 +31,9 @@
 //   - A group restarted on its data directory rejoins from its own state and
 //     never bootstraps a second time.
 //
-// Each group keeps its log and stable store in its own bolt file and its
-// snapshots in DataDir/shards/<id>/. See DESIGN.md for the wire format, the
+// The groups of a host keep their logs and stable stores in one bolt file
+// written by a group-commit writer, so that writes of all groups arriving
+// together share one fsync (Config.SharedLog; a group created with its own
+// bolt file keeps it), and their snapshots in DataDir/shards/<id>/. See DESIGN.md for the wire format, the
 // read barrier's proof sketch, the timeouts and the trade-offs.
 package raftstore

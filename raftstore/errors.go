@@ -35,6 +35,11 @@ var (
 	// has not caught up with the log it knows is committed.
 	ErrNotReady = errors.New("raftstore: not ready")
 
+	// ErrStoreConflict is returned by AddGroup when a group's log is found
+	// both in its own bolt file and in the host's shared log: which one is
+	// current cannot be known, so the group refuses to start.
+	ErrStoreConflict = errors.New("raftstore: group's log found in two stores")
+
 	// ErrGroupExists is returned by AddGroup for a shard id already hosted.
 	ErrGroupExists = errors.New("raftstore: group already hosted")
 

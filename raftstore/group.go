@@ -10,24 +10,24 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
 
 // Group is one Raft group (one shard) hosted by a Host. All methods are safe
 // for concurrent use.
 type Group struct {
-	id      string
-	host    *Host
-	logger  *slog.Logger
-	raft    *raft.Raft
-	fsm     *fsmAdapter
-	logs    raft.LogStore // log cache over counting store over bolt
-	counted *countingLogStore
-	bolt    *raftboltdb.BoltStore
-	snaps   *raft.FileSnapshotStore
-	trans   *raft.NetworkTransport
-	stream  *streamLayer
-	metrics *groupMetrics
+	id        string
+	host      *Host
+	logger    *slog.Logger
+	raft      *raft.Raft
+	fsm       *fsmAdapter
+	logs      raft.LogStore // log cache over counting store over store
+	counted   *countingLogStore
+	store     groupStore // own bolt file or the host's shared log
+	sharedLog bool
+	snaps     *raft.FileSnapshotStore
+	trans     *raft.NetworkTransport
+	stream    *streamLayer
+	metrics   *groupMetrics
 
 	observer *raft.Observer
 	obsCh    chan raft.Observation
@@ -417,9 +417,10 @@ type GroupStats struct {
 
 	ApplyBatches    uint64        // ApplyBatch calls that carried commands
 	AppliedCommands uint64        // commands applied, so AppliedCommands/ApplyBatches is the mean batch
-	LogCommits      uint64        // log store commits (each one fsync'd bolt transaction)
-	LogEntries      uint64        // entries written by those commits
-	LogCommitTime   time.Duration // total time spent in those commits
+	SharedLog       bool          // the log lives in the host's shared log, not in its own bolt file
+	LogCommits      uint64        // log store writes (StoreLogs): own fsync'd bolt transactions, or parts of shared ones
+	LogEntries      uint64        // entries written by those writes
+	LogCommitTime   time.Duration // total time spent in those writes (until durable)
 }
 
 // Stats returns the group's current figures.
@@ -436,6 +437,7 @@ func (g *Group) Stats() GroupStats {
 		LastLogIndex:    g.raft.LastIndex(),
 		ApplyBatches:    g.fsm.batches.Load(),
 		AppliedCommands: g.fsm.commands.Load(),
+		SharedLog:       g.sharedLog,
 		LogCommits:      g.counted.commits.Load(),
 		LogEntries:      g.counted.entries.Load(),
 		LogCommitTime:   time.Duration(g.counted.commitNanos.Load()),
@@ -464,7 +466,7 @@ func (g *Group) shutdown() error {
 			errs = append(errs, fmt.Errorf("transport: %w", err))
 		}
 		g.stream.Close()
-		if err := g.bolt.Close(); err != nil {
+		if err := g.store.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("log store: %w", err))
 		}
 		if err := errors.Join(errs...); err != nil {

@@ -48,6 +48,9 @@ type Host struct {
 	opening map[string]bool // ids being opened by AddGroup
 	closing bool
 
+	logMu     sync.Mutex
+	sharedLog *sharedLog // opened on first use; nil until then
+
 	stopOnce sync.Once
 	stopErr  error
 
@@ -164,20 +167,15 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		}
 	}()
 
-	bolt, err := raftboltdb.New(raftboltdb.Options{
-		Path:   filepath.Join(dir, "raft.db"),
-		NoSync: h.cfg.NoFsync,
-		// Fail fast instead of hanging if another process holds the file.
-		BoltOptions: &bbolt.Options{Timeout: time.Second},
-	})
+	store, shared, err := h.openGroupStore(id, dir)
 	if err != nil {
-		return nil, shardErr(id, "opening log store: %w", err)
+		return nil, err
 	}
-	cleanup = append(cleanup, func() { bolt.Close() })
+	cleanup = append(cleanup, func() { store.Close() })
 
 	gm := h.metrics.forGroup(id)
 	cleanup = append(cleanup, func() { h.metrics.forgetGroup(id) })
-	counted := &countingLogStore{LogStore: bolt, metrics: gm}
+	counted := &countingLogStore{LogStore: store, metrics: gm}
 	logs, err := raft.NewLogCache(logCacheSize, counted)
 	if err != nil {
 		return nil, shardErr(id, "log cache: %w", err)
@@ -225,7 +223,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		return nil, shardErr(id, "%w", err)
 	}
 
-	existing, err := raft.HasExistingState(logs, bolt, snaps)
+	existing, err := raft.HasExistingState(logs, store, snaps)
 	if err != nil {
 		return nil, shardErr(id, "checking existing state: %w", err)
 	}
@@ -239,20 +237,20 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		for _, p := range gc.Voters {
 			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
 		}
-		if err := raft.BootstrapCluster(rc, logs, bolt, snaps, trans, raft.Configuration{Servers: servers}); err != nil {
+		if err := raft.BootstrapCluster(rc, logs, store, snaps, trans, raft.Configuration{Servers: servers}); err != nil {
 			return nil, shardErr(id, "bootstrap: %w", err)
 		}
 		logger.Info("raft group bootstrapped", "voters", len(servers))
 	}
 
 	fsm := newFSMAdapter(sm, gm)
-	r, err := raft.NewRaft(rc, fsm, logs, bolt, snaps, trans)
+	r, err := raft.NewRaft(rc, fsm, logs, store, snaps, trans)
 	if err != nil {
 		return nil, shardErr(id, "starting raft: %w", err)
 	}
 	cleanup = append(cleanup, func() { r.Shutdown().Error() })
 	if existing {
-		logger.Info("raft group restarted from existing state", "last_index", r.LastIndex())
+		logger.Info("raft group restarted from existing state", "last_index", r.LastIndex(), "shared_log", shared)
 	}
 
 	g := &Group{
@@ -263,7 +261,8 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		fsm:           fsm,
 		logs:          logs,
 		counted:       counted,
-		bolt:          bolt,
+		store:         store,
+		sharedLog:     shared,
 		snaps:         snaps,
 		trans:         trans,
 		stream:        stream,
@@ -280,6 +279,95 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	r.RegisterObserver(g.observer)
 	go g.watchLeader()
 	return g, nil
+}
+
+// groupStore is a group's raft log and stable store.
+type groupStore interface {
+	raft.LogStore
+	raft.StableStore
+	Close() error
+}
+
+// openGroupStore opens group id's log and stable store. The store a group
+// was created with is kept whatever Config.SharedLog says now: a group with
+// a raft.db in its directory keeps that file, a group found in the shared
+// log stays there; only a new group follows Config.SharedLog. (Choosing by
+// the switch alone would make a restarted group with the switch flipped
+// find no log, and bootstrap again over its acknowledged writes.)
+func (h *Host) openGroupStore(id, dir string) (_ groupStore, shared bool, err error) {
+	ownPath := filepath.Join(dir, "raft.db")
+	hasOwn, err := fileExists(ownPath)
+	if err != nil {
+		return nil, false, shardErr(id, "checking for a log store: %w", err)
+	}
+	inShared := false
+	var sl *sharedLog
+	if h.cfg.SharedLog || !hasOwn {
+		// Look into the shared log if there is one (or one is wanted).
+		if sl, err = h.openSharedLog(h.cfg.SharedLog); err != nil {
+			return nil, false, shardErr(id, "opening the shared log: %w", err)
+		}
+		if sl != nil {
+			if inShared, err = sl.hasGroup(id); err != nil {
+				return nil, false, shardErr(id, "reading the shared log: %w", err)
+			}
+		}
+	}
+	switch {
+	case hasOwn && inShared:
+		return nil, false, shardErr(id, "%w: both %s and the shared log %s hold this group's log; move one away",
+			ErrStoreConflict, ownPath, filepath.Join(h.cfg.DataDir, sharedLogFile))
+	case inShared || (!hasOwn && h.cfg.SharedLog): // sl is open in both cases
+		g, err := sl.group(id)
+		if err != nil {
+			return nil, false, shardErr(id, "opening log store in the shared log: %w", err)
+		}
+		return g, true, nil
+	}
+	bolt, err := raftboltdb.New(raftboltdb.Options{
+		Path:   ownPath,
+		NoSync: h.cfg.NoFsync,
+		// Fail fast instead of hanging if another process holds the file.
+		BoltOptions: &bbolt.Options{Timeout: time.Second},
+	})
+	if err != nil {
+		return nil, false, shardErr(id, "opening log store: %w", err)
+	}
+	return bolt, false, nil
+}
+
+// openSharedLog returns the host's shared log, opening it on first use. With
+// create false it only opens an existing file, and returns nil if none.
+func (h *Host) openSharedLog(create bool) (*sharedLog, error) {
+	h.logMu.Lock()
+	defer h.logMu.Unlock()
+	if h.sharedLog != nil {
+		return h.sharedLog, nil
+	}
+	path := filepath.Join(h.cfg.DataDir, sharedLogFile)
+	if !create {
+		if ok, err := fileExists(path); err != nil || !ok {
+			return nil, err
+		}
+	}
+	sl, err := openSharedLog(path, h.cfg.NoFsync, h.metrics)
+	if err != nil {
+		return nil, err
+	}
+	h.sharedLog = sl
+	return sl, nil
+}
+
+// SharedLogStats returns the shared log's figures (zero if no group of this
+// host uses it).
+func (h *Host) SharedLogStats() SharedLogStats {
+	h.logMu.Lock()
+	sl := h.sharedLog
+	h.logMu.Unlock()
+	if sl == nil {
+		return SharedLogStats{}
+	}
+	return sl.stats()
 }
 
 // Group returns the hosted group with the given shard id.
@@ -389,6 +477,14 @@ func (h *Host) stop(ctx context.Context, handOver bool) error {
 		}
 		wg.Wait()
 		errs = append(errs, shutdownErrs...)
+		// Every group has stopped: nothing writes to the shared log now.
+		h.logMu.Lock()
+		if h.sharedLog != nil {
+			if err := h.sharedLog.close(); err != nil {
+				errs = append(errs, fmt.Errorf("raftstore: closing the shared log: %w", err))
+			}
+		}
+		h.logMu.Unlock()
 		if handOver {
 			if err := h.mux.close(); err != nil {
 				errs = append(errs, fmt.Errorf("raftstore: closing listener: %w", err))

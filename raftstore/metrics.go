@@ -24,6 +24,11 @@ type hostMetrics struct {
 	restores         *prometheus.CounterVec
 	rejectedConns    prometheus.CounterFunc
 
+	// The shared log's (Config.SharedLog): unlabelled, one per host.
+	sharedCommits        prometheus.Counter
+	sharedCommitWrites   prometheus.Histogram
+	sharedCommitDuration prometheus.Histogram
+
 	stateDesc, leaderDesc, termDesc, commitDesc, appliedDesc, lastLogDesc, contactDesc *prometheus.Desc
 
 	host *Host
@@ -57,12 +62,12 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		}, shard),
 		logStoreBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_raft_log_append_entries",
-			Help:    "Log entries written per log store commit (one fsync'd bolt transaction).",
+			Help:    "Log entries written per log store write of the group (its own fsync'd bolt transaction, or its part of a shared-log commit).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}, shard),
 		logCommit: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_raft_log_commit_duration_seconds",
-			Help:    "Time per log store commit (bolt write transaction including its fsyncs), leader and follower alike.",
+			Help:    "Time per log store write of the group (until its bolt transaction, own or shared, is committed and fsync'd), leader and follower alike.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16), // 0.1 ms .. 3.3 s
 		}, shard),
 		leaderChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -97,6 +102,20 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		contactDesc: prometheus.NewDesc("idem_raft_last_contact_seconds",
 			"Seconds since this follower last heard from its leader (0 on the leader, -1 never).", shard, nil),
 	}
+	m.sharedCommits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idem_raft_shared_log_commits_total",
+		Help: "Transactions committed (and fsync'd) by the node's shared log, each carrying the writes of any number of groups.",
+	})
+	m.sharedCommitWrites = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "idem_raft_shared_log_commit_writes",
+		Help:    "Group log writes (StoreLogs, DeleteRange, stable-store sets) carried per shared-log commit.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+	})
+	m.sharedCommitDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "idem_raft_shared_log_commit_duration_seconds",
+		Help:    "Time per shared-log commit (bolt write transaction including its fsyncs).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+	})
 	m.rejectedConns = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "idem_raft_rejected_connections_total",
 		Help: "Inbound Raft connections closed for a bad header or an unknown shard.",
@@ -106,7 +125,8 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.logStoreBatch, m.logCommit,
-		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns, m} {
+		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
+		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -123,7 +143,8 @@ func (m *hostMetrics) unregister(reg *prometheus.Registry) {
 		return
 	}
 	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.logStoreBatch, m.logCommit,
-		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns, m} {
+		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
+		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m} {
 		reg.Unregister(c)
 	}
 }
@@ -186,9 +207,10 @@ func (m *hostMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// countingLogStore wraps the bolt log store to count log commits: each
-// StoreLogs is one bolt write transaction, i.e. one fsync'd commit, so
-// entries per call is "commands per fsync".
+// countingLogStore wraps the group's log store to count its log writes:
+// with its own bolt file each StoreLogs is one fsync'd transaction, so
+// entries per call is "commands per fsync"; in the shared log several
+// groups' StoreLogs may share one transaction (see SharedLogStats).
 type countingLogStore struct {
 	raft.LogStore
 	metrics     *groupMetrics
