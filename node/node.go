@@ -381,7 +381,7 @@ func (n *Node) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) 
 		stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
 		v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
 		if err == nil {
-			router.SetLeaderHeader(ctx, n.cfg.NodeID)
+			setLeaderHeader(ctx, n.cfg.NodeID)
 			res, ok := v.(fsm.Result)
 			if !ok {
 				return fsm.Result{}, fmt.Errorf("node: shard %s returned %T", info.ID, v)
@@ -393,12 +393,12 @@ func (n *Node) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) 
 			return fsm.Result{}, unavailable(info, err)
 		}
 		prefer = nle.LeaderID
-		router.SetLeaderHeader(ctx, prefer)
+		setLeaderHeader(ctx, prefer)
 	}
 	res, err := n.fwd.Apply(ctx, info, cmd, prefer, router.HopsFromContext(ctx))
 	if err == nil {
 		if id, ok := n.fwd.Leader(info.ID); ok {
-			router.SetLeaderHeader(ctx, id)
+			setLeaderHeader(ctx, id)
 		}
 	}
 	return res, err
@@ -412,7 +412,7 @@ func (n *Node) Get(ctx context.Context, namespace, key string) (fsm.Record, bool
 	if s := n.shards[info.ID]; s != nil {
 		err := s.group.ReadBarrier(ctx)
 		if err == nil {
-			router.SetLeaderHeader(ctx, n.cfg.NodeID)
+			setLeaderHeader(ctx, n.cfg.NodeID)
 			rec, ok := s.fsm.Get(namespace, key, n.now())
 			return rec, ok, nil
 		}
@@ -423,6 +423,16 @@ func (n *Node) Get(ctx context.Context, namespace, key string) (fsm.Record, bool
 		prefer = nle.LeaderID
 	}
 	return n.fwd.Get(ctx, info, namespace, key, prefer, router.HopsFromContext(ctx))
+}
+
+// setLeaderHeader tells a gRPC caller which node leads the shard (the
+// forwarders of other nodes and routers learn leaders from it). Outside a
+// gRPC handler (the JSON API) there is nobody to tell: the check skips
+// grpc.SetHeader's error, which formats the whole context, on every request.
+func setLeaderHeader(ctx context.Context, nodeID string) {
+	if grpc.ServerTransportStreamFromContext(ctx) != nil {
+		router.SetLeaderHeader(ctx, nodeID)
+	}
 }
 
 func unavailable(info router.Shard, err error) error {

@@ -70,12 +70,34 @@ func jsonString(p *problems, fields map[string]json.RawMessage, name, path strin
 	if isNull(raw) {
 		return ""
 	}
+	if s, ok := plainJSONString(raw); ok {
+		return s
+	}
 	var s string
 	if raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
 		p.addf("%s must be a JSON string", path)
 		return ""
 	}
 	return s
+}
+
+// plainJSONString returns the contents of a string literal made only of
+// printable ASCII without escapes, which decodes to exactly those bytes:
+// owner tokens and base64 bodies, whose second full scan by encoding/json
+// (validate, then unquote) is the costliest part of decoding a complete.
+// Anything else (escapes, non-ASCII, not a string) answers false and goes
+// through encoding/json.
+func plainJSONString(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	inner := raw[1 : len(raw)-1]
+	for _, c := range inner {
+		if c < 0x20 || c >= 0x7f || c == '\\' || c == '"' {
+			return "", false
+		}
+	}
+	return string(inner), true
 }
 
 // jsonInt decodes an integer field; absent or null is 0. A number written
