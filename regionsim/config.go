@@ -83,6 +83,15 @@ type Config struct {
 	// ProgressInPlace rewrites the progress line in place (a terminal);
 	// otherwise a line is printed every few seconds.
 	ProgressInPlace bool
+	// LatencyCycles is how many reserve+complete cycles MeasureLatency
+	// measures per (router region, key home region) cell.
+	LatencyCycles int
+	// LatencyWarmup is how many unmeasured cycles each cell makes first
+	// (connections, leader caches).
+	LatencyWarmup int
+	// LatencyBudget bounds MeasureLatency's measuring time once leaders
+	// settled; cells stop early (with a note) when it runs out.
+	LatencyBudget time.Duration
 	// Command is the command line that replays this run; the report shows
 	// it (regionsim cannot know how it was invoked).
 	Command string
@@ -109,6 +118,9 @@ func DefaultConfig() Config {
 		AttemptTimeout:   3 * time.Second,
 		RouterTimeout:    2 * time.Second,
 		Compare:          true,
+		LatencyCycles:    200,
+		LatencyWarmup:    5,
+		LatencyBudget:    5 * time.Minute,
 	}
 }
 
@@ -168,6 +180,15 @@ func (c Config) Validate() error {
 	}
 	if c.RouterTimeout <= 0 || c.AttemptTimeout <= c.RouterTimeout {
 		bad("attempt timeout %s must exceed the router timeout %s (> 0)", c.AttemptTimeout, c.RouterTimeout)
+	}
+	if c.LatencyCycles < 1 || c.LatencyCycles > 100_000 {
+		bad("latency cycles %d: use 1..100000", c.LatencyCycles)
+	}
+	if c.LatencyWarmup < 0 {
+		bad("latency warm-up %d is negative", c.LatencyWarmup)
+	}
+	if c.LatencyBudget <= 0 {
+		bad("latency budget %s must be positive", c.LatencyBudget)
 	}
 	return errors.Join(errs...)
 }

@@ -39,6 +39,16 @@
 // rows show what the same run let through with the ledger's guard off and
 // with the naive lock.
 //
+// # What each survival mode costs
+//
+// MeasureLatency starts the same simulated deployment with no faults and
+// no workload, waits until every shard's leader is in its home region, and
+// times reserve+complete cycles from a client in every region, through
+// that region's router, on fresh keys homed in every region. The result
+// (report.Latency) gives p50/p99 per (router region, key home region) and
+// pooled for keys homed locally and elsewhere; run it once per survival
+// mode to compare a local commit with a cross-region quorum.
+//
 // Determinism: the fault schedule and the workload's choices derive from
 // Config.Seed, so a seed replays the same plan; which node leads a shard at
 // a given moment, and the exact interleaving of calls, still vary from run

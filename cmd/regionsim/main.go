@@ -5,6 +5,7 @@
 //
 //	go run ./cmd/regionsim                         # every scenario, then a verdict
 //	go run ./cmd/regionsim --scenario clock-skew --seed 7 --duration 30s
+//	go run ./cmd/regionsim --latency --survival region  # what a survival mode costs
 //
 // See README-regionsim.md and package regionsim.
 package main
@@ -53,6 +54,11 @@ key charged exactly once, replays identical, per-key linearizability
 latency per phase and region. The same workload runs against a naive SET NX
 lock for comparison. Exit status 1 when an invariant broke.
 
+With --latency it runs no scenario: it measures reserve and complete
+latency per router region and key home region on the fault-free cluster
+(--latency-cycles per cell) and prints the table; run it once per
+--survival mode to see what each costs.
+
 Usage:
   regionsim [flags]
 
@@ -71,6 +77,8 @@ type options struct {
 	quiet       bool
 	logLevel    string
 	showVersion bool
+	latency     bool
+	htmlSet     bool
 }
 
 func parseFlags(args []string, stdout io.Writer) (*options, error) {
@@ -101,9 +109,16 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress line")
 	fs.StringVar(&o.logLevel, "log-level", "", "log regionsim's own events to stderr at `LEVEL` (debug, info, warn, error); default none")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.BoolVar(&o.latency, "latency", false, "run no scenario: measure reserve/complete latency per router region and key home region (fault-free) and report it")
+	fs.IntVar(&c.LatencyCycles, "latency-cycles", c.LatencyCycles, "with --latency: measured reserve+complete cycles per (router region, key home region)")
+	fs.DurationVar(&c.LatencyBudget, "latency-budget", c.LatencyBudget, "with --latency: time limit on measuring")
 	header := fmt.Sprintf(usageHeader, strings.Join(regionsim.ScenarioNames(), ", "))
 	if err := cli.Parse(fs, args, stdout, header); err != nil {
 		return nil, err
+	}
+	fs.Visit(func(f *flag.Flag) { o.htmlSet = o.htmlSet || f.Name == "html" })
+	if o.latency && !o.htmlSet {
+		o.htmlPath = "regionsim-latency-" + c.Survival + ".html"
 	}
 	if o.scenario != "" {
 		c.Scenarios = strings.Split(o.scenario, ",")
@@ -134,6 +149,55 @@ func replayCommand(o *options) string {
 	add(c.DrainTimeout != d.DrainTimeout, "--drain "+c.DrainTimeout.String())
 	add(c.Compare != d.Compare, fmt.Sprintf("--compare=%v", c.Compare))
 	return strings.Join(parts, " ")
+}
+
+// latencyCommand is the command line that repeats a latency measurement.
+func latencyCommand(o *options) string {
+	d := regionsim.DefaultConfig()
+	c := o.cfg
+	parts := []string{"go run ./cmd/regionsim --latency", "--survival " + c.Survival}
+	add := func(cond bool, s string) {
+		if cond {
+			parts = append(parts, s)
+		}
+	}
+	add(c.LatencyCycles != d.LatencyCycles, fmt.Sprintf("--latency-cycles %d", c.LatencyCycles))
+	add(c.LatencyBudget != d.LatencyBudget, "--latency-budget "+c.LatencyBudget.String())
+	add(c.Seed != d.Seed, fmt.Sprintf("--seed %d", c.Seed))
+	add(c.Regions != d.Regions, fmt.Sprintf("--regions %d", c.Regions))
+	add(c.NodesPerRegion != d.NodesPerRegion, fmt.Sprintf("--nodes-per-region %d", c.NodesPerRegion))
+	add(c.ShardsPerRegion != d.ShardsPerRegion, fmt.Sprintf("--shards-per-region %d", c.ShardsPerRegion))
+	add(c.LatencyMin != d.LatencyMin, "--latency-min "+c.LatencyMin.String())
+	add(c.LatencyMax != d.LatencyMax, "--latency-max "+c.LatencyMax.String())
+	add(c.Jitter != d.Jitter, "--jitter "+c.Jitter.String())
+	add(c.Loss != d.Loss, fmt.Sprintf("--loss %v", c.Loss))
+	add(c.Lease != d.Lease, "--lease "+c.Lease.String())
+	return strings.Join(parts, " ")
+}
+
+// measureLatency runs regionsim.MeasureLatency and writes its table (and
+// --json, --html).
+func measureLatency(ctx context.Context, o *options, stdout io.Writer) error {
+	rep, err := regionsim.MeasureLatency(ctx, o.cfg)
+	if err != nil {
+		return fmt.Errorf("latency measurement: %w", err)
+	}
+	if err := report.WriteLatencyText(stdout, rep); err != nil {
+		return err
+	}
+	if err := writeAny(o.jsonPath, rep, report.WriteLatencyJSON); err != nil {
+		return err
+	}
+	if err := writeAny(o.htmlPath, rep, report.WriteLatencyHTML); err != nil {
+		return err
+	}
+	if o.htmlPath != "" {
+		fmt.Fprintf(stdout, "HTML report: %s\n", o.htmlPath)
+	}
+	if o.jsonPath != "" {
+		fmt.Fprintf(stdout, "JSON report: %s\n", o.jsonPath)
+	}
+	return nil
 }
 
 func isTerminal(w io.Writer) bool {
@@ -169,6 +233,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		o.cfg.Progress, o.cfg.ProgressInPlace = stderr, isTerminal(stderr)
 	}
 	o.cfg.Command = replayCommand(o)
+	if o.latency {
+		o.cfg.Command = latencyCommand(o)
+	}
 	if err := o.cfg.Validate(); err != nil {
 		return cli.OneLine(err)
 	}
@@ -176,6 +243,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if o.cfg.WorkDir, err = os.MkdirTemp("", "regionsim-"); err != nil {
 			return err
 		}
+	}
+	if o.latency {
+		return measureLatency(ctx, o, stdout)
 	}
 	started := time.Now()
 	rep, runErr := regionsim.Run(ctx, o.cfg)
@@ -225,6 +295,10 @@ func rerender(o *options, stdout io.Writer) error {
 }
 
 func writeFile(path string, rep *report.Report, write func(io.Writer, *report.Report) error) error {
+	return writeAny(path, rep, write)
+}
+
+func writeAny[T any](path string, rep T, write func(io.Writer, T) error) error {
 	if path == "" {
 		return nil
 	}

@@ -98,3 +98,27 @@ func TestFromJSONRendersAFailingReport(t *testing.T) {
 		t.Fatalf("HTML report: %v\n%s", err, page)
 	}
 }
+
+func TestLatencyFlags(t *testing.T) {
+	o, err := parseFlags([]string{"--latency", "--survival", "region", "--latency-cycles", "50"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.latency || o.cfg.LatencyCycles != 50 || o.htmlPath != "regionsim-latency-region.html" {
+		t.Errorf("parsed %+v", o)
+	}
+	if got, want := latencyCommand(o), "go run ./cmd/regionsim --latency --survival region --latency-cycles 50"; got != want {
+		t.Errorf("latency command %q, want %q", got, want)
+	}
+	o, err = parseFlags([]string{"--latency", "--html", ""}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.htmlPath != "" {
+		t.Errorf("--html \"\" gave %q", o.htmlPath)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"--latency", "--latency-cycles", "0"}, &out, &out); err == nil || !strings.Contains(err.Error(), "latency cycles") {
+		t.Errorf("--latency-cycles 0: %v", err)
+	}
+}
