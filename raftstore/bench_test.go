@@ -11,8 +11,10 @@ import (
 // BenchmarkApplyConcurrent measures replicated, fsync'd (NoFsync false)
 // Apply throughput on a 3-node loopback cluster with many concurrent
 // proposers, and reports how well hashicorp/raft group-commits them:
-// cmds/fsync is log entries per leader log-store commit (one bolt
-// transaction, fsync'd), cmds/batch is commands per ApplyBatch call.
+// cmds/write is log entries per leader log-store write (one bolt
+// transaction of its own, or its part of a shared-log commit), cmds/batch
+// is commands per ApplyBatch call, fsyncs/s the fsync'd log commits of all
+// nodes. log=shared|own: the host's shared log or a bolt file per group.
 //
 //	go test -run '^$' -bench ApplyConcurrent -benchtime 3s ./raftstore
 func BenchmarkApplyConcurrent(b *testing.B) {
@@ -24,73 +26,98 @@ func BenchmarkApplyConcurrent(b *testing.B) {
 		{8, 64},
 		{8, 512},
 	} {
-		b.Run(fmt.Sprintf("groups=%d/proposers=%d", bc.groups, bc.proposers), func(b *testing.B) {
-			shards := make([]string, bc.groups)
-			for i := range shards {
-				shards[i] = fmt.Sprintf("s%d", i)
-			}
-			c := newTestCluster(b, 3, shards, func(cfg *Config) {
-				*cfg = DefaultConfig() // production timeouts, fsync on
-			})
-			leaders := make([]*Group, len(shards))
-			for i, shard := range shards {
-				leaders[i] = c.group(c.leader(shard), shard)
-			}
-			before := make([]GroupStats, len(leaders))
-			for i, g := range leaders {
-				before[i] = g.Stats()
-			}
-			var seq atomic.Uint64
-			var failed atomic.Uint64
-			payload := make([]byte, 100) // a typical idempotency record command
-			procs := max(1, bc.proposers)
-			b.ResetTimer()
-			start := time.Now()
-			done := make(chan struct{})
-			var next atomic.Int64
-			for range procs {
-				go func() {
-					defer func() { done <- struct{}{} }()
-					for next.Add(1) <= int64(b.N) {
-						n := seq.Add(1)
-						g := leaders[n%uint64(len(leaders))]
-						cmd := append(fmt.Appendf(nil, "k%d=", n), payload...)
-						ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-						if _, err := g.Apply(ctx, cmd); err != nil {
-							if failed.Add(1) == 1 {
-								b.Logf("first failed apply: %v", err)
-							}
+		for _, log := range []string{"shared", "own"} {
+			b.Run(fmt.Sprintf("groups=%d/proposers=%d/log=%s", bc.groups, bc.proposers, log), func(b *testing.B) {
+				shards := make([]string, bc.groups)
+				for i := range shards {
+					shards[i] = fmt.Sprintf("s%d", i)
+				}
+				c := newTestCluster(b, 3, shards, func(cfg *Config) {
+					*cfg = DefaultConfig() // production timeouts, fsync on
+					cfg.SharedLog = log == "shared"
+				})
+				leaders := make([]*Group, len(shards))
+				for i, shard := range shards {
+					leaders[i] = c.group(c.leader(shard), shard)
+				}
+				before := make([]GroupStats, len(leaders))
+				for i, g := range leaders {
+					before[i] = g.Stats()
+				}
+				sharedBefore := map[string]uint64{}
+				ownBefore := map[string]uint64{}
+				for _, n := range c.nodes {
+					sharedBefore[n.id] = n.host.SharedLogStats().Commits
+					for _, shard := range shards {
+						if g, ok := n.host.Group(shard); ok {
+							ownBefore[n.id+"/"+shard] = g.Stats().LogCommits
 						}
-						cancel()
 					}
-				}()
-			}
-			for range procs {
-				<-done
-			}
-			elapsed := time.Since(start)
-			b.StopTimer()
-			// A failed apply (a leader change on an overloaded box) is
-			// reported, not fatal; ops/s counts acknowledged commands only.
-			b.ReportMetric(float64(failed.Load()), "failed")
-			var commits, entries, batches, cmds uint64
-			var commitTime time.Duration
-			for i, g := range leaders {
-				s := g.Stats()
-				commits += s.LogCommits - before[i].LogCommits
-				entries += s.LogEntries - before[i].LogEntries
-				batches += s.ApplyBatches - before[i].ApplyBatches
-				cmds += s.AppliedCommands - before[i].AppliedCommands
-				commitTime += s.LogCommitTime - before[i].LogCommitTime
-			}
-			b.ReportMetric(float64(uint64(b.N)-failed.Load())/elapsed.Seconds(), "ops/s")
-			if commits > 0 {
-				b.ReportMetric(float64(entries)/float64(commits), "cmds/fsync")
-				b.ReportMetric(float64(commitTime.Microseconds())/float64(commits), "µs/commit")
-			}
-			if batches > 0 {
-				b.ReportMetric(float64(cmds)/float64(batches), "cmds/batch")
-			}
-		})
+				}
+				var seq atomic.Uint64
+				var failed atomic.Uint64
+				payload := make([]byte, 100) // a typical idempotency record command
+				procs := max(1, bc.proposers)
+				b.ResetTimer()
+				start := time.Now()
+				done := make(chan struct{})
+				var next atomic.Int64
+				for range procs {
+					go func() {
+						defer func() { done <- struct{}{} }()
+						for next.Add(1) <= int64(b.N) {
+							n := seq.Add(1)
+							g := leaders[n%uint64(len(leaders))]
+							cmd := append(fmt.Appendf(nil, "k%d=", n), payload...)
+							ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+							if _, err := g.Apply(ctx, cmd); err != nil {
+								if failed.Add(1) == 1 {
+									b.Logf("first failed apply: %v", err)
+								}
+							}
+							cancel()
+						}
+					}()
+				}
+				for range procs {
+					<-done
+				}
+				elapsed := time.Since(start)
+				b.StopTimer()
+				// A failed apply (a leader change on an overloaded box) is
+				// reported, not fatal; ops/s counts acknowledged commands only.
+				b.ReportMetric(float64(failed.Load()), "failed")
+				var commits, entries, batches, cmds uint64
+				var commitTime time.Duration
+				for i, g := range leaders {
+					s := g.Stats()
+					commits += s.LogCommits - before[i].LogCommits
+					entries += s.LogEntries - before[i].LogEntries
+					batches += s.ApplyBatches - before[i].ApplyBatches
+					cmds += s.AppliedCommands - before[i].AppliedCommands
+					commitTime += s.LogCommitTime - before[i].LogCommitTime
+				}
+				b.ReportMetric(float64(uint64(b.N)-failed.Load())/elapsed.Seconds(), "ops/s")
+				if commits > 0 {
+					b.ReportMetric(float64(entries)/float64(commits), "cmds/write")
+					b.ReportMetric(float64(commitTime.Microseconds())/float64(commits), "µs/commit")
+				}
+				if batches > 0 {
+					b.ReportMetric(float64(cmds)/float64(batches), "cmds/batch")
+				}
+				// Fsync'd commits on all nodes: the shared logs' plus the own
+				// bolt files' (one per StoreLogs).
+				var fsyncs uint64
+				for _, n := range c.nodes {
+					fsyncs += n.host.SharedLogStats().Commits - sharedBefore[n.id]
+					for _, shard := range shards {
+						if g, ok := n.host.Group(shard); ok && !g.Stats().SharedLog {
+							fsyncs += g.Stats().LogCommits - ownBefore[n.id+"/"+shard]
+						}
+					}
+				}
+				b.ReportMetric(float64(fsyncs)/elapsed.Seconds(), "fsyncs/s")
+			})
+		}
 	}
 }

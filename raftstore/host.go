@@ -50,6 +50,7 @@ type Host struct {
 
 	logMu     sync.Mutex
 	sharedLog *sharedLog // opened on first use; nil until then
+	logClosed bool       // stop closed (or skipped) the shared log: open no more
 
 	stopOnce sync.Once
 	stopErr  error
@@ -341,6 +342,9 @@ func (h *Host) openGroupStore(id, dir string) (_ groupStore, shared bool, err er
 func (h *Host) openSharedLog(create bool) (*sharedLog, error) {
 	h.logMu.Lock()
 	defer h.logMu.Unlock()
+	if h.logClosed {
+		return nil, ErrShutdown
+	}
 	if h.sharedLog != nil {
 		return h.sharedLog, nil
 	}
@@ -479,6 +483,7 @@ func (h *Host) stop(ctx context.Context, handOver bool) error {
 		errs = append(errs, shutdownErrs...)
 		// Every group has stopped: nothing writes to the shared log now.
 		h.logMu.Lock()
+		h.logClosed = true // an AddGroup still opening must not reopen it
 		if h.sharedLog != nil {
 			if err := h.sharedLog.close(); err != nil {
 				errs = append(errs, fmt.Errorf("raftstore: closing the shared log: %w", err))
