@@ -14,10 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/cluster"
 )
 
@@ -137,27 +133,9 @@ func TestConcurrentReservesOneOwner(t *testing.T) {
 // leaderCounts asks every running node which shards it leads.
 func shardLeaders(t *testing.T, c *cluster.Cluster) map[string]string {
 	t.Helper()
-	leaders := map[string]string{}
-	for _, n := range c.Topology.Nodes() {
-		if !c.Nodes[n.ID].Running() {
-			continue
-		}
-		conn, err := grpc.NewClient(n.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-		st, err := idemv1.NewAdminClient(conn).Status(ctx, &idemv1.StatusRequest{})
-		cancel()
-		conn.Close()
-		if err != nil {
-			t.Fatalf("status of %s: %v", n.ID, err)
-		}
-		for _, s := range st.Shards {
-			if s.RaftState == "Leader" {
-				leaders[s.Shard] = n.ID
-			}
-		}
+	leaders, err := c.ShardLeaders(t.Context())
+	if err != nil {
+		t.Fatal(err)
 	}
 	return leaders
 }

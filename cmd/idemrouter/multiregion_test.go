@@ -15,10 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/router"
 )
@@ -313,27 +309,9 @@ func verifyCompleted(t *testing.T, ns string, apis []*cluster.API, keys []comple
 func (m *multiRegion) leaders() map[string]string {
 	t := m.t
 	t.Helper()
-	leaders := map[string]string{}
-	for _, n := range m.c.Topology.Nodes() {
-		if !m.c.Nodes[n.ID].Running() {
-			continue
-		}
-		conn, err := grpc.NewClient(n.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-		st, err := idemv1.NewAdminClient(conn).Status(ctx, &idemv1.StatusRequest{})
-		cancel()
-		conn.Close()
-		if err != nil {
-			t.Fatalf("status of %s: %v", n.ID, err)
-		}
-		for _, s := range st.Shards {
-			if s.RaftState == "Leader" {
-				leaders[s.Shard] = n.ID
-			}
-		}
+	leaders, err := m.c.ShardLeaders(t.Context())
+	if err != nil {
+		t.Fatal(err)
 	}
 	return leaders
 }

@@ -20,7 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"gopkg.in/yaml.v3"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 
 	"github.com/idem-dev/idem/router"
 )
@@ -401,4 +405,33 @@ func RunTests(m *testing.M, bins *map[string]string, commands ...string) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// ShardLeaders asks every running node for its view of the shards it hosts
+// (the Admin service) and returns, per shard id, the node that reports
+// itself leader.
+func (c *Cluster) ShardLeaders(ctx context.Context) (map[string]string, error) {
+	leaders := map[string]string{}
+	for _, n := range c.Topology.Nodes() {
+		if !c.Nodes[n.ID].Running() {
+			continue
+		}
+		conn, err := grpc.NewClient(n.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := idemv1.NewAdminClient(conn).Status(actx, &idemv1.StatusRequest{})
+		cancel()
+		conn.Close()
+		if err != nil {
+			return nil, fmt.Errorf("cluster: status of %s: %w", n.ID, err)
+		}
+		for _, s := range st.Shards {
+			if s.RaftState == "Leader" {
+				leaders[s.Shard] = n.ID
+			}
+		}
+	}
+	return leaders, nil
 }
