@@ -22,6 +22,7 @@ import (
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/topology"
 )
 
 // Errors of package node.
@@ -35,7 +36,7 @@ var (
 // Config configures a storage node.
 type Config struct {
 	// Topology is the cluster topology; required.
-	Topology *router.Topology
+	Topology *topology.Topology
 	// NodeID is this node's id in Topology; required.
 	NodeID string
 	// DataDir holds Raft logs, snapshots and the identity file; required.
@@ -129,7 +130,7 @@ func (c *Config) fillDefaults() {
 
 // shard is one Raft group hosted here with its state machine.
 type shard struct {
-	info  router.Shard
+	info  topology.Shard
 	group *raftstore.Group
 	fsm   *fsm.FSM
 }
@@ -139,8 +140,8 @@ type shard struct {
 type Node struct {
 	cfg    Config
 	log    *slog.Logger
-	self   router.Node
-	ring   *router.Ring
+	self   topology.Node
+	ring   *topology.Ring
 	host   *raftstore.Host
 	shards map[string]*shard
 	fwd    *router.Forwarder
@@ -168,7 +169,7 @@ func New(cfg Config) (_ *Node, err error) {
 	}
 	cfg.fillDefaults()
 	self, _ := cfg.Topology.NodeByID(cfg.NodeID)
-	ring, err := router.NewRing(cfg.Topology)
+	ring, err := topology.NewRing(cfg.Topology)
 	if err != nil {
 		return nil, err
 	}
@@ -272,7 +273,7 @@ func New(cfg Config) (_ *Node, err error) {
 
 // spansRegions reports whether the shard's voters live in more than one
 // region (region survival): its Raft timeouts must allow for WAN round trips.
-func spansRegions(t *router.Topology, s router.Shard) bool {
+func spansRegions(t *topology.Topology, s topology.Shard) bool {
 	for _, v := range s.Voters {
 		if r, _ := t.RegionOf(v); r != s.HomeRegion {
 			return true
@@ -435,7 +436,7 @@ func setLeaderHeader(ctx context.Context, nodeID string) {
 	}
 }
 
-func unavailable(info router.Shard, err error) error {
+func unavailable(info topology.Shard, err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/regionsim/naive"
 	"github.com/idem-dev/idem/regionsim/wan"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // simCluster is the simulated multi-region deployment: idemnode and
@@ -32,7 +32,7 @@ type simCluster struct {
 	log     *slog.Logger
 	dir     string
 	regions []string
-	topo    *router.Topology // real addresses
+	topo    *topology.Topology // real addresses
 	net     *wan.Network
 	views   map[string]string // region -> topology file
 
@@ -54,7 +54,7 @@ type simCluster struct {
 
 type simNode struct {
 	id, region string
-	real       router.Node
+	real       topology.Node
 	proc       *cluster.Process
 	baseArgs   []string
 
@@ -218,7 +218,7 @@ func (c *simCluster) writeViews() error {
 		view := *c.topo
 		view.Regions = nil
 		for _, r := range c.topo.Regions {
-			vr := router.Region{Name: r.Name}
+			vr := topology.Region{Name: r.Name}
 			for _, n := range r.Nodes {
 				if r.Name != from {
 					var err error

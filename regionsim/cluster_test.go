@@ -11,7 +11,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/regionsim/wan"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // TestRaftCrossesTheWAN starts a region-survival cluster (every shard has a
@@ -38,7 +38,7 @@ func TestRaftCrossesTheWAN(t *testing.T) {
 			dumpLogs(t, c)
 		}
 	}()
-	ring, err := router.NewRing(c.topo)
+	ring, err := topology.NewRing(c.topo)
 	if err != nil {
 		t.Fatal(err)
 	}

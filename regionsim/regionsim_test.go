@@ -17,7 +17,7 @@ import (
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/regionsim/report"
 	"github.com/idem-dev/idem/regionsim/wan"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // -regionsim.long runs every scenario for its default duration, in both
@@ -116,7 +116,7 @@ func TestViewsPlaceKeysIdentically(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	real, err := router.NewRing(topo)
+	real, err := topology.NewRing(topo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,11 +129,11 @@ func TestViewsPlaceKeysIdentically(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, region := range sc.regions {
-		view, err := router.LoadFile(sc.views[region])
+		view, err := topology.LoadFile(sc.views[region])
 		if err != nil {
 			t.Fatal(err)
 		}
-		ring, err := router.NewRing(view)
+		ring, err := topology.NewRing(view)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/server"
+
+	"github.com/idem-dev/idem/topology"
 )
 
 // Errors of the router's Backend.
@@ -50,10 +52,10 @@ const (
 type BackendConfig struct {
 	// Topology is the cluster topology, the same file as the nodes'.
 	// Required.
-	Topology *Topology
+	Topology *topology.Topology
 	// Ring maps keys to shards. Nil builds it from Topology; when set it
 	// must have been built from the same topology (its cluster is checked).
-	Ring *Ring
+	Ring *topology.Ring
 	// Region is the region this router runs in; it must be a region of
 	// Topology. Its nodes are probed first for readiness and it labels the
 	// router's log lines.
@@ -127,7 +129,7 @@ func (c BackendConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-func topologyRegions(t *Topology) []string {
+func topologyRegions(t *topology.Topology) []string {
 	names := make([]string, 0, len(t.Regions))
 	for _, r := range t.Regions {
 		names = append(names, r.Name)
@@ -170,7 +172,7 @@ func (c *BackendConfig) fillDefaults() {
 type Backend struct {
 	cfg  BackendConfig
 	log  *slog.Logger
-	ring *Ring
+	ring *topology.Ring
 	fwd  *Forwarder
 
 	// Readiness: one gRPC connection per node, watched in the background.
@@ -218,7 +220,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 	ring := cfg.Ring
 	if ring == nil {
 		var err error
-		if ring, err = NewRing(cfg.Topology); err != nil {
+		if ring, err = topology.NewRing(cfg.Topology); err != nil {
 			return nil, err
 		}
 	}
@@ -391,7 +393,7 @@ func (b *Backend) closeConns() error {
 }
 
 // Ring returns the ring the backend routes with.
-func (b *Backend) Ring() *Ring { return b.ring }
+func (b *Backend) Ring() *topology.Ring { return b.ring }
 
 // Forwarder returns the backend's Forwarder (its leader cache).
 func (b *Backend) Forwarder() *Forwarder { return b.fwd }
@@ -425,7 +427,7 @@ func (b *Backend) Ready(ctx context.Context) error {
 // attempts fail (refused or timed out: a lost region). Forwarding would
 // only cycle through the voters' refusals, so the answer is UNAVAILABLE at
 // once. A voter whose state is not known yet counts as reachable.
-func (b *Backend) unreachable(shard Shard) bool {
+func (b *Backend) unreachable(shard topology.Shard) bool {
 	for _, v := range shard.Voters {
 		if down, ok := b.nodeDown[v]; !ok || !down.Load() {
 			return false
@@ -477,7 +479,7 @@ func (b *Backend) Get(ctx context.Context, namespace, key string) (fsm.Record, b
 // finish records the request's metrics and turns every failure to reach
 // the shard into a *server.UnavailableError. Answers the store decided
 // (NOT_OWNER, NOT_FOUND, INVALID_ARGUMENT, ...) pass through unchanged.
-func (b *Backend) finish(ctx context.Context, shard Shard, start time.Time, err error) error {
+func (b *Backend) finish(ctx context.Context, shard topology.Shard, start time.Time, err error) error {
 	outcome := "decided"
 	defer func() {
 		b.requestDuration.WithLabelValues(shard.HomeRegion, outcome).Observe(time.Since(start).Seconds())

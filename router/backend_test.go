@@ -20,6 +20,8 @@ import (
 
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/server"
+
+	"github.com/idem-dev/idem/topology"
 )
 
 // Tests of the router's Backend (and the Forwarder under it) against fake
@@ -30,8 +32,8 @@ import (
 // fakeCluster is the shared state of the fake nodes: which node leads each
 // shard, and each shard's state machine.
 type fakeCluster struct {
-	topo *Topology
-	ring *Ring
+	topo *topology.Topology
+	ring *topology.Ring
 	// maxResponseBytes is the nodes' --max-response-bytes (0: default).
 	maxResponseBytes int64
 
@@ -62,12 +64,12 @@ type fakeNode struct {
 // three nodes, one shard per region, three replicas) and starts every node.
 func newFakeCluster(t *testing.T, regions ...string) *fakeCluster {
 	t.Helper()
-	topo := &Topology{Cluster: "fake", ShardsPerRegion: 1, Replicas: 3, Survival: SurvivalZone}
+	topo := &topology.Topology{Cluster: "fake", ShardsPerRegion: 1, Replicas: 3, Survival: topology.SurvivalZone}
 	addrs := freeAddrs(t, 9*len(regions))
 	for _, r := range regions {
-		region := Region{Name: r}
+		region := topology.Region{Name: r}
 		for j := 1; j <= 3; j++ {
-			region.Nodes = append(region.Nodes, Node{ID: fmt.Sprintf("%s-%d", r, j),
+			region.Nodes = append(region.Nodes, topology.Node{ID: fmt.Sprintf("%s-%d", r, j),
 				RaftAddr: addrs[0], GRPCAddr: addrs[1], HTTPAddr: addrs[2], Region: r})
 			addrs = addrs[3:]
 		}
@@ -76,7 +78,7 @@ func newFakeCluster(t *testing.T, regions ...string) *fakeCluster {
 	if err := topo.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	c := &fakeCluster{topo: topo, ring: mustRing(t, topo), leaders: map[string]string{},
+	c := &fakeCluster{topo: topo, ring: newRing(t, topo), leaders: map[string]string{},
 		fsms: map[string]*fsm.FSM{}, index: map[string]uint64{}, nodes: map[string]*fakeNode{}}
 	for _, s := range c.ring.Shards() {
 		c.leaders[s.ID] = s.Voters[0]
@@ -202,7 +204,7 @@ func (c *fakeCluster) setLeader(shardID, nodeID string) {
 }
 
 // keyIn returns a key of namespace ns whose shard is homed in region.
-func (c *fakeCluster) keyIn(t *testing.T, ns, region string) (string, Shard) {
+func (c *fakeCluster) keyIn(t *testing.T, ns, region string) (string, topology.Shard) {
 	t.Helper()
 	for i := 0; i < 10000; i++ {
 		key := fmt.Sprintf("key-%d", i)
@@ -211,7 +213,7 @@ func (c *fakeCluster) keyIn(t *testing.T, ns, region string) (string, Shard) {
 		}
 	}
 	t.Fatalf("no key homed in %s", region)
-	return "", Shard{}
+	return "", topology.Shard{}
 }
 
 // newTestBackend starts a Backend for region over c and an HTTP server for
@@ -512,7 +514,7 @@ func TestBackendReadiness(t *testing.T) {
 
 func TestBackendConfigValidate(t *testing.T) {
 	c := newFakeCluster(t, "r1")
-	other := genTopology([]string{"x"}, 3, 1, 3, SurvivalZone)
+	other := c.topo.Clone()
 	other.Cluster = "other"
 	for _, tc := range []struct {
 		name string
@@ -523,7 +525,7 @@ func TestBackendConfigValidate(t *testing.T) {
 		{"no topology", BackendConfig{Region: "r1"}, []string{"a topology is required"}},
 		{"no region", BackendConfig{Topology: c.topo}, []string{"a region is required"}},
 		{"unknown region", BackendConfig{Topology: c.topo, Region: "mars"}, []string{`region "mars" is not in the topology`}},
-		{"foreign ring", BackendConfig{Topology: c.topo, Region: "r1", Ring: mustRing(t, other)}, []string{`ring is of cluster "other"`}},
+		{"foreign ring", BackendConfig{Topology: c.topo, Region: "r1", Ring: newRing(t, other)}, []string{`ring is of cluster "other"`}},
 		{"negatives", BackendConfig{Topology: c.topo, Region: "r1", RequestTimeout: -1, AttemptTimeout: -1, RetryAfter: -1, MaxMessageBytes: -1},
 			[]string{"request timeout", "attempt timeout", "retry-after", "max message bytes"}},
 	} {
@@ -621,4 +623,13 @@ func TestBackendLargeReplay(t *testing.T) {
 	if err != nil || !found || len(rec.Response.Body) != len(body) {
 		t.Fatalf("get of a 5 MiB body: found=%v, %v", found, err)
 	}
+}
+
+func newRing(t *testing.T, topo *topology.Topology) *topology.Ring {
+	t.Helper()
+	r, err := topology.NewRing(topo)
+	if err != nil {
+		t.Fatalf("NewRing: %v", err)
+	}
+	return r
 }

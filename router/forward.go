@@ -21,6 +21,8 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
+
+	"github.com/idem-dev/idem/topology"
 )
 
 // Metadata keys of forwarded requests.
@@ -39,7 +41,7 @@ const (
 // ForwarderConfig configures a Forwarder.
 type ForwarderConfig struct {
 	// Topology names the nodes and their gRPC addresses. Required.
-	Topology *Topology
+	Topology *topology.Topology
 	// Self is this process's node id, never dialled; empty for a router.
 	Self string
 	// AttemptTimeout bounds one forwarded attempt, so a node that swallows
@@ -79,7 +81,7 @@ func DefaultDialOptions() []grpc.DialOption {
 type Forwarder struct {
 	cfg   ForwarderConfig
 	log   *slog.Logger
-	nodes map[string]Node
+	nodes map[string]topology.Node
 
 	mu      sync.Mutex
 	conns   map[string]*grpc.ClientConn
@@ -108,7 +110,7 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 	f := &Forwarder{
 		cfg:     cfg,
 		log:     log,
-		nodes:   map[string]Node{},
+		nodes:   map[string]topology.Node{},
 		conns:   map[string]*grpc.ClientConn{},
 		leaders: map[string]string{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -207,7 +209,7 @@ func (f *Forwarder) Conn(nodeID string) (*grpc.ClientConn, error) {
 
 // candidates lists whom to try for shard: the cached leader, then the
 // voters in preference order, never this process itself.
-func (f *Forwarder) candidates(shard Shard, prefer string) []string {
+func (f *Forwarder) candidates(shard topology.Shard, prefer string) []string {
 	out := make([]string, 0, len(shard.Voters)+1)
 	add := func(id string) {
 		if id == "" || id == f.cfg.Self {
@@ -257,7 +259,7 @@ func SetLeaderHeader(ctx context.Context, nodeID string) {
 
 // attempt runs call against the candidates of shard until one answers, ctx
 // ends, or every candidate failed twice. prefer is tried first.
-func (f *Forwarder) attempt(ctx context.Context, shard Shard, prefer string, hops int,
+func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer string, hops int,
 	call func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error) (ambiguous bool, err error) {
 	if hops >= MaxHops {
 		return false, status.Errorf(codes.Unavailable, "shard %s: request already forwarded %d times; the leader is moving, retry", shard.ID, hops)
@@ -371,7 +373,7 @@ func containsAny(s string, subs ...string) bool {
 	return false
 }
 
-func unavailable(shard Shard, ctxErr, last error) error {
+func unavailable(shard topology.Shard, ctxErr, last error) error {
 	msg := fmt.Sprintf("shard %s (home region %s) could not be reached in time", shard.ID, shard.HomeRegion)
 	if last != nil {
 		msg += ": " + status.Convert(last).Message()
@@ -384,7 +386,7 @@ func unavailable(shard Shard, ctxErr, last error) error {
 // Apply forwards a reserve, heartbeat, complete or release for shard and
 // returns the store's decision. prefer (may be empty) is tried first; hops
 // is how often the request was forwarded already.
-func (f *Forwarder) Apply(ctx context.Context, shard Shard, cmd *fsm.Command, prefer string, hops int) (fsm.Result, error) {
+func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Command, prefer string, hops int) (fsm.Result, error) {
 	var res fsm.Result
 	var call func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error
 	switch cmd.Op {
@@ -442,7 +444,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard Shard, cmd *fsm.Command, pr
 }
 
 // Get forwards a linearizable read for shard.
-func (f *Forwarder) Get(ctx context.Context, shard Shard, namespace, key, prefer string, hops int) (fsm.Record, bool, error) {
+func (f *Forwarder) Get(ctx context.Context, shard topology.Shard, namespace, key, prefer string, hops int) (fsm.Record, bool, error) {
 	var rec fsm.Record
 	req := &idemv1.GetRequest{Namespace: namespace, Key: key}
 	_, err := f.attempt(ctx, shard, prefer, hops, func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {

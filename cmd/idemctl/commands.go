@@ -19,15 +19,15 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // checkName validates a namespace and key the way the API does, so a typo
 // gets a clear message rather than a location for a key nobody can store.
 func checkName(namespace, key string) error {
 	var errs []error
-	if !router.ValidName(namespace) {
-		errs = append(errs, fmt.Errorf("namespace %q must match %s", namespace, router.NameGrammar))
+	if !topology.ValidName(namespace) {
+		errs = append(errs, fmt.Errorf("namespace %q must match %s", namespace, topology.NameGrammar))
 	}
 	if len(key) < 1 || len(key) > 255 {
 		errs = append(errs, fmt.Errorf("a key is 1 to 255 bytes, got %d", len(key)))
@@ -74,7 +74,7 @@ func runLocate(ctx context.Context, e *env, args []string) error {
 	if err := checkName(ns, key); err != nil {
 		return err
 	}
-	ring, err := router.NewRing(topo)
+	ring, err := topology.NewRing(topo)
 	if err != nil {
 		return err
 	}
@@ -142,7 +142,7 @@ func runGet(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		ring, err := router.NewRing(topo)
+		ring, err := topology.NewRing(topo)
 		if err != nil {
 			return err
 		}
@@ -251,19 +251,19 @@ func reason(err error) string {
 }
 
 // shardArg looks up the shard named on the command line.
-func shardArg(topo *router.Topology, id string) (router.Shard, error) {
+func shardArg(topo *topology.Topology, id string) (topology.Shard, error) {
 	s, ok := topo.ShardByID(id)
 	if !ok {
 		var ids []string
 		for _, s := range topo.Shards() {
 			ids = append(ids, s.ID)
 		}
-		return router.Shard{}, fmt.Errorf("no shard %q in cluster %q (shards: %s)", id, topo.Cluster, strings.Join(ids, ", "))
+		return topology.Shard{}, fmt.Errorf("no shard %q in cluster %q (shards: %s)", id, topo.Cluster, strings.Join(ids, ", "))
 	}
 	return s, nil
 }
 
-func adminClient(topo *router.Topology, nodeID string) (idemv1.AdminClient, func(), error) {
+func adminClient(topo *topology.Topology, nodeID string) (idemv1.AdminClient, func(), error) {
 	n, _ := topo.NodeByID(nodeID)
 	conn, err := dial(n.GRPCAddr)
 	if err != nil {

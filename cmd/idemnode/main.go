@@ -24,7 +24,7 @@ import (
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/raftstore"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -177,7 +177,7 @@ func nodeConfig(o *options) (node.Config, error) {
 		if o.id == "" {
 			errs = append(errs, errors.New("--id is required with --config"))
 		}
-		t, err := router.LoadFile(o.config)
+		t, err := topology.LoadFile(o.config)
 		if err != nil {
 			errs = append(errs, err)
 		} else {
@@ -197,15 +197,15 @@ func nodeConfig(o *options) (node.Config, error) {
 
 // devTopology is the embedded default: one region, one node, four shards,
 // no replication.
-func devTopology(raftAddr, grpcAddr, httpAddr string) *router.Topology {
-	return &router.Topology{
+func devTopology(raftAddr, grpcAddr, httpAddr string) *topology.Topology {
+	return &topology.Topology{
 		Cluster:         "dev",
 		ShardsPerRegion: 4,
 		Replicas:        1,
-		Survival:        router.SurvivalZone,
-		Regions: []router.Region{{
+		Survival:        topology.SurvivalZone,
+		Regions: []topology.Region{{
 			Name:  "local",
-			Nodes: []router.Node{{ID: "dev", RaftAddr: raftAddr, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Region: "local"}},
+			Nodes: []topology.Node{{ID: "dev", RaftAddr: raftAddr, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Region: "local"}},
 		}},
 	}
 }

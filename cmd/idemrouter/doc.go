@@ -27,7 +27,7 @@
 // # How a request is routed
 //
 // Every router computes key -> shard -> home region -> voters from the
-// topology file alone (package router's Ring), then forwards over gRPC to
+// topology file alone (package topology's Ring), then forwards over gRPC to
 // the shard's leader. It keeps a leader cache fed by the idem-leader header
 // that nodes put on their answers, tries the shard's other voters when the
 // cached leader fails (dropping it from the cache), and marks each forwarded

@@ -22,6 +22,7 @@ import (
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/topology"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -132,7 +133,7 @@ func backendConfig(o *options) (router.BackendConfig, error) {
 		}
 	}
 	if o.config != "" {
-		t, err := router.LoadFile(o.config)
+		t, err := topology.LoadFile(o.config)
 		if err != nil {
 			errs = append(errs, err)
 		} else {

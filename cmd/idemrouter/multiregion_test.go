@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // Multi-region tests (issue 3, "What must be shown") on real processes:
@@ -34,7 +34,7 @@ var regions = []string{"us-east", "eu-west", "ap-south"}
 type multiRegion struct {
 	t       *testing.T
 	c       *cluster.Cluster
-	ring    *router.Ring
+	ring    *topology.Ring
 	routers []*cluster.Router // routers[i] runs in regions[i]
 }
 
@@ -48,7 +48,7 @@ func startMultiRegion(t *testing.T, survival string) *multiRegion {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ring, err := router.NewRing(topo)
+	ring, err := topology.NewRing(topo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +456,7 @@ func TestMultiRegionZone(t *testing.T) {
 		for _, r := range regions {
 			count := map[string]int{}
 			for shard, id := range leaders {
-				if home, _, _ := router.ParseShardID(shard); home == r {
+				if home, _, _ := topology.ParseShardID(shard); home == r {
 					count[id]++
 				}
 			}

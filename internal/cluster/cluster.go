@@ -26,7 +26,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // Build compiles the repo's commands (e.g. "idemnode", "idemrouter") into
@@ -137,7 +137,7 @@ type Spec struct {
 }
 
 // Topology generates a topology for spec with free loopback ports.
-func Topology(spec Spec) (*router.Topology, error) {
+func Topology(spec Spec) (*topology.Topology, error) {
 	if spec.Cluster == "" {
 		spec.Cluster = "test"
 	}
@@ -160,16 +160,16 @@ func Topology(spec Spec) (*router.Topology, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &router.Topology{
+	t := &topology.Topology{
 		Cluster: spec.Cluster, ShardsPerRegion: spec.ShardsPerRegion, Replicas: spec.Replicas,
-		Survival: router.Survival(spec.Survival), WANRTTMs: spec.WANRTTMs,
+		Survival: topology.Survival(spec.Survival), WANRTTMs: spec.WANRTTMs,
 	}
 	i := 0
 	addr := func() string { i++; return "127.0.0.1:" + strconv.Itoa(ports[i-1]) }
 	for _, r := range spec.Regions {
-		region := router.Region{Name: r}
+		region := topology.Region{Name: r}
 		for j := 1; j <= spec.NodesPerRegion; j++ {
-			region.Nodes = append(region.Nodes, router.Node{ID: r + "-" + strconv.Itoa(j), RaftAddr: addr(), GRPCAddr: addr(), HTTPAddr: addr()})
+			region.Nodes = append(region.Nodes, topology.Node{ID: r + "-" + strconv.Itoa(j), RaftAddr: addr(), GRPCAddr: addr(), HTTPAddr: addr()})
 		}
 		t.Regions = append(t.Regions, region)
 	}
@@ -180,7 +180,7 @@ func Topology(spec Spec) (*router.Topology, error) {
 }
 
 // WriteTopology writes t as YAML to path.
-func WriteTopology(t *router.Topology, path string) error {
+func WriteTopology(t *topology.Topology, path string) error {
 	data, err := yaml.Marshal(t)
 	if err != nil {
 		return err
@@ -317,7 +317,7 @@ func WaitHTTP(ctx context.Context, url string) error {
 
 // Cluster is a set of idemnode processes (and routers) from one topology.
 type Cluster struct {
-	Topology     *router.Topology
+	Topology     *topology.Topology
 	TopologyPath string
 	Dir          string
 	Nodes        map[string]*Process
@@ -326,7 +326,7 @@ type Cluster struct {
 
 // NewNodes lays out (but does not start) one idemnode process per node of
 // t under dir, each with extraArgs.
-func NewNodes(t *router.Topology, dir, idemnode string, extraArgs ...string) (*Cluster, error) {
+func NewNodes(t *topology.Topology, dir, idemnode string, extraArgs ...string) (*Cluster, error) {
 	c := &Cluster{Topology: t, Dir: dir, TopologyPath: filepath.Join(dir, "topology.yaml"),
 		Nodes: map[string]*Process{}, Routers: map[string]*Process{}}
 	if err := os.MkdirAll(dir, 0o755); err != nil {

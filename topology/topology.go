@@ -1,4 +1,4 @@
-package router
+package topology
 
 import (
 	"bytes"
@@ -139,7 +139,7 @@ func Parse(data []byte) (*Topology, error) {
 func LoadFile(path string) (*Topology, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("router: read topology: %w", err)
+		return nil, fmt.Errorf("topology: %w", err)
 	}
 	return parse(data, path)
 }
