@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/server"
 )
@@ -224,11 +225,6 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// testLogger logs to the test's output.
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
 // startProxy serves a Proxy to upstream URL target over store b on a
 // loopback test server.
 func startProxy(t *testing.T, target string, store proxy.Store, adjust ...func(*proxy.Config)) (*httptest.Server, *proxy.Proxy) {
@@ -236,7 +232,7 @@ func startProxy(t *testing.T, target string, store proxy.Store, adjust ...func(*
 	cfg := proxy.DefaultConfig()
 	cfg.Upstream = target
 	cfg.Store = store
-	cfg.Logger = testLogger(t)
+	cfg.Logger = testutil.Logger(t, slog.LevelDebug)
 	cfg.StoreTimeout = 5 * time.Second
 	for _, f := range adjust {
 		f(&cfg)
@@ -321,22 +317,6 @@ func problem(t *testing.T, rep reply, status int) string {
 		t.Fatalf("incomplete problem: %+v", p)
 	}
 	return strings.TrimPrefix(p.Type, "https://idem.dev/problems/")
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last seen: %s", what, last)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // deadURL is an http URL nobody listens on.

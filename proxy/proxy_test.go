@@ -12,11 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/server"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The rows of the contract's proxy-mode table, one subtest each.
@@ -365,7 +367,7 @@ func TestHeartbeatsKeepTheLease(t *testing.T) {
 	}()
 	<-up.started
 	// Wait well past the lease: only heartbeats keep the key.
-	waitFor(t, "heartbeats past the lease", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, "heartbeats past the lease", func() (bool, string) {
 		n := be.Calls(fsm.OpHeartbeat)
 		return n >= 16, fmt.Sprintf("%d heartbeats", n)
 	})

@@ -14,6 +14,8 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 func openTestSharedLog(t *testing.T, path string) *sharedLog {
@@ -326,7 +328,7 @@ func TestGroupKeepsItsLogStore(t *testing.T) {
 		// Single-voter groups: short timeouts cannot make them flap.
 		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 100*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
 		cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir = "n1", addr, dir
-		cfg.Logger = testLogger(t, slog.LevelWarn)
+		cfg.Logger = testutil.Logger(t, slog.LevelWarn)
 		h, err := NewHost(cfg)
 		if err != nil {
 			t.Fatal(err)

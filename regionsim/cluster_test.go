@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/client"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/regionsim/wan"
 	"github.com/idem-dev/idem/topology"
 )
@@ -26,7 +27,7 @@ func TestRaftCrossesTheWAN(t *testing.T) {
 	cfg.LatencyMin, cfg.LatencyMax = 20*time.Millisecond, 40*time.Millisecond
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	c, err := startCluster(ctx, cfg, t.TempDir(), bins, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	c, err := startCluster(ctx, cfg, t.TempDir(), bins, testutil.Logger(t, slog.LevelWarn))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/regionsim/report"
 )
 
@@ -20,7 +21,7 @@ func TestMeasureLatency(t *testing.T) {
 	cfg.LatencyBudget = 40 * time.Second
 	cfg.Binaries = bins
 	cfg.WorkDir = t.TempDir()
-	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg.Logger = testutil.Logger(t, slog.LevelWarn)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	started := time.Now()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/regionsim/report"
 	"github.com/idem-dev/idem/regionsim/wan"
 	"github.com/idem-dev/idem/topology"
@@ -169,15 +170,8 @@ func shortConfig(t *testing.T) Config {
 	cfg.RouterTimeout = 2 * time.Second
 	cfg.Binaries = bins
 	cfg.WorkDir = t.TempDir()
-	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg.Logger = testutil.Logger(t, slog.LevelWarn)
 	return cfg
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
 }
 
 // assertClean fails the test for every violation in rep, with the seed and

@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/server"
-
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -223,7 +223,7 @@ func newTestBackend(t *testing.T, c *fakeCluster, region string, tweak func(*Bac
 	reg := prometheus.NewRegistry()
 	cfg := DefaultBackendConfig()
 	cfg.Topology, cfg.Ring, cfg.Region, cfg.Registry = c.topo, c.ring, region, reg
-	cfg.Logger = testLogger(t)
+	cfg.Logger = testutil.Logger(t, slog.LevelDebug)
 	if tweak != nil {
 		tweak(&cfg)
 	}
@@ -238,30 +238,8 @@ func newTestBackend(t *testing.T, c *fakeCluster, region string, tweak func(*Bac
 	}
 	hs := httptest.NewServer(api.HTTPHandler())
 	t.Cleanup(hs.Close)
-	waitUntil(t, 10*time.Second, "the backend to become ready", func() bool { return b.Ready(t.Context()) == nil })
+	testutil.Until(t, 10*time.Second, "the backend to become ready", func() bool { return b.Ready(t.Context()) == nil })
 	return b, hs, reg
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func reserve(ctx context.Context, b *Backend, ns, key, owner string) (fsm.Result, error) {
@@ -393,7 +371,7 @@ func TestBackendUnreachableRegionIs503(t *testing.T) {
 	}
 	// Once the probes saw every voter down, the answer comes without a
 	// round of forwarding attempts.
-	waitUntil(t, 10*time.Second, "the probes to see r2 down", func() bool { return b.unreachable(lostShard) })
+	testutil.Until(t, 10*time.Second, "the probes to see r2 down", func() bool { return b.unreachable(lostShard) })
 	attempts := metricValue(t, reg, "idem_forward_requests_total", "region", "r2")
 	if _, err := reserve(ctx, b, "pay", lostKey, "owner-aaaaaaaaaaaaaaaa"); !errors.As(err, &ue) || !strings.Contains(ue.Reason, "can be connected to") {
 		t.Fatalf("reserve of a key of a region known down: %v", err)
@@ -411,7 +389,7 @@ func TestBackendUnreachableRegionIs503(t *testing.T) {
 	for _, r := range c.topo.Regions[1].Nodes {
 		c.nodes[r.ID].start(t)
 	}
-	waitUntil(t, 10*time.Second, "the region's keys to answer again", func() bool {
+	testutil.Until(t, 10*time.Second, "the region's keys to answer again", func() bool {
 		res, err := reserve(ctx, b, "pay", lostKey, "owner-bbbbbbbbbbbbbbbb")
 		return err == nil && res.Outcome == fsm.OutcomeInProgress
 	})
@@ -504,9 +482,9 @@ func TestBackendReadiness(t *testing.T) {
 	}
 	// One node of the remote region is enough.
 	c.nodes["r2-3"].start(t)
-	waitUntil(t, 10*time.Second, "ready once one node listens", func() bool { return b.Ready(t.Context()) == nil })
+	testutil.Until(t, 10*time.Second, "ready once one node listens", func() bool { return b.Ready(t.Context()) == nil })
 	c.nodes["r2-3"].stop()
-	waitUntil(t, 10*time.Second, "not ready once no node listens", func() bool { return b.Ready(t.Context()) != nil })
+	testutil.Until(t, 10*time.Second, "not ready once no node listens", func() bool { return b.Ready(t.Context()) != nil })
 	if st := b.Stats(); st.Nodes != 6 || st.ReachableNodes != 0 {
 		t.Fatalf("stats %+v", st)
 	}

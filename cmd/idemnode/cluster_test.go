@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // Tests in this file run real idemnode processes on loopback.
@@ -206,7 +207,7 @@ func TestLeaderKillLosesNothing(t *testing.T) {
 	done := make(chan struct{})
 	go func() { workload(ctx, c, 12, stop, acked, &okCount); close(done) }()
 
-	waitFor(t, 20*time.Second, "completions before the kill", func() bool { return okCount.Load() >= 200 })
+	testutil.Until(t, 20*time.Second, "completions before the kill", func() bool { return okCount.Load() >= 200 })
 	counts := map[string]int{}
 	for _, id := range shardLeaders(t, c) {
 		counts[id]++
@@ -220,7 +221,7 @@ func TestLeaderKillLosesNothing(t *testing.T) {
 	t.Logf("killing %s, leader of %d shards, after %d completions", victim, most, okCount.Load())
 	c.Nodes[victim].Kill()
 	before := okCount.Load()
-	waitFor(t, 30*time.Second, "completions after the kill", func() bool { return okCount.Load() >= before+200 })
+	testutil.Until(t, 30*time.Second, "completions after the kill", func() bool { return okCount.Load() >= before+200 })
 	close(stop)
 	<-done
 	close(acked)
@@ -259,17 +260,6 @@ func checkCompleted(t *testing.T, c *cluster.Cluster, all []completion) {
 				t.Fatalf("acknowledged completion of %s changed or lost: %s", a.key, r)
 			}
 		}
-	}
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -361,7 +351,7 @@ func TestLeaseExpiryAndReclaim(t *testing.T) {
 	first := want(t, 200)(a.Reserve(ctx, "jobs", "job-1", map[string]any{"owner_token": "stale-owner-00001", "lease_ms": 200}))
 	oldLease, _ := time.Parse(time.RFC3339Nano, first.Str("lease_expires_at"))
 	var re cluster.Reply
-	waitFor(t, 10*time.Second, "RECLAIMED", func() bool {
+	testutil.Until(t, 10*time.Second, "RECLAIMED", func() bool {
 		re = want(t, 200)(b.Reserve(ctx, "jobs", "job-1", map[string]any{"owner_token": "new-owner-000001", "lease_ms": 5000}))
 		if o := re.Str("outcome"); o != "IN_PROGRESS" && o != "RECLAIMED" {
 			t.Fatalf("unexpected %s", re)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -260,17 +261,6 @@ func (a *ackLog) all() []completedKey {
 	return append([]completedKey(nil), a.keys...)
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // runWorkload starts a workload and returns a function that stops it and
 // fails the test on any violation.
 func runWorkload(t *testing.T, ns string, apis []*cluster.API, workers int, acked *ackLog) (stop func()) {
@@ -421,7 +411,7 @@ func TestMultiRegionZone(t *testing.T) {
 	var acked ackLog
 	t.Run("routers restarted mid-workload lose nothing", func(t *testing.T) {
 		stop := runWorkload(t, ns, m.routerAPIs(), 6, &acked)
-		waitFor(t, 30*time.Second, "completions before the restarts", func() bool { return acked.n.Load() >= 60 })
+		testutil.Until(t, 30*time.Second, "completions before the restarts", func() bool { return acked.n.Load() >= 60 })
 		for i, rt := range m.routers {
 			if i == 0 {
 				rt.Kill() // a crash
@@ -442,7 +432,7 @@ func TestMultiRegionZone(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 30*time.Second, "completions after restarting "+rt.Name, func() bool { return acked.n.Load() >= before+20 })
+			testutil.Until(t, 30*time.Second, "completions after restarting "+rt.Name, func() bool { return acked.n.Load() >= before+20 })
 		}
 		stop()
 		all := acked.all()
@@ -471,7 +461,7 @@ func TestMultiRegionZone(t *testing.T) {
 		var killAcked ackLog
 		apis := append(m.routerAPIs(), m.nodeAPIs()...)
 		stop := runWorkload(t, ns, apis, 6, &killAcked)
-		waitFor(t, 30*time.Second, "completions before the kills", func() bool { return killAcked.n.Load() >= 60 })
+		testutil.Until(t, 30*time.Second, "completions before the kills", func() bool { return killAcked.n.Load() >= 60 })
 		t.Logf("killing %v (leaders: %v)", victims, leaders)
 		for _, id := range victims {
 			m.c.Nodes[id].Kill()
@@ -497,7 +487,7 @@ func TestMultiRegionZone(t *testing.T) {
 				}
 			}
 		}
-		waitFor(t, 30*time.Second, "workload completions after the kills", func() bool { return killAcked.n.Load() >= before+60 })
+		testutil.Until(t, 30*time.Second, "workload completions after the kills", func() bool { return killAcked.n.Load() >= before+60 })
 		stop()
 		all := killAcked.all()
 		t.Logf("%d acknowledged completions across the kills", len(all))
