@@ -232,6 +232,9 @@ func startBenchCluster(n int, sharedLog, noFsync bool) (_ *benchCluster, err err
 			return nil, err
 		}
 		c.nodes = append(c.nodes, nn)
+		if err := nn.Start(); err != nil {
+			return nil, err
+		}
 		go nn.Serve(context.Background())
 		grpcAddrs = append(grpcAddrs, nn.GRPCAddr())
 	}

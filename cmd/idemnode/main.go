@@ -7,6 +7,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -124,7 +125,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return n.Serve(ctx)
+	return n.Run(ctx)
 }
 
 // nodeConfig turns flags into a node.Config, reporting every problem at once.
@@ -165,12 +166,12 @@ func nodeConfig(o *options) (node.Config, error) {
 		}
 		cfg.NodeID = "dev"
 		cfg.HTTPAddr, cfg.GRPCAddr, cfg.RaftAddr = "", "", ""
-		t := devTopology(cmpStr(o.raftAddr, "127.0.0.1:7000"), cmpStr(o.grpcAddr, "127.0.0.1:7070"), cmpStr(o.httpAddr, "127.0.0.1:8080"))
+		t := devTopology(cmp.Or(o.raftAddr, "127.0.0.1:7000"), cmp.Or(o.grpcAddr, "127.0.0.1:7070"), cmp.Or(o.httpAddr, "127.0.0.1:8080"))
 		if err := t.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("dev topology: %w", err))
 		}
 		cfg.Topology = t
-		cfg.DataDir = cmpStr(o.dataDir, filepath.Join("idem-data", "dev"))
+		cfg.DataDir = cmp.Or(o.dataDir, filepath.Join("idem-data", "dev"))
 	case o.config == "":
 		errs = append(errs, errors.New("either --dev or --config FILE is required (see --help)"))
 	default:
@@ -187,7 +188,7 @@ func nodeConfig(o *options) (node.Config, error) {
 			}
 		}
 		cfg.NodeID = o.id
-		cfg.DataDir = cmpStr(o.dataDir, filepath.Join("idem-data", o.id))
+		cfg.DataDir = cmp.Or(o.dataDir, filepath.Join("idem-data", o.id))
 	}
 	if len(errs) > 0 {
 		return cfg, cli.OneLine(errs...)
@@ -208,11 +209,4 @@ func devTopology(raftAddr, grpcAddr, httpAddr string) *topology.Topology {
 			Nodes: []topology.Node{{ID: "dev", RaftAddr: raftAddr, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Region: "local"}},
 		}},
 	}
-}
-
-func cmpStr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
