@@ -18,9 +18,6 @@ const (
 	DefaultMaxSweep              = 10000
 	DefaultAbandonAfter          = 7 * 24 * time.Hour
 	DefaultLeaderBalanceInterval = 5 * time.Second
-	// DrainTimeout bounds the drain on shutdown (in-flight requests,
-	// leadership hand-over, Raft groups closing), inside the contract's 15 s.
-	DrainTimeout = 12 * time.Second
 )
 
 // Config configures a storage node.

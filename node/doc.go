@@ -13,9 +13,9 @@
 // Config fails before anything is opened. Start opens the data dir (and
 // refuses one created for another cluster, node or ring: ErrDataDirMismatch),
 // starts the Raft groups, binds the listeners and starts the loops. Serve
-// answers until ctx ends or Close is called, then drains within
-// DrainTimeout: no new requests, in-flight ones finish, leaderships are
-// handed over, Raft groups close.
+// answers until ctx ends or Close is called, then drains within 12 s
+// (internal/serving's DrainTimeout): no new requests, in-flight ones
+// finish, leaderships are handed over, Raft groups close.
 //
 // # Files
 //

@@ -157,7 +157,7 @@ func (n *Node) Serve(ctx context.Context) error {
 		}
 	}()
 	serveErr := serving.Serve(ctx, n.log, n.servers)
-	drainCtx, cancel := context.WithTimeout(context.Background(), DrainTimeout)
+	drainCtx, cancel := context.WithTimeout(context.Background(), serving.DrainTimeout)
 	defer cancel()
 	n.log.Info("draining")
 	return errors.Join(serveErr, n.closeAll(drainCtx))
@@ -166,7 +166,7 @@ func (n *Node) Serve(ctx context.Context) error {
 // Close stops the node at once, as Serve does on its way out. It is safe to
 // call more than once, and after a failed Start.
 func (n *Node) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), DrainTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), serving.DrainTimeout)
 	defer cancel()
 	return n.closeAll(ctx)
 }

@@ -5,7 +5,7 @@
 //
 //	servers := []serving.Server{serving.HTTP("http", httpLn, h, log), serving.GRPC("grpc", grpcLn, gs)}
 //	err := serving.Serve(ctx, log, servers)      // until ctx ends or a server fails
-//	drainCtx, cancel := context.WithTimeout(context.Background(), 12*time.Second)
+//	drainCtx, cancel := context.WithTimeout(context.Background(), serving.DrainTimeout)
 //	err = errors.Join(err, serving.Drain(drainCtx, servers))
 package serving
 
@@ -20,6 +20,11 @@ import (
 
 	"google.golang.org/grpc"
 )
+
+// DrainTimeout bounds a process's drain on SIGTERM (in-flight requests,
+// and for a node the leadership hand-over and closing its Raft groups),
+// inside the contract's 15 s.
+const DrainTimeout = 12 * time.Second
 
 // ReadHeaderTimeout bounds how long an HTTP client may take to send its
 // request headers (slowloris).
