@@ -28,7 +28,7 @@ var (
 	ErrInvalidConfig = errors.New("node: invalid config")
 	// ErrDataDirMismatch: the data dir belongs to another cluster, node or ring.
 	ErrDataDirMismatch = errors.New("node: data dir does not match this node")
-	// ErrNotStarted: Serve was called before Start.
+	// ErrNotStarted: Serve or Ready was called before Start.
 	ErrNotStarted = errors.New("node: not started (call Start, or Run)")
 )
 
@@ -147,6 +147,9 @@ func unavailable(info topology.Shard, err error) error {
 func (n *Node) Ready(ctx context.Context) error {
 	if p := n.ringErr.Load(); p != nil {
 		return *p
+	}
+	if n.host == nil {
+		return ErrNotStarted
 	}
 	return n.host.Ready()
 }

@@ -58,10 +58,6 @@ func New(cfg Config) (*Node, error) {
 		n.fwd.Close()
 		return nil, err
 	}
-	if err := cfg.Registry.Register(&fsmCollector{n: n}); err != nil {
-		n.fwd.Close()
-		return nil, fmt.Errorf("node: register metrics: %w", err)
-	}
 	return n, nil
 }
 
@@ -108,6 +104,10 @@ func (n *Node) Start() (err error) {
 			return err
 		}
 		n.shards[info.ID] = s
+	}
+	// Registered once the shards are in place: the collector reads them.
+	if err := cfg.Registry.Register(&fsmCollector{n: n}); err != nil {
+		return fmt.Errorf("node: register metrics: %w", err)
 	}
 
 	if n.httpLn, err = net.Listen("tcp", cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
