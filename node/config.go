@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -109,21 +110,11 @@ func (c Config) Validate() error {
 
 // withDefaults returns c with every zero field that has a default filled in.
 func (c Config) withDefaults() Config {
-	if c.SweepInterval == 0 {
-		c.SweepInterval = DefaultSweepInterval
-	}
-	if c.LeaderBalanceInterval == 0 {
-		c.LeaderBalanceInterval = DefaultLeaderBalanceInterval
-	}
-	if c.MaxSweep == 0 {
-		c.MaxSweep = DefaultMaxSweep
-	}
-	if c.AbandonAfter == 0 {
-		c.AbandonAfter = DefaultAbandonAfter
-	}
-	if c.Raft == (raftstore.Config{}) {
-		c.Raft = raftstore.DefaultConfig()
-	}
+	c.SweepInterval = cmp.Or(c.SweepInterval, DefaultSweepInterval)
+	c.LeaderBalanceInterval = cmp.Or(c.LeaderBalanceInterval, DefaultLeaderBalanceInterval)
+	c.MaxSweep = cmp.Or(c.MaxSweep, DefaultMaxSweep)
+	c.AbandonAfter = cmp.Or(c.AbandonAfter, DefaultAbandonAfter)
+	c.Raft = cmp.Or(c.Raft, raftstore.DefaultConfig())
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
