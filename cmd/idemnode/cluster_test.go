@@ -84,10 +84,19 @@ func want(t *testing.T, status int) func(cluster.Reply, error) cluster.Reply {
 	}
 }
 
-// TestConcurrentReservesOneOwner: 48 concurrent reserves of the same key,
+// TestSharedCluster runs the tests that leave the cluster as they found it
+// (no kills, no restarts) on one three-node cluster, which they share to
+// save its start-up. The skew margin is short for the lease test; the other
+// test's leases are long enough never to expire.
+func TestSharedCluster(t *testing.T) {
+	c := startCluster(t, cluster.Spec{}, "--clock-skew-margin", "300ms")
+	t.Run("ConcurrentReservesOneOwner", func(t *testing.T) { testConcurrentReservesOneOwner(t, c) })
+	t.Run("LeaseExpiryAndReclaim", func(t *testing.T) { testLeaseExpiryAndReclaim(t, c) })
+}
+
+// testConcurrentReservesOneOwner: 48 concurrent reserves of the same key,
 // spread over all three nodes, give exactly one ACQUIRED; over many keys.
-func TestConcurrentReservesOneOwner(t *testing.T) {
-	c := startCluster(t, cluster.Spec{})
+func testConcurrentReservesOneOwner(t *testing.T, c *cluster.Cluster) {
 	ids := nodeIDs(c)
 	apis := make([]*cluster.API, len(ids))
 	for i, id := range ids {
@@ -384,11 +393,10 @@ func TestRestartKeepsEveryRecord(t *testing.T) {
 	}
 }
 
-// TestLeaseExpiryAndReclaim: an expired lease is reclaimed only after the
-// clock-skew margin, with a larger fencing token, and the stale owner is
-// fenced out of complete, heartbeat and release.
-func TestLeaseExpiryAndReclaim(t *testing.T) {
-	c := startCluster(t, cluster.Spec{}, "--clock-skew-margin", "300ms")
+// testLeaseExpiryAndReclaim: an expired lease is reclaimed only after the
+// clock-skew margin (300 ms, TestSharedCluster's), with a larger fencing
+// token, and the stale owner is fenced out of complete, heartbeat and release.
+func testLeaseExpiryAndReclaim(t *testing.T, c *cluster.Cluster) {
 	ctx := t.Context()
 	ids := nodeIDs(c)
 	a, b := cluster.NewAPI(c.HTTPAddr(ids[0])), cluster.NewAPI(c.HTTPAddr(ids[2]))
