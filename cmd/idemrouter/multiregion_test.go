@@ -38,6 +38,7 @@ type multiRegion struct {
 	routers []*cluster.Router // routers[i] runs in regions[i]
 	seed    uint64            // of every random choice the test makes (logged)
 	rng     *rand.Rand        // from seed, for the test's own goroutine
+	runs    uint64            // workloads started: each draws its own streams
 }
 
 func startMultiRegion(t *testing.T, survival string) *multiRegion {
@@ -202,13 +203,13 @@ func retrying(ctx context.Context, apis []*cluster.API, start int, timeout time.
 // but the same reservation or completion. It reports every acknowledged
 // completion on acked and every contract violation to violation (which must
 // not block: a burst of violations must fail the test, not hang it).
-func workload(ctx context.Context, seed uint64, ns string, apis []*cluster.API, workers int, stop <-chan struct{}, acked *ackLog, violation func(string)) {
+func workload(ctx context.Context, seed, run uint64, ns string, apis []*cluster.API, workers int, stop <-chan struct{}, acked *ackLog, violation func(string)) {
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := cluster.Rand(seed, uint64(w)+1)
+			rng := cluster.Rand(seed, run<<32|uint64(w)) // stream 0 is the test's own
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
@@ -288,7 +289,8 @@ func (m *multiRegion) runWorkload(t *testing.T, ns string, apis []*cluster.API, 
 		mu.Unlock()
 	}
 	done := make(chan struct{})
-	go func() { workload(t.Context(), m.seed, ns, apis, workers, stopc, acked, violation); close(done) }()
+	m.runs++
+	go func() { workload(t.Context(), m.seed, m.runs, ns, apis, workers, stopc, acked, violation); close(done) }()
 	return func() {
 		t.Helper()
 		close(stopc)
