@@ -38,6 +38,13 @@ type Config struct {
 	// means metrics are not exported (Stats still works).
 	Registry *prometheus.Registry
 
+	// OnStorageFailure, if set, is called once (from the log's writer
+	// goroutine; it must not block) when a write or fsync of the node's
+	// Raft log failed: the log has stopped taking writes (ErrStorageFailed)
+	// and the host is no longer ready. A process typically logs it and
+	// exits, so a supervisor restarts it on what is durable.
+	OnStorageFailure func(error)
+
 	// HeartbeatTimeout is how long a follower goes without hearing from the
 	// leader before it campaigns (randomised in [1x, 2x)). The leader
 	// heartbeats every HeartbeatTimeout/10.
