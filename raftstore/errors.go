@@ -61,6 +61,10 @@ var (
 	// ErrCorruptLog means the node's Raft log file cannot be read (a damaged
 	// or foreign file). The host refuses to open rather than guess.
 	ErrCorruptLog = errors.New("raftstore: Raft log file is corrupt")
+
+	// ErrStateMissing is returned by AddGroup with StartRequireState for a
+	// group that has no state on disk: it was lost.
+	ErrStateMissing = errors.New("raftstore: the group's Raft state is missing")
 )
 
 // shardErr builds "raftstore: shard <id>: <message>" from a fmt format,

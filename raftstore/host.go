@@ -229,7 +229,12 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		return nil, shardErr(id, "checking existing state: %w", err)
 	}
 
-	if !existing {
+	switch {
+	case !existing && gc.Start == StartRequireState:
+		return nil, shardErr(id, "%w: no log or snapshot under %s although this node held the group before", ErrStateMissing, h.cfg.DataDir)
+	case !existing && gc.Start == StartJoin:
+		logger.Info("raft group starting empty, waiting to be added by its leader")
+	case !existing:
 		// Write the initial configuration straight into the stores before
 		// raft starts. Bootstrapping a running raft instead races with peers:
 		// a vote request or an append from a peer that started first makes
@@ -257,6 +262,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	g := &Group{
 		id:            id,
 		host:          h,
+		peers:         addrs,
 		logger:        logger,
 		raft:          r,
 		fsm:           fsm,
