@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -114,7 +115,9 @@ func (c Config) withDefaults() Config {
 	c.LeaderBalanceInterval = cmp.Or(c.LeaderBalanceInterval, DefaultLeaderBalanceInterval)
 	c.MaxSweep = cmp.Or(c.MaxSweep, DefaultMaxSweep)
 	c.AbandonAfter = cmp.Or(c.AbandonAfter, DefaultAbandonAfter)
-	c.Raft = cmp.Or(c.Raft, raftstore.DefaultConfig())
+	if reflect.ValueOf(c.Raft).IsZero() { // not ==: the config holds a callback
+		c.Raft = raftstore.DefaultConfig()
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -204,9 +204,15 @@ func (c *testCluster) voters() []Peer {
 
 func (c *testCluster) addGroups(n *testNode) {
 	c.tb.Helper()
+	c.addGroupsWith(n, StartBootstrap)
+}
+
+// addGroupsWith adds every shard to n with the given StartMode.
+func (c *testCluster) addGroupsWith(n *testNode, start StartMode) {
+	c.tb.Helper()
 	for _, shard := range c.shards {
 		sm := newKV()
-		if _, err := n.host.AddGroup(GroupConfig{ID: shard, Voters: c.voters()}, sm); err != nil {
+		if _, err := n.host.AddGroup(GroupConfig{ID: shard, Voters: c.voters(), Start: start}, sm); err != nil {
 			c.tb.Fatalf("AddGroup(%s on %s): %v", shard, n.id, err)
 		}
 		n.sms[shard] = sm

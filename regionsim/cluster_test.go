@@ -114,14 +114,18 @@ func TestInterruptStopsEverything(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	go func() {
-		// Cancel once the scenario is under way (a node was killed).
+		// Cancel once the scenario is under way: its first fault killed a
+		// node, so the number of processes under the work dir fell below the
+		// most seen (every process started) for the first time.
 		deadline := time.Now().Add(2 * time.Minute)
+		most := 0
 		for time.Now().Before(deadline) {
-			if len(processesUnder(cfg.WorkDir)) > 0 {
-				time.Sleep(10 * time.Second)
+			n := len(processesUnder(cfg.WorkDir))
+			if most > 0 && n < most {
 				cancel()
 				return
 			}
+			most = max(most, n)
 			time.Sleep(100 * time.Millisecond)
 		}
 	}()

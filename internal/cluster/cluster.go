@@ -5,6 +5,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -30,18 +31,25 @@ import (
 )
 
 // Build compiles the repo's commands (e.g. "idemnode", "idemrouter") into
-// dir and returns their paths by name. It must run inside the module.
+// dir and returns their paths by name. It must run inside the module. When
+// the calling test binary runs under the race detector (go test -race), the
+// commands are built with -race too, so the code that only runs inside the
+// processes (node wiring, forwarding, draining) is checked as well.
 func Build(dir string, commands ...string) (map[string]string, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return nil, err
 	}
+	args, env := []string{"build"}, append(os.Environ(), "CGO_ENABLED=0")
+	if raceEnabled {
+		args, env = append(args, "-race"), append(os.Environ(), "CGO_ENABLED=1")
+	}
 	out := map[string]string{}
 	for _, name := range commands {
 		bin := filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
+		cmd := exec.Command("go", append(args, "-o", bin, "./cmd/"+name)...)
 		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		cmd.Env = env
 		if b, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("cluster: go build ./cmd/%s: %v\n%s", name, err, b)
 		}
@@ -368,16 +376,40 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 	return nil
 }
 
-// StopAll stops every process gracefully (SIGTERM) and reports failures.
+// StopAll stops every process gracefully (SIGTERM) and reports failures,
+// including a data race any process reported in its log (also one that was
+// killed, and so never exited with the race detector's status).
 func (c *Cluster) StopAll() error {
 	var errs []error
 	for _, p := range c.Routers {
-		errs = append(errs, p.Stop(20*time.Second))
+		errs = append(errs, p.Stop(20*time.Second), p.RaceReport())
 	}
 	for _, p := range c.Nodes {
-		errs = append(errs, p.Stop(20*time.Second))
+		errs = append(errs, p.Stop(20*time.Second), p.RaceReport())
 	}
 	return errors.Join(errs...)
+}
+
+// raceMarker starts every report of the race detector.
+const raceMarker = "WARNING: DATA RACE"
+
+// RaceReport returns an error quoting the first data race the process
+// reported in its log (processes are built with -race when the tests run
+// with it), or nil.
+func (p *Process) RaceReport() error {
+	data, err := os.ReadFile(p.Log)
+	if err != nil {
+		return nil // never started: nothing to report
+	}
+	i := bytes.Index(data, []byte(raceMarker))
+	if i < 0 {
+		return nil
+	}
+	report := data[i:]
+	if len(report) > 4000 {
+		report = report[:4000]
+	}
+	return fmt.Errorf("cluster: %s reported a data race (log %s):\n%s", p.Name, p.Log, report)
 }
 
 // HTTPAddr returns the JSON API address of node id.
