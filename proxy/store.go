@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/httpidem"
 	"github.com/idem-dev/idem/server"
@@ -71,24 +72,16 @@ func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reserva
 		LeaseExpiresAt:       unixNanos(res.LeaseExpiresAt),
 		RetryAfter:           time.Duration(res.RetryAfter),
 	}
-	switch res.Outcome {
-	case fsm.OutcomeAcquired:
-		out.Outcome = httpidem.OutcomeAcquired
-	case fsm.OutcomeReclaimed:
-		out.Outcome = httpidem.OutcomeReclaimed
-	case fsm.OutcomeInProgress:
-		out.Outcome = httpidem.OutcomeInProgress
-	case fsm.OutcomeCompleted:
-		out.Outcome = httpidem.OutcomeCompleted
+	out.Outcome = idemv1.FSMOutcomeToContract(res.Outcome)
+	switch out.Outcome {
+	case httpidem.OutcomeUnknown:
+		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s answered %v", req.Namespace, req.Key, res.Outcome)
+	case httpidem.OutcomeCompleted:
 		if res.Response != nil {
 			out.Response = &Response{Status: int(res.Response.Status), Headers: res.Response.Headers, Body: res.Response.Body}
 		}
-	case fsm.OutcomeFingerprintMismatch:
-		out.Outcome = httpidem.OutcomeFingerprintMismatch
-	default:
-		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s answered %v", req.Namespace, req.Key, res.Outcome)
 	}
-	if (out.Outcome == httpidem.OutcomeAcquired || out.Outcome == httpidem.OutcomeReclaimed) &&
+	if out.Outcome.Owned() &&
 		res.OwnerToken != "" && res.OwnerToken != req.OwnerToken {
 		// Anything else would let two callers believe they own the key.
 		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s acquired for another owner token than the one sent", req.Namespace, req.Key)

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
@@ -394,7 +393,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard Shard, cmd *fsm.Command, pr
 		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
 			resp, err := c.Reserve(ctx, req, opts...)
 			if err == nil {
-				res = reserveResult(resp)
+				res = idemv1.ReserveFromProto(resp)
 			}
 			return err
 		}
@@ -404,17 +403,17 @@ func (f *Forwarder) Apply(ctx context.Context, shard Shard, cmd *fsm.Command, pr
 		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
 			resp, err := c.Heartbeat(ctx, req, opts...)
 			if err == nil {
-				res = fsm.Result{Outcome: fsm.OutcomeOK, LeaseExpiresAt: nanos(resp.GetLeaseExpiresAt())}
+				res = fsm.Result{Outcome: fsm.OutcomeOK, LeaseExpiresAt: idemv1.TimeFromProto(resp.GetLeaseExpiresAt())}
 			}
 			return err
 		}
 	case fsm.OpComplete:
 		req := &idemv1.CompleteRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
-			Response: toProtoResponse(cmd.Response), RetentionS: cmd.Retention / int64(time.Second)}
+			Response: idemv1.ResponseToProto(cmd.Response), RetentionS: cmd.Retention / int64(time.Second)}
 		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
 			resp, err := c.Complete(ctx, req, opts...)
 			if err == nil {
-				res = fsm.Result{Outcome: fsm.OutcomeOK, CompletedAt: nanos(resp.GetCompletedAt()), ExpiresAt: nanos(resp.GetExpiresAt())}
+				res = fsm.Result{Outcome: fsm.OutcomeOK, CompletedAt: idemv1.TimeFromProto(resp.GetCompletedAt()), ExpiresAt: idemv1.TimeFromProto(resp.GetExpiresAt())}
 			}
 			return err
 		}
@@ -448,7 +447,7 @@ func (f *Forwarder) Get(ctx context.Context, shard Shard, namespace, key, prefer
 	_, err := f.attempt(ctx, shard, prefer, hops, func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
 		resp, err := c.Get(ctx, req, opts...)
 		if err == nil {
-			rec = recordFromProto(resp)
+			rec = idemv1.RecordFromProto(resp)
 		}
 		return err
 	})
@@ -459,71 +458,4 @@ func (f *Forwarder) Get(ctx context.Context, shard Shard, namespace, key, prefer
 		return fsm.Record{}, false, nil
 	}
 	return fsm.Record{}, false, err
-}
-
-func nanos(ts *timestamppb.Timestamp) int64 {
-	if ts == nil {
-		return 0
-	}
-	return ts.AsTime().UnixNano()
-}
-
-func fromProtoResponse(r *idemv1.StoredResponse) *fsm.Response {
-	if r == nil {
-		return nil
-	}
-	return &fsm.Response{Status: r.GetStatus(), Headers: r.GetHeaders(), Body: r.GetBody()}
-}
-
-func toProtoResponse(r *fsm.Response) *idemv1.StoredResponse {
-	if r == nil {
-		return nil
-	}
-	return &idemv1.StoredResponse{Status: r.Status, Headers: r.Headers, Body: r.Body}
-}
-
-func reserveResult(p *idemv1.ReserveResponse) fsm.Result {
-	r := fsm.Result{
-		OwnerToken:           p.GetOwnerToken(),
-		FencingToken:         p.GetFencingToken(),
-		PreviousFencingToken: p.GetPreviousFencingToken(),
-		LeaseExpiresAt:       nanos(p.GetLeaseExpiresAt()),
-		RetryAfter:           p.GetRetryAfterMs() * int64(time.Millisecond),
-		CompletedAt:          nanos(p.GetCompletedAt()),
-		ExpiresAt:            nanos(p.GetExpiresAt()),
-		Response:             fromProtoResponse(p.GetResponse()),
-	}
-	switch p.GetOutcome() {
-	case idemv1.Outcome_ACQUIRED:
-		r.Outcome = fsm.OutcomeAcquired
-	case idemv1.Outcome_RECLAIMED:
-		r.Outcome = fsm.OutcomeReclaimed
-	case idemv1.Outcome_IN_PROGRESS:
-		r.Outcome = fsm.OutcomeInProgress
-	case idemv1.Outcome_COMPLETED:
-		r.Outcome = fsm.OutcomeCompleted
-	case idemv1.Outcome_FINGERPRINT_MISMATCH:
-		r.Outcome = fsm.OutcomeFingerprintMismatch
-	default:
-		r.Outcome = fsm.OutcomeInvalid
-	}
-	return r
-}
-
-func recordFromProto(p *idemv1.GetResponse) fsm.Record {
-	r := fsm.Record{
-		Fingerprint:    p.GetFingerprint(),
-		FencingToken:   p.GetFencingToken(),
-		LeaseExpiresAt: nanos(p.GetLeaseExpiresAt()),
-		CompletedAt:    nanos(p.GetCompletedAt()),
-		ExpiresAt:      nanos(p.GetExpiresAt()),
-		Response:       fromProtoResponse(p.GetResponse()),
-	}
-	switch p.GetState() {
-	case idemv1.State_STATE_IN_PROGRESS:
-		r.State = fsm.StateInProgress
-	case idemv1.State_STATE_COMPLETED:
-		r.State = fsm.StateCompleted
-	}
-	return r
 }

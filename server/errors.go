@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/contract"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -46,87 +47,28 @@ func (e *UnavailableError) Error() string {
 // Unwrap makes errors.Is(err, ErrUnavailable) hold.
 func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
 
-// Code is an error code of the public API (API-v1.md, "Errors").
-type Code string
+// Code is an error code of the public API (API-v1.md, "Errors"); defined in
+// package contract.
+type Code = contract.Code
 
-// The codes of the public API. CodeMethodNotAllowed is the one addition: the
-// contract names no code for a wrong HTTP method, see doc.go.
+// The codes of the public API (see contract).
 const (
-	CodeInvalidArgument   Code = "INVALID_ARGUMENT"
-	CodeUnauthenticated   Code = "UNAUTHENTICATED"
-	CodePermissionDenied  Code = "PERMISSION_DENIED"
-	CodeNotFound          Code = "NOT_FOUND"
-	CodeMethodNotAllowed  Code = "METHOD_NOT_ALLOWED"
-	CodeNotOwner          Code = "NOT_OWNER"
-	CodePayloadTooLarge   Code = "PAYLOAD_TOO_LARGE"
-	CodeResourceExhausted Code = "RESOURCE_EXHAUSTED"
-	CodeInternal          Code = "INTERNAL"
-	CodeUnavailable       Code = "UNAVAILABLE"
+	CodeInvalidArgument   = contract.CodeInvalidArgument
+	CodeUnauthenticated   = contract.CodeUnauthenticated
+	CodePermissionDenied  = contract.CodePermissionDenied
+	CodeNotFound          = contract.CodeNotFound
+	CodeMethodNotAllowed  = contract.CodeMethodNotAllowed
+	CodeNotOwner          = contract.CodeNotOwner
+	CodePayloadTooLarge   = contract.CodePayloadTooLarge
+	CodeResourceExhausted = contract.CodeResourceExhausted
+	CodeInternal          = contract.CodeInternal
+	CodeUnavailable       = contract.CodeUnavailable
 )
-
-// HTTPStatus is the HTTP status code that carries c.
-func (c Code) HTTPStatus() int {
-	switch c {
-	case CodeInvalidArgument:
-		return http.StatusBadRequest
-	case CodeUnauthenticated:
-		return http.StatusUnauthorized
-	case CodePermissionDenied:
-		return http.StatusForbidden
-	case CodeNotFound:
-		return http.StatusNotFound
-	case CodeMethodNotAllowed:
-		return http.StatusMethodNotAllowed
-	case CodeNotOwner:
-		return http.StatusConflict
-	case CodePayloadTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case CodeResourceExhausted:
-		return http.StatusTooManyRequests
-	case CodeUnavailable:
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
-}
-
-// GRPCCode is the gRPC status code that carries c.
-func (c Code) GRPCCode() codes.Code {
-	switch c {
-	case CodeInvalidArgument:
-		return codes.InvalidArgument
-	case CodeUnauthenticated:
-		return codes.Unauthenticated
-	case CodePermissionDenied:
-		return codes.PermissionDenied
-	case CodeNotFound:
-		return codes.NotFound
-	case CodeMethodNotAllowed:
-		return codes.Unimplemented
-	case CodeNotOwner:
-		return codes.FailedPrecondition
-	case CodePayloadTooLarge, CodeResourceExhausted:
-		return codes.ResourceExhausted
-	case CodeUnavailable:
-		return codes.Unavailable
-	}
-	return codes.Internal
-}
-
-// known reports whether c is one of the codes above.
-func (c Code) known() bool {
-	switch c {
-	case CodeInvalidArgument, CodeUnauthenticated, CodePermissionDenied, CodeNotFound,
-		CodeMethodNotAllowed, CodeNotOwner, CodePayloadTooLarge, CodeResourceExhausted,
-		CodeInternal, CodeUnavailable:
-		return true
-	}
-	return false
-}
 
 // ErrorDomain is the google.rpc.ErrorInfo domain of idem's gRPC errors. Every
 // gRPC error the server returns carries an ErrorInfo whose reason is the Code,
 // so that a router forwarding over gRPC gives its client the same code.
-const ErrorDomain = "idem.dev"
+const ErrorDomain = contract.ErrorDomain
 
 // defaultRetryAfter is the Retry-After of an UNAVAILABLE that names none.
 const defaultRetryAfter = time.Second
@@ -147,7 +89,7 @@ func (e *Error) Error() string { return "server: " + string(e.Code) + ": " + e.M
 // GRPCStatus is the gRPC status of e, with an ErrorInfo (reason = Code) and,
 // when RetryAfter is set, a RetryInfo detail.
 func (e *Error) GRPCStatus() *status.Status {
-	st := status.New(e.Code.GRPCCode(), e.Message)
+	st := status.New(idemv1.GRPCCode(e.Code), e.Message)
 	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: string(e.Code), Domain: ErrorDomain}}
 	if e.RetryAfter > 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(e.RetryAfter)})
@@ -180,7 +122,7 @@ const internalMessage = "internal error: the store failed to process the request
 // sees. internal reports an error whose cause should be logged.
 func fromBackend(err error) (apiErr *Error, internal bool) {
 	var e *Error
-	if errors.As(err, &e) && e.Code.known() {
+	if errors.As(err, &e) && e.Code.Known() {
 		if e.Code == CodeUnavailable && e.RetryAfter <= 0 {
 			c := *e
 			c.RetryAfter = defaultRetryAfter
@@ -226,7 +168,7 @@ func fromStatus(st *status.Status) (*Error, bool) {
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *errdetails.ErrorInfo:
-			if d.GetDomain() == ErrorDomain && Code(d.GetReason()).known() {
+			if d.GetDomain() == ErrorDomain && Code(d.GetReason()).Known() {
 				code = Code(d.GetReason())
 			}
 		case *errdetails.RetryInfo:

@@ -11,7 +11,6 @@ import (
 	"github.com/idem-dev/idem/fsm"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // grpcService is the Idempotency service: the same validation as the JSON
@@ -47,23 +46,9 @@ func (g *grpcService) Reserve(ctx context.Context, req *idemv1.ReserveRequest) (
 	if e != nil {
 		return nil, e
 	}
-	out := &idemv1.ReserveResponse{Outcome: reserveOutcomePB(res.Outcome)}
-	switch res.Outcome {
-	case fsm.OutcomeAcquired, fsm.OutcomeReclaimed:
+	out := idemv1.ReserveToProto(res)
+	if res.Outcome == fsm.OutcomeAcquired || res.Outcome == fsm.OutcomeReclaimed {
 		out.OwnerToken = ownerTokenOf(cmd, res)
-		out.FencingToken = res.FencingToken
-		out.LeaseExpiresAt = timestampPB(res.LeaseExpiresAt)
-		if res.Outcome == fsm.OutcomeReclaimed {
-			out.PreviousFencingToken = res.PreviousFencingToken
-		}
-	case fsm.OutcomeInProgress:
-		out.RetryAfterMs = retryAfterMs(res.RetryAfter)
-		out.LeaseExpiresAt = timestampPB(res.LeaseExpiresAt)
-	case fsm.OutcomeCompleted:
-		out.FencingToken = res.FencingToken
-		out.Response = storedResponsePB(res.Response)
-		out.CompletedAt = timestampPB(res.CompletedAt)
-		out.ExpiresAt = timestampPB(res.ExpiresAt)
 	}
 	return out, nil
 }
@@ -83,7 +68,7 @@ func (g *grpcService) Heartbeat(ctx context.Context, req *idemv1.HeartbeatReques
 	if e != nil {
 		return nil, e
 	}
-	return &idemv1.HeartbeatResponse{LeaseExpiresAt: timestampPB(res.LeaseExpiresAt)}, nil
+	return &idemv1.HeartbeatResponse{LeaseExpiresAt: idemv1.TimeToProto(res.LeaseExpiresAt)}, nil
 }
 
 func (g *grpcService) Complete(ctx context.Context, req *idemv1.CompleteRequest) (_ *idemv1.CompleteResponse, err error) {
@@ -105,7 +90,7 @@ func (g *grpcService) Complete(ctx context.Context, req *idemv1.CompleteRequest)
 	if e != nil {
 		return nil, e
 	}
-	return &idemv1.CompleteResponse{CompletedAt: timestampPB(res.CompletedAt), ExpiresAt: timestampPB(res.ExpiresAt)}, nil
+	return &idemv1.CompleteResponse{CompletedAt: idemv1.TimeToProto(res.CompletedAt), ExpiresAt: idemv1.TimeToProto(res.ExpiresAt)}, nil
 }
 
 func (g *grpcService) Release(ctx context.Context, req *idemv1.ReleaseRequest) (_ *idemv1.ReleaseResponse, err error) {
@@ -136,44 +121,7 @@ func (g *grpcService) Get(ctx context.Context, req *idemv1.GetRequest) (_ *idemv
 	if !found {
 		return nil, errorf(CodeNotFound, "no record for this key in namespace %q: it was never reserved, was released, or is past retention", req.GetNamespace())
 	}
-	out := &idemv1.GetResponse{Fingerprint: rec.Fingerprint, FencingToken: rec.FencingToken}
-	if rec.State == fsm.StateCompleted {
-		out.State = idemv1.State_STATE_COMPLETED
-		out.CompletedAt = timestampPB(rec.CompletedAt)
-		out.ExpiresAt = timestampPB(rec.ExpiresAt)
-		out.Response = storedResponsePB(rec.Response)
-	} else {
-		out.State = idemv1.State_STATE_IN_PROGRESS
-		out.LeaseExpiresAt = timestampPB(rec.LeaseExpiresAt)
-	}
-	return out, nil
-}
-
-func reserveOutcomePB(o fsm.Outcome) idemv1.Outcome {
-	switch o {
-	case fsm.OutcomeAcquired:
-		return idemv1.Outcome_ACQUIRED
-	case fsm.OutcomeReclaimed:
-		return idemv1.Outcome_RECLAIMED
-	case fsm.OutcomeInProgress:
-		return idemv1.Outcome_IN_PROGRESS
-	case fsm.OutcomeCompleted:
-		return idemv1.Outcome_COMPLETED
-	case fsm.OutcomeFingerprintMismatch:
-		return idemv1.Outcome_FINGERPRINT_MISMATCH
-	}
-	return idemv1.Outcome_OUTCOME_UNSPECIFIED
-}
-
-func storedResponsePB(r *fsm.Response) *idemv1.StoredResponse {
-	if r == nil {
-		return &idemv1.StoredResponse{}
-	}
-	return &idemv1.StoredResponse{Status: r.Status, Headers: r.Headers, Body: r.Body}
-}
-
-func timestampPB(unixNanos int64) *timestamppb.Timestamp {
-	return timestamppb.New(time.Unix(0, unixNanos))
+	return idemv1.RecordToProto(rec), nil
 }
 
 // grpcEndpoint is the endpoint label of a full method name: the Idempotency

@@ -378,7 +378,7 @@ func TestForwardedErrors(t *testing.T) {
 				t.Fatalf("Retry-After %q, want %q", got, tc.retryAfter)
 			}
 			_, err = front.grpc.Reserve(t.Context(), &idemv1.ReserveRequest{Namespace: "ns", Key: "k"})
-			expectStatus(t, err, tc.code.GRPCCode(), tc.code)
+			expectStatus(t, err, idemv1.GRPCCode(tc.code), tc.code)
 		})
 	}
 

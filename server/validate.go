@@ -1,41 +1,40 @@
 package server
 
 import (
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 )
 
-// Limits of the public API (API-v1.md). Where the contract names no bound
-// (headers), doc.go says why these.
+// Limits of the public API, re-exported from package contract (their one
+// home) for the callers that know them by these names.
 const (
-	MaxNamespaceBytes   = 63
-	MaxKeyBytes         = 255
-	MaxFingerprintChars = 256
+	MaxNamespaceBytes   = contract.MaxNamespaceBytes
+	MaxKeyBytes         = contract.MaxKeyBytes
+	MaxFingerprintChars = contract.MaxFingerprintChars
 
-	MinLeaseMs     = 100
-	MaxLeaseMs     = 600_000
-	DefaultLeaseMs = 30_000
+	MinLeaseMs     = contract.MinLeaseMs
+	MaxLeaseMs     = contract.MaxLeaseMs
+	DefaultLeaseMs = contract.DefaultLeaseMs
 
-	MinOwnerTokenChars = 16
-	MaxOwnerTokenChars = 128
+	MinOwnerTokenChars = contract.MinOwnerTokenChars
+	MaxOwnerTokenChars = contract.MaxOwnerTokenChars
 
-	MinStatus = 100
-	MaxStatus = 599
+	MinStatus = contract.MinStatus
+	MaxStatus = contract.MaxStatus
 
-	MinRetentionS     = 1
-	MaxRetentionS     = 2_592_000
-	DefaultRetentionS = 86_400
+	MinRetentionS     = contract.MinRetentionS
+	MaxRetentionS     = contract.MaxRetentionS
+	DefaultRetentionS = contract.DefaultRetentionS
 
-	MaxHeaders           = 100
-	MaxHeaderNameBytes   = 256
-	MaxHeaderValueBytes  = 8 << 10
-	MaxHeadersTotalBytes = 64 << 10
+	MaxHeaders           = contract.MaxHeaders
+	MaxHeaderNameBytes   = contract.MaxHeaderNameBytes
+	MaxHeaderValueBytes  = contract.MaxHeaderValueBytes
+	MaxHeadersTotalBytes = contract.MaxHeadersTotalBytes
 )
 
 // The request parameters of each endpoint, as both the JSON and the gRPC API
@@ -106,75 +105,61 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-const namespaceRule = "use 1-63 characters of a-z, 0-9, '.', '_' and '-', starting with a letter or digit"
+const namespaceRule = contract.NamespaceRule
 
 func checkNamespace(p *problems, ns string) {
-	if ns == "" {
+	v := contract.CheckNamespace(ns)
+	if v == nil {
+		return
+	}
+	switch v.Fault {
+	case contract.FaultEmpty:
 		p.addf("namespace is empty: %s", namespaceRule)
-		return
-	}
-	if len(ns) > MaxNamespaceBytes {
-		p.addf("namespace is %d bytes long: %s", len(ns), namespaceRule)
-		return
-	}
-	for i := 0; i < len(ns); i++ {
-		c := ns[i]
-		ok := c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '.' || c == '_' || c == '-')
-		if !ok {
-			p.addf("namespace %q has %s at position %d: %s", ns, describeByte(c), i, namespaceRule)
-			return
-		}
+	case contract.FaultLength:
+		p.addf("namespace is %d bytes long: %s", v.Len, namespaceRule)
+	default:
+		p.addf("namespace %q has %s at position %d: %s", ns, describeByte(v.Byte), v.Pos, namespaceRule)
 	}
 }
 
-const keyRule = "a key is 1-255 bytes of printable ASCII (0x21-0x7E), percent-encoded in the path"
+const keyRule = contract.KeyRule + ", percent-encoded in the path"
 
 func checkKey(p *problems, key string) {
-	if key == "" {
+	v := contract.CheckKey(key)
+	if v == nil {
+		return
+	}
+	switch v.Fault {
+	case contract.FaultEmpty:
 		p.addf("key is empty: %s", keyRule)
-		return
-	}
-	if len(key) > MaxKeyBytes {
-		p.addf("key is %d bytes long: %s", len(key), keyRule)
-		return
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c > 0x7e {
-			p.addf("key has %s at byte %d: %s", describeByte(c), i, keyRule)
-			return
-		}
+	case contract.FaultLength:
+		p.addf("key is %d bytes long: %s", v.Len, keyRule)
+	default:
+		p.addf("key has %s at byte %d: %s", describeByte(v.Byte), v.Pos, keyRule)
 	}
 }
 
-func describeByte(c byte) string {
-	if c >= 0x21 && c <= 0x7e {
-		return fmt.Sprintf("'%c'", c)
-	}
-	return fmt.Sprintf("byte 0x%02X", c)
-}
+func describeByte(c byte) string { return contract.DescribeByte(c) }
 
-const ownerTokenRule = "an owner token is 16-128 characters of A-Z, a-z, 0-9, '_' and '-'"
+const ownerTokenRule = contract.OwnerTokenRule
 
 // checkOwnerToken checks a token the caller must send (heartbeat, complete,
 // release) or chose to send (reserve). It never echoes the token: it is a
 // credential of sorts.
 func checkOwnerToken(p *problems, token string, required bool) {
-	if token == "" {
+	v := contract.CheckOwnerToken(token)
+	if v == nil {
+		return
+	}
+	switch v.Fault {
+	case contract.FaultEmpty:
 		if required {
 			p.addf("owner_token is required: send the owner_token that reserve returned")
 		}
-		return
-	}
-	if n := len(token); n < MinOwnerTokenChars || n > MaxOwnerTokenChars {
-		p.addf("owner_token is %d characters long: %s", n, ownerTokenRule)
-		return
-	}
-	for i := 0; i < len(token); i++ {
-		c := token[i]
-		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			p.addf("owner_token has %s at position %d: %s", describeByte(c), i, ownerTokenRule)
-			return
-		}
+	case contract.FaultLength:
+		p.addf("owner_token is %d characters long: %s", v.Len, ownerTokenRule)
+	default:
+		p.addf("owner_token has %s at position %d: %s", describeByte(v.Byte), v.Pos, ownerTokenRule)
 	}
 }
 
@@ -191,13 +176,6 @@ func leaseNanos(p *problems, leaseMs int64) int64 {
 	return leaseMs * int64(time.Millisecond)
 }
 
-// newOwnerToken returns a fresh 128-bit token, base64url without padding.
-func newOwnerToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand crashes the program instead)
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
-
 func (v validator) reserveCommand(r reserveParams) (*fsm.Command, *Error) {
 	var p problems
 	checkNamespace(&p, r.Namespace)
@@ -212,7 +190,7 @@ func (v validator) reserveCommand(r reserveParams) (*fsm.Command, *Error) {
 	}
 	token := r.OwnerToken
 	if token == "" {
-		token = newOwnerToken()
+		token = contract.NewOwnerToken()
 	}
 	return &fsm.Command{
 		Op:          fsm.OpReserve,

@@ -2,17 +2,16 @@ package idemtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
 	"path"
-	"regexp"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -23,9 +22,9 @@ import (
 // Defaults of Config, the same as an idemnode's.
 const (
 	DefaultSkewMargin       = time.Second
-	DefaultMaxResponseBytes = 1 << 20
-	DefaultLease            = 30 * time.Second
-	DefaultRetention        = 24 * time.Hour
+	DefaultMaxResponseBytes = contract.DefaultMaxResponseBytes
+	DefaultLease            = contract.DefaultLease
+	DefaultRetention        = contract.DefaultRetention
 )
 
 // Method names an RPC of the Idempotency service, for fault injection and
@@ -212,9 +211,6 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	return resp, err
 }
 
-var namespaceRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-var ownerTokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
-
 // invalidArgument answers INVALID_ARGUMENT naming every problem, or nil.
 func invalidArgument(errs ...error) error {
 	if err := errors.Join(errs...); err != nil {
@@ -224,23 +220,18 @@ func invalidArgument(errs ...error) error {
 }
 
 func checkNames(namespace, key string) error {
-	if !namespaceRE.MatchString(namespace) {
-		return fmt.Errorf("namespace %q must match [a-z0-9][a-z0-9._-]{0,62}", namespace)
+	if v := contract.CheckNamespace(namespace); v != nil {
+		return fmt.Errorf("namespace %q must match %s", namespace, contract.NameGrammar)
 	}
-	if len(key) < 1 || len(key) > 255 {
-		return fmt.Errorf("key must be 1 to 255 bytes, got %d", len(key))
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] < 0x21 || key[i] > 0x7e {
-			return errors.New("key must be printable ASCII (0x21-0x7E)")
-		}
+	if v := contract.CheckKey(key); v != nil {
+		return v
 	}
 	return nil
 }
 
 func checkOwnerToken(tok string) error {
-	if !ownerTokenRE.MatchString(tok) {
-		return errors.New("owner_token must be 16-128 chars of [A-Za-z0-9_-]")
+	if v := contract.CheckOwnerToken(tok); v != nil {
+		return v
 	}
 	return nil
 }
@@ -249,8 +240,8 @@ func leaseNanos(ms int64) (int64, error) {
 	if ms == 0 {
 		return int64(DefaultLease), nil
 	}
-	if ms < 100 || ms > 600000 {
-		return 0, status.Errorf(codes.InvalidArgument, "lease_ms %d must be 100..600000", ms)
+	if ms < contract.MinLeaseMs || ms > contract.MaxLeaseMs {
+		return 0, status.Errorf(codes.InvalidArgument, "lease_ms %d must be %d..%d", ms, contract.MinLeaseMs, contract.MaxLeaseMs)
 	}
 	return ms * int64(time.Millisecond), nil
 }
@@ -289,8 +280,8 @@ func (v *service) Reserve(_ context.Context, req *idemv1.ReserveRequest) (*idemv
 	if err := invalidArgument(checkNames(req.GetNamespace(), req.GetKey())); err != nil {
 		return nil, err
 	}
-	if len([]rune(req.GetFingerprint())) > 256 {
-		return nil, status.Errorf(codes.InvalidArgument, "fingerprint is longer than 256 chars")
+	if utf8.RuneCountInString(req.GetFingerprint()) > contract.MaxFingerprintChars {
+		return nil, status.Errorf(codes.InvalidArgument, "fingerprint is longer than %d chars", contract.MaxFingerprintChars)
 	}
 	lease, err := leaseNanos(req.GetLeaseMs())
 	if err != nil {
@@ -298,9 +289,7 @@ func (v *service) Reserve(_ context.Context, req *idemv1.ReserveRequest) (*idemv
 	}
 	tok := req.GetOwnerToken()
 	if tok == "" {
-		var b [16]byte
-		_, _ = rand.Read(b[:])
-		tok = base64.RawURLEncoding.EncodeToString(b[:])
+		tok = contract.NewOwnerToken()
 	} else if err := invalidArgument(checkOwnerToken(tok)); err != nil {
 		return nil, err
 	}
@@ -362,7 +351,7 @@ func (v *service) Complete(_ context.Context, req *idemv1.CompleteRequest) (*ide
 		return nil, err
 	}
 	resp := req.GetResponse()
-	if resp == nil || resp.GetStatus() < 100 || resp.GetStatus() > 599 {
+	if resp == nil || resp.GetStatus() < contract.MinStatus || resp.GetStatus() > contract.MaxStatus {
 		return nil, status.Errorf(codes.InvalidArgument, "response.status must be 100..599")
 	}
 	if len(resp.GetBody()) > v.s.cfg.MaxResponseBytes {
@@ -370,8 +359,8 @@ func (v *service) Complete(_ context.Context, req *idemv1.CompleteRequest) (*ide
 	}
 	retention := int64(DefaultRetention)
 	if s := req.GetRetentionS(); s != 0 {
-		if s < 1 || s > 2592000 {
-			return nil, status.Errorf(codes.InvalidArgument, "retention_s %d must be 1..2592000", s)
+		if s < contract.MinRetentionS || s > contract.MaxRetentionS {
+			return nil, status.Errorf(codes.InvalidArgument, "retention_s %d must be %d..%d", s, contract.MinRetentionS, contract.MaxRetentionS)
 		}
 		retention = s * int64(time.Second)
 	}

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // Header names of the protocol.
@@ -43,15 +45,15 @@ const (
 // Bounds the store puts on what it is given (API-v1.md and server's
 // validation); Validate and the engine keep within them.
 const (
-	MinLease             = 100 * time.Millisecond
-	MaxLease             = 10 * time.Minute
-	MinRetention         = time.Second
-	MaxRetention         = 30 * 24 * time.Hour
-	MaxKeyBytes          = 255
-	MaxStoredHeaders     = 100
-	MaxHeaderNameBytes   = 256
-	MaxHeaderValueBytes  = 8 << 10
-	MaxHeadersTotalBytes = 64 << 10
+	MinLease             = contract.MinLease
+	MaxLease             = contract.MaxLease
+	MinRetention         = contract.MinRetention
+	MaxRetention         = contract.MaxRetention
+	MaxKeyBytes          = contract.MaxKeyBytes
+	MaxStoredHeaders     = contract.MaxHeaders
+	MaxHeaderNameBytes   = contract.MaxHeaderNameBytes
+	MaxHeaderValueBytes  = contract.MaxHeaderValueBytes
+	MaxHeadersTotalBytes = contract.MaxHeadersTotalBytes
 )
 
 // DefaultMethods are the methods whose keyed requests the engine handles; all

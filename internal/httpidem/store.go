@@ -2,11 +2,10 @@ package httpidem
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // Errors of package httpidem. Store implementations return (or wrap)
@@ -36,33 +35,18 @@ var (
 	ErrInvalidConfig = errors.New("httpidem: invalid config")
 )
 
-// Outcome is the store's decision on a reserve.
-type Outcome int
+// Outcome is the store's decision on a reserve (defined in package contract).
+type Outcome = contract.Outcome
 
 // The outcomes of a reserve (API-v1.md).
 const (
-	OutcomeAcquired Outcome = iota + 1
-	OutcomeReclaimed
-	OutcomeInProgress
-	OutcomeCompleted
-	OutcomeFingerprintMismatch
+	OutcomeUnknown             = contract.OutcomeUnknown
+	OutcomeAcquired            = contract.OutcomeAcquired
+	OutcomeReclaimed           = contract.OutcomeReclaimed
+	OutcomeInProgress          = contract.OutcomeInProgress
+	OutcomeCompleted           = contract.OutcomeCompleted
+	OutcomeFingerprintMismatch = contract.OutcomeFingerprintMismatch
 )
-
-func (o Outcome) String() string {
-	switch o {
-	case OutcomeAcquired:
-		return "ACQUIRED"
-	case OutcomeReclaimed:
-		return "RECLAIMED"
-	case OutcomeInProgress:
-		return "IN_PROGRESS"
-	case OutcomeCompleted:
-		return "COMPLETED"
-	case OutcomeFingerprintMismatch:
-		return "FINGERPRINT_MISMATCH"
-	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
-}
 
 // Ref names one reservation: the key and the owner token it was made with.
 type Ref struct {
@@ -126,8 +110,4 @@ type Store interface {
 // NewOwnerToken returns a fresh owner token: 128 random bits, base64url
 // without padding (22 characters), within the contract's 16-128
 // [A-Za-z0-9_-].
-func NewOwnerToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (it panics instead)
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
+func NewOwnerToken() string { return contract.NewOwnerToken() }

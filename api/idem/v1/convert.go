@@ -1,0 +1,242 @@
+package idemv1
+
+import (
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/fsm"
+)
+
+// This file is the one place where the proto messages meet the Go types of
+// the state machine (fsm) and the contract. Each conversion comes in a
+// To/From pair, and convert_test.go checks that every pair round-trips.
+
+// GRPCCode is the gRPC status code that carries c.
+func GRPCCode(c contract.Code) codes.Code {
+	switch c {
+	case contract.CodeInvalidArgument:
+		return codes.InvalidArgument
+	case contract.CodeUnauthenticated:
+		return codes.Unauthenticated
+	case contract.CodePermissionDenied:
+		return codes.PermissionDenied
+	case contract.CodeNotFound:
+		return codes.NotFound
+	case contract.CodeMethodNotAllowed:
+		return codes.Unimplemented
+	case contract.CodeNotOwner:
+		return codes.FailedPrecondition
+	case contract.CodePayloadTooLarge, contract.CodeResourceExhausted:
+		return codes.ResourceExhausted
+	case contract.CodeUnavailable:
+		return codes.Unavailable
+	}
+	return codes.Internal
+}
+
+// OutcomeToProto is the wire outcome of a reserve outcome;
+// OUTCOME_UNSPECIFIED for every other value.
+func OutcomeToProto(o contract.Outcome) Outcome {
+	switch o {
+	case contract.OutcomeAcquired:
+		return Outcome_ACQUIRED
+	case contract.OutcomeReclaimed:
+		return Outcome_RECLAIMED
+	case contract.OutcomeInProgress:
+		return Outcome_IN_PROGRESS
+	case contract.OutcomeCompleted:
+		return Outcome_COMPLETED
+	case contract.OutcomeFingerprintMismatch:
+		return Outcome_FINGERPRINT_MISMATCH
+	}
+	return Outcome_OUTCOME_UNSPECIFIED
+}
+
+// OutcomeFromProto is the reserve outcome of a wire outcome; OutcomeUnknown
+// for OUTCOME_UNSPECIFIED and values this build does not know.
+func OutcomeFromProto(o Outcome) contract.Outcome {
+	switch o {
+	case Outcome_ACQUIRED:
+		return contract.OutcomeAcquired
+	case Outcome_RECLAIMED:
+		return contract.OutcomeReclaimed
+	case Outcome_IN_PROGRESS:
+		return contract.OutcomeInProgress
+	case Outcome_COMPLETED:
+		return contract.OutcomeCompleted
+	case Outcome_FINGERPRINT_MISMATCH:
+		return contract.OutcomeFingerprintMismatch
+	}
+	return contract.OutcomeUnknown
+}
+
+// FSMOutcomeToContract is the public outcome of a state-machine reserve
+// outcome; OutcomeUnknown for the outcomes that are not a reserve's (OK,
+// NOT_OWNER, INVALID).
+func FSMOutcomeToContract(o fsm.Outcome) contract.Outcome {
+	switch o {
+	case fsm.OutcomeAcquired:
+		return contract.OutcomeAcquired
+	case fsm.OutcomeReclaimed:
+		return contract.OutcomeReclaimed
+	case fsm.OutcomeInProgress:
+		return contract.OutcomeInProgress
+	case fsm.OutcomeCompleted:
+		return contract.OutcomeCompleted
+	case fsm.OutcomeFingerprintMismatch:
+		return contract.OutcomeFingerprintMismatch
+	}
+	return contract.OutcomeUnknown
+}
+
+// FSMOutcomeFromContract is the state-machine outcome of a public reserve
+// outcome; fsm.OutcomeInvalid for OutcomeUnknown.
+func FSMOutcomeFromContract(o contract.Outcome) fsm.Outcome {
+	switch o {
+	case contract.OutcomeAcquired:
+		return fsm.OutcomeAcquired
+	case contract.OutcomeReclaimed:
+		return fsm.OutcomeReclaimed
+	case contract.OutcomeInProgress:
+		return fsm.OutcomeInProgress
+	case contract.OutcomeCompleted:
+		return fsm.OutcomeCompleted
+	case contract.OutcomeFingerprintMismatch:
+		return fsm.OutcomeFingerprintMismatch
+	}
+	return fsm.OutcomeInvalid
+}
+
+// StateToProto is the wire state of a record state.
+func StateToProto(s fsm.State) State {
+	switch s {
+	case fsm.StateInProgress:
+		return State_STATE_IN_PROGRESS
+	case fsm.StateCompleted:
+		return State_STATE_COMPLETED
+	}
+	return State_STATE_UNSPECIFIED
+}
+
+// StateFromProto is the record state of a wire state (0 for unspecified).
+func StateFromProto(s State) fsm.State {
+	switch s {
+	case State_STATE_IN_PROGRESS:
+		return fsm.StateInProgress
+	case State_STATE_COMPLETED:
+		return fsm.StateCompleted
+	}
+	return 0
+}
+
+// TimeToProto is the timestamp of Unix nanoseconds; nil for 0 (absent).
+func TimeToProto(unixNanos int64) *timestamppb.Timestamp {
+	if unixNanos == 0 {
+		return nil
+	}
+	return timestamppb.New(time.Unix(0, unixNanos))
+}
+
+// TimeFromProto is the Unix nanoseconds of a timestamp; 0 for nil.
+func TimeFromProto(ts *timestamppb.Timestamp) int64 {
+	if ts == nil {
+		return 0
+	}
+	return ts.AsTime().UnixNano()
+}
+
+// ResponseToProto is the wire form of a stored response; nil for nil.
+func ResponseToProto(r *fsm.Response) *StoredResponse {
+	if r == nil {
+		return nil
+	}
+	return &StoredResponse{Status: r.Status, Headers: r.Headers, Body: r.Body}
+}
+
+// ResponseFromProto is the stored response of its wire form; nil for nil.
+func ResponseFromProto(r *StoredResponse) *fsm.Response {
+	if r == nil {
+		return nil
+	}
+	return &fsm.Response{Status: r.GetStatus(), Headers: r.GetHeaders(), Body: r.GetBody()}
+}
+
+// ReserveToProto is the ReserveResponse of a reserve's result: the fields of
+// its outcome only (API-v1.md). RetryAfter is rounded down to milliseconds,
+// so that the hint never points past the moment the key could be reclaimed.
+// The caller sets OwnerToken when res carries none (see server).
+func ReserveToProto(res fsm.Result) *ReserveResponse {
+	out := &ReserveResponse{Outcome: OutcomeToProto(FSMOutcomeToContract(res.Outcome))}
+	switch res.Outcome {
+	case fsm.OutcomeAcquired, fsm.OutcomeReclaimed:
+		out.OwnerToken = res.OwnerToken
+		out.FencingToken = res.FencingToken
+		out.LeaseExpiresAt = TimeToProto(res.LeaseExpiresAt)
+		if res.Outcome == fsm.OutcomeReclaimed {
+			out.PreviousFencingToken = res.PreviousFencingToken
+		}
+	case fsm.OutcomeInProgress:
+		out.RetryAfterMs = max(res.RetryAfter/int64(time.Millisecond), 0)
+		out.LeaseExpiresAt = TimeToProto(res.LeaseExpiresAt)
+	case fsm.OutcomeCompleted:
+		out.FencingToken = res.FencingToken
+		out.Response = ResponseToProto(res.Response)
+		if out.Response == nil {
+			out.Response = &StoredResponse{}
+		}
+		out.CompletedAt = TimeToProto(res.CompletedAt)
+		out.ExpiresAt = TimeToProto(res.ExpiresAt)
+	}
+	return out
+}
+
+// ReserveFromProto is the reserve result of a ReserveResponse; an unknown
+// wire outcome becomes fsm.OutcomeInvalid.
+func ReserveFromProto(p *ReserveResponse) fsm.Result {
+	return fsm.Result{
+		Outcome:              FSMOutcomeFromContract(OutcomeFromProto(p.GetOutcome())),
+		OwnerToken:           p.GetOwnerToken(),
+		FencingToken:         p.GetFencingToken(),
+		PreviousFencingToken: p.GetPreviousFencingToken(),
+		LeaseExpiresAt:       TimeFromProto(p.GetLeaseExpiresAt()),
+		RetryAfter:           p.GetRetryAfterMs() * int64(time.Millisecond),
+		CompletedAt:          TimeFromProto(p.GetCompletedAt()),
+		ExpiresAt:            TimeFromProto(p.GetExpiresAt()),
+		Response:             ResponseFromProto(p.GetResponse()),
+	}
+}
+
+// RecordToProto is the GetResponse of a found record: the fields of its
+// state only.
+func RecordToProto(rec fsm.Record) *GetResponse {
+	out := &GetResponse{Fingerprint: rec.Fingerprint, FencingToken: rec.FencingToken}
+	if rec.State == fsm.StateCompleted {
+		out.State = State_STATE_COMPLETED
+		out.CompletedAt = TimeToProto(rec.CompletedAt)
+		out.ExpiresAt = TimeToProto(rec.ExpiresAt)
+		out.Response = ResponseToProto(rec.Response)
+		if out.Response == nil {
+			out.Response = &StoredResponse{}
+		}
+	} else {
+		out.State = State_STATE_IN_PROGRESS
+		out.LeaseExpiresAt = TimeToProto(rec.LeaseExpiresAt)
+	}
+	return out
+}
+
+// RecordFromProto is the record of a GetResponse.
+func RecordFromProto(p *GetResponse) fsm.Record {
+	return fsm.Record{
+		State:          StateFromProto(p.GetState()),
+		Fingerprint:    p.GetFingerprint(),
+		FencingToken:   p.GetFencingToken(),
+		LeaseExpiresAt: TimeFromProto(p.GetLeaseExpiresAt()),
+		CompletedAt:    TimeFromProto(p.GetCompletedAt()),
+		ExpiresAt:      TimeFromProto(p.GetExpiresAt()),
+		Response:       ResponseFromProto(p.GetResponse()),
+	}
+}
