@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
@@ -196,7 +198,8 @@ func (f *Forwarder) Conn(nodeID string) (*grpc.ClientConn, error) {
 	if !ok {
 		return nil, fmt.Errorf("router: unknown node %q", nodeID)
 	}
-	c, err := grpc.NewClient(n.GRPCAddr, f.cfg.DialOptions...)
+	opts := append(slices.Clip(f.cfg.DialOptions), grpc.WithStatsHandler(sendTracker{}))
+	c, err := grpc.NewClient(n.GRPCAddr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("router: dial %s (%s): %w", nodeID, n.GRPCAddr, err)
 	}
@@ -209,15 +212,9 @@ func (f *Forwarder) Conn(nodeID string) (*grpc.ClientConn, error) {
 func (f *Forwarder) candidates(shard Shard, prefer string) []string {
 	out := make([]string, 0, len(shard.Voters)+1)
 	add := func(id string) {
-		if id == "" || id == f.cfg.Self {
-			return
+		if id != "" && id != f.cfg.Self && !slices.Contains(out, id) {
+			out = append(out, id)
 		}
-		for _, have := range out {
-			if have == id {
-				return
-			}
-		}
-		out = append(out, id)
 	}
 	add(prefer)
 	if id, ok := f.Leader(shard.ID); ok {
@@ -296,6 +293,8 @@ func (f *Forwarder) attempt(ctx context.Context, shard Shard, prefer string, hop
 		}
 		region := f.nodes[target].Region
 		actx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout)
+		var sent atomic.Bool
+		actx = context.WithValue(actx, sentKey{}, &sent)
 		var header metadata.MD
 		start := time.Now()
 		err = call(actx, client, grpc.Header(&header))
@@ -325,8 +324,11 @@ func (f *Forwarder) attempt(ctx context.Context, shard Shard, prefer string, hop
 		f.requests.WithLabelValues(region, "unavailable").Inc()
 		f.log.Debug("forward attempt failed", "shard", shard.ID, "node", target, "error", err)
 		lastErr = err
-		// Anything but a refused connection may have reached the leader.
-		ambiguous = ambiguous || code != codes.Unavailable || !isConnectError(err)
+		// A request handed to an established connection may have reached
+		// the leader and been applied, whatever the error says; one that
+		// failed before (no connection could be made, the deadline ran out
+		// while connecting) cannot have been.
+		ambiguous = ambiguous || sent.Load()
 		if ctx.Err() != nil {
 			return ambiguous, unavailable(shard, ctx.Err(), lastErr)
 		}
@@ -350,25 +352,29 @@ func outcomeLabel(c codes.Code) string {
 	return "error"
 }
 
-func isConnectError(err error) bool {
-	s, ok := status.FromError(err)
-	if !ok {
-		return false
-	}
-	// grpc-go reports a dial failure as Unavailable with the transport's
-	// "connection error" text; the request never left this process.
-	msg := s.Message()
-	return containsAny(msg, "connection refused", "connection error", "no such host", "produced zero addresses")
-}
+// sentKey keys the *atomic.Bool in a call's context that sendTracker sets.
+type sentKey struct{}
 
-func containsAny(s string, subs ...string) bool {
-	for _, sub := range subs {
-		if strings.Contains(s, sub) {
-			return true
+// sendTracker is the stats.Handler of the Forwarder's connections. It marks
+// a call as sent when grpc-go hands its request headers to an established
+// transport (stats.OutHeader on the client), so that attempt decides whether
+// a failed call may have been applied from connection state rather than
+// from error text.
+type sendTracker struct{}
+
+func (sendTracker) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+func (sendTracker) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if h, ok := s.(*stats.OutHeader); ok && h.Client {
+		if sent, ok := ctx.Value(sentKey{}).(*atomic.Bool); ok {
+			sent.Store(true)
 		}
 	}
-	return false
 }
+
+func (sendTracker) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+
+func (sendTracker) HandleConn(context.Context, stats.ConnStats) {}
 
 func unavailable(shard Shard, ctxErr, last error) error {
 	msg := fmt.Sprintf("shard %s (home region %s) could not be reached in time", shard.ID, shard.HomeRegion)
