@@ -56,7 +56,7 @@ type Config struct {
 	MaxRequestBytes int64
 
 	// Store keeps reservations and responses. Required. Inside idemrouter:
-	// BackendStore(the router's server.Backend).
+	// BackendStore(the router's backend.Backend).
 	Store Store
 	// Logger receives upstream failures and lease events. Nil discards.
 	Logger *slog.Logger

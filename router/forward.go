@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
 )
 
@@ -387,7 +388,8 @@ func unavailable(shard Shard, ctxErr, last error) error {
 }
 
 // Apply forwards a reserve, heartbeat, complete or release for shard and
-// returns the store's decision. prefer (may be empty) is tried first; hops
+// returns the store's decision, or an error of package backend's closed
+// set. prefer (may be empty) is tried first; hops
 // is how often the request was forwarded already.
 func (f *Forwarder) Apply(ctx context.Context, shard Shard, cmd *fsm.Command, prefer string, hops int) (fsm.Result, error) {
 	var res fsm.Result
@@ -438,12 +440,12 @@ func (f *Forwarder) Apply(ctx context.Context, shard Shard, cmd *fsm.Command, pr
 	ambiguous, err := f.attempt(ctx, shard, prefer, hops, call)
 	if status.Code(err) == codes.FailedPrecondition {
 		if cmd.Op == fsm.OpRelease && ambiguous {
-			return fsm.Result{}, status.Errorf(codes.Unavailable,
-				"release of shard %s: an earlier attempt may have released the key before its answer was lost; check with GET", shard.ID)
+			return fsm.Result{}, &backend.UnavailableError{Reason: fmt.Sprintf(
+				"release of shard %s: an earlier attempt may have released the key before its answer was lost; check with GET", shard.ID)}
 		}
 		return fsm.Result{Outcome: fsm.OutcomeNotOwner}, nil
 	}
-	return res, err
+	return res, idemv1.BackendError(err)
 }
 
 // Get forwards a linearizable read for shard.
@@ -463,5 +465,5 @@ func (f *Forwarder) Get(ctx context.Context, shard Shard, namespace, key, prefer
 	case codes.NotFound:
 		return fsm.Record{}, false, nil
 	}
-	return fsm.Record{}, false, err
+	return fsm.Record{}, false, idemv1.BackendError(err)
 }

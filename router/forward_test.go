@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
 )
 
@@ -123,7 +124,7 @@ func TestForwardFailureAfterSendIsAmbiguous(t *testing.T) {
 			addr2, _ := serveScripted(t, notOwner)
 			f, shard, _ := forwarderWith(t, addr1, addr2, "")
 			_, err := release(t, f, shard)
-			if status.Code(err) != codes.Unavailable {
+			if !errors.Is(err, backend.ErrUnavailable) {
 				t.Fatalf("release = %v; want UNAVAILABLE: n-1 received the first attempt", err)
 			}
 			if n1.calls.Load() == 0 {

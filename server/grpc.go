@@ -150,8 +150,8 @@ func grpcEndpoint(fullMethod string) string {
 // grpcOutcome is the outcome label of an RPC's result.
 func grpcOutcome(resp any, err error) string {
 	if err != nil {
-		e, _ := fromStatus(status.Convert(err))
-		return string(e.Code)
+		code, _, _ := idemv1.StatusToError(status.Convert(err))
+		return string(code)
 	}
 	if r, ok := resp.(*idemv1.ReserveResponse); ok {
 		return r.GetOutcome().String()

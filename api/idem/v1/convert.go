@@ -1,11 +1,19 @@
 package idemv1
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 )
@@ -35,6 +43,95 @@ func GRPCCode(c contract.Code) codes.Code {
 		return codes.Unavailable
 	}
 	return codes.Internal
+}
+
+// ErrorToStatus is the gRPC status of an API error: GRPCCode(code), the
+// message, a google.rpc.ErrorInfo (reason = code, domain =
+// contract.ErrorDomain) and, when retryAfter is positive, a RetryInfo.
+func ErrorToStatus(code contract.Code, msg string, retryAfter time.Duration) *status.Status {
+	st := status.New(GRPCCode(code), msg)
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: string(code), Domain: contract.ErrorDomain}}
+	if retryAfter > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
+	}
+	withDetails, err := st.WithDetails(details...)
+	if err != nil {
+		return st // details are a convenience; the code and message suffice
+	}
+	return withDetails
+}
+
+// StatusToError reads an API error back from a gRPC status. An ErrorInfo of
+// contract.ErrorDomain names the code exactly; otherwise the status code
+// decides (DeadlineExceeded and Canceled are UNAVAILABLE; a
+// ResourceExhausted about message size, as grpc-go itself reports it, is
+// PAYLOAD_TOO_LARGE), and codes with no public meaning are INTERNAL.
+func StatusToError(st *status.Status) (code contract.Code, msg string, retryAfter time.Duration) {
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			if d.GetDomain() == contract.ErrorDomain && contract.Code(d.GetReason()).Known() {
+				code = contract.Code(d.GetReason())
+			}
+		case *errdetails.RetryInfo:
+			retryAfter = d.GetRetryDelay().AsDuration()
+		}
+	}
+	msg = st.Message()
+	if code != "" {
+		return code, msg, retryAfter
+	}
+	switch st.Code() {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		code = contract.CodeUnavailable
+	case codes.InvalidArgument:
+		code = contract.CodeInvalidArgument
+	case codes.NotFound:
+		code = contract.CodeNotFound
+	case codes.FailedPrecondition:
+		code = contract.CodeNotOwner
+	case codes.ResourceExhausted:
+		code = contract.CodeResourceExhausted
+		lower := strings.ToLower(msg)
+		if strings.Contains(lower, "payload too large") || strings.Contains(lower, "larger than max") {
+			code = contract.CodePayloadTooLarge
+		}
+	case codes.Unauthenticated:
+		code = contract.CodeUnauthenticated
+	case codes.PermissionDenied:
+		code = contract.CodePermissionDenied
+	default:
+		code = contract.CodeInternal
+	}
+	return code, msg, retryAfter
+}
+
+// BackendError turns the error of a gRPC call to an idem node into the
+// closed set of package backend, for a Backend that forwards: UNAVAILABLE
+// (and a deadline or cancellation) becomes a *backend.UnavailableError with
+// the node's message as reason, any other status a *backend.Error with its
+// code. Context errors and errors already in the set pass through; nil
+// stays nil.
+func BackendError(err error) error {
+	if err == nil || errors.Is(err, backend.ErrUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	var be *backend.Error
+	if errors.As(err, &be) {
+		return err
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	code, msg, retry := StatusToError(st)
+	if code == contract.CodeUnavailable {
+		if msg == "" {
+			msg = "the store did not decide in time"
+		}
+		return &backend.UnavailableError{RetryAfter: retry, Reason: msg}
+	}
+	return &backend.Error{Code: code, Message: msg, RetryAfter: retry}
 }
 
 // OutcomeToProto is the wire outcome of a reserve outcome;

@@ -1,10 +1,16 @@
 package idemv1
 
 import (
+	"context"
+	"errors"
 	"reflect"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idem-dev/idem/backend"
 
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
@@ -88,5 +94,65 @@ func TestGRPCCode(t *testing.T) {
 		if got := GRPCCode(code); got != want {
 			t.Errorf("GRPCCode(%s) = %v, want %v", code, got, want)
 		}
+	}
+}
+
+func TestErrorStatusRoundTrip(t *testing.T) {
+	for _, code := range []contract.Code{
+		contract.CodeInvalidArgument, contract.CodeUnauthenticated, contract.CodePermissionDenied,
+		contract.CodeNotFound, contract.CodeMethodNotAllowed, contract.CodeNotOwner, contract.CodePayloadTooLarge,
+		contract.CodeResourceExhausted, contract.CodeInternal, contract.CodeUnavailable,
+	} {
+		for _, retry := range []time.Duration{0, 3 * time.Second} {
+			gotCode, gotMsg, gotRetry := StatusToError(ErrorToStatus(code, "why", retry))
+			if gotCode != code || gotMsg != "why" || gotRetry != retry {
+				t.Errorf("%s/%v: round trip = %s, %q, %v", code, retry, gotCode, gotMsg, gotRetry)
+			}
+		}
+	}
+}
+
+// A status without ErrorInfo (from something that is not idem) maps by its
+// code, and by message for ResourceExhausted.
+func TestStatusWithoutDetails(t *testing.T) {
+	for _, tc := range []struct {
+		st   *status.Status
+		code contract.Code
+	}{
+		{status.New(codes.Unavailable, "connection refused"), contract.CodeUnavailable},
+		{status.New(codes.DeadlineExceeded, "deadline"), contract.CodeUnavailable},
+		{status.New(codes.InvalidArgument, "bad key"), contract.CodeInvalidArgument},
+		{status.New(codes.NotFound, "nope"), contract.CodeNotFound},
+		{status.New(codes.FailedPrecondition, "not owner"), contract.CodeNotOwner},
+		{status.New(codes.ResourceExhausted, "Payload too large: body"), contract.CodePayloadTooLarge},
+		{status.New(codes.ResourceExhausted, "grpc: received message larger than max (9 vs. 4)"), contract.CodePayloadTooLarge},
+		{status.New(codes.ResourceExhausted, "quota"), contract.CodeResourceExhausted},
+		{status.New(codes.Unauthenticated, "who"), contract.CodeUnauthenticated},
+		{status.New(codes.PermissionDenied, "no"), contract.CodePermissionDenied},
+		{status.New(codes.Internal, "stack trace here"), contract.CodeInternal},
+		{status.New(codes.Unimplemented, "old node"), contract.CodeInternal},
+	} {
+		if got, _, _ := StatusToError(tc.st); got != tc.code {
+			t.Errorf("%v: %s, want %s", tc.st, got, tc.code)
+		}
+	}
+}
+
+func TestBackendError(t *testing.T) {
+	if BackendError(nil) != nil {
+		t.Fatal("nil")
+	}
+	err := BackendError(ErrorToStatus(contract.CodeUnavailable, "no leader", 3*time.Second).Err())
+	var ue *backend.UnavailableError
+	if !errors.As(err, &ue) || ue.RetryAfter != 3*time.Second || ue.Reason != "no leader" {
+		t.Fatalf("UNAVAILABLE = %#v", err)
+	}
+	err = BackendError(ErrorToStatus(contract.CodePayloadTooLarge, "too big", 0).Err())
+	var be *backend.Error
+	if !errors.As(err, &be) || be.Code != contract.CodePayloadTooLarge || be.Message != "too big" {
+		t.Fatalf("PAYLOAD_TOO_LARGE = %#v", err)
+	}
+	if err := BackendError(context.Canceled); err != context.Canceled {
+		t.Fatalf("context error changed: %v", err)
 	}
 }

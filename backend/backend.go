@@ -1,0 +1,82 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/fsm"
+)
+
+// Backend executes validated commands. The storage node implements it over
+// its Raft shards, the router by forwarding to the shard's leader, Mem over
+// one state machine in memory.
+type Backend interface {
+	// Apply executes an OpReserve, OpHeartbeat, OpComplete or OpRelease
+	// command. The server has validated it and applied defaults (Lease,
+	// Retention in nanoseconds); for a reserve it has already set
+	// cmd.OwnerToken (contract.NewOwnerToken when the client sent none), so
+	// that forwarding and retries downstream stay idempotent. Now and
+	// SkewMargin are left 0: the proposer stamps them.
+	Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error)
+	// Get returns the record, or found=false when it is absent or past
+	// retention. Linearizable.
+	Get(ctx context.Context, namespace, key string) (rec fsm.Record, found bool, err error)
+	// Ready reports whether the process can serve (nil) or why not.
+	Ready(ctx context.Context) error
+}
+
+// ErrUnavailable: the store could not decide in time (no leader reachable,
+// home region lost, deadline passed). Clients see 503 UNAVAILABLE (gRPC
+// Unavailable) with a Retry-After hint.
+var ErrUnavailable = errors.New("backend: store unavailable")
+
+// UnavailableError is an ErrUnavailable with a reason and a retry hint.
+type UnavailableError struct {
+	// RetryAfter is when the client should try again; 0 means one second.
+	RetryAfter time.Duration
+	// Reason says why, in words a client may see ("no leader for shard
+	// us-east/2", "home region eu-west unreachable").
+	Reason string
+}
+
+func (e *UnavailableError) Error() string {
+	if e.Reason == "" {
+		return ErrUnavailable.Error()
+	}
+	return ErrUnavailable.Error() + ": " + e.Reason
+}
+
+// Unwrap makes errors.Is(err, ErrUnavailable) hold.
+func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
+
+// NotLeaderError: this process does not lead the shard and did not forward
+// the command. Leader is the node id it believes leads (empty: unknown).
+type NotLeaderError struct {
+	Shard  string
+	Leader string
+}
+
+func (e *NotLeaderError) Error() string {
+	msg := "backend: not the leader of shard " + e.Shard
+	if e.Leader != "" {
+		msg += " (the leader is " + e.Leader + ")"
+	}
+	return msg
+}
+
+// Unwrap makes errors.Is(err, ErrUnavailable) hold: for a client, a missing
+// leader is an undecided request.
+func (e *NotLeaderError) Unwrap() error { return ErrUnavailable }
+
+// Error is a refusal or decision with a public code that a backend passes on
+// unchanged, typically the answer of the node it forwarded to.
+type Error struct {
+	Code    contract.Code
+	Message string
+	// RetryAfter, when set, is the client's retry hint.
+	RetryAfter time.Duration
+}
+
+func (e *Error) Error() string { return "backend: " + string(e.Code) + ": " + e.Message }
