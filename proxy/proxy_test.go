@@ -695,11 +695,13 @@ func TestMetrics(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	err := proxy.Config{
-		Upstream:           "ftp://x",
-		Lease:              time.Hour,
-		UpstreamTimeout:    -1,
-		ReleaseStatuses:    "5xx,abc",
-		FingerprintHeaders: []string{"bad header"},
+		Upstream:        "ftp://x",
+		UpstreamTimeout: -1,
+		Policy: proxy.Policy{
+			Lease:              time.Hour,
+			ReleaseStatuses:    "5xx,abc",
+			FingerprintHeaders: []string{"bad header"},
+		},
 	}.Validate()
 	if !errors.Is(err, proxy.ErrInvalidConfig) {
 		t.Fatalf("Validate: %v", err)

@@ -71,7 +71,7 @@ func TestParseStatusSet(t *testing.T) {
 }
 
 func TestValidateReportsEveryProblem(t *testing.T) {
-	err := Config{
+	err := Config{Policy: Policy{
 		Lease:             50 * time.Millisecond,
 		HeartbeatInterval: time.Minute,
 		Retention:         1500 * time.Millisecond,
@@ -79,7 +79,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		NamespaceHeader:   "X Tenant",
 		MaxRequestBytes:   -1,
 		Methods:           []string{},
-	}.Validate()
+	}}.Validate()
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("Validate() = %v, want ErrInvalidConfig", err)
 	}
