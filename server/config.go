@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -86,10 +87,7 @@ func (c Config) GRPCMaxMessageBytes() int {
 }
 
 func (c Config) maxResponseBytes() int64 {
-	if c.MaxResponseBytes == 0 {
-		return DefaultMaxResponseBytes
-	}
-	return c.MaxResponseBytes
+	return cmp.Or(c.MaxResponseBytes, DefaultMaxResponseBytes)
 }
 
 func (c Config) maxRequestBytes() int64 {
@@ -100,10 +98,7 @@ func (c Config) maxRequestBytes() int64 {
 }
 
 func (c Config) readyTimeout() time.Duration {
-	if c.ReadyTimeout == 0 {
-		return DefaultReadyTimeout
-	}
-	return c.ReadyTimeout
+	return cmp.Or(c.ReadyTimeout, DefaultReadyTimeout)
 }
 
 // Validate reports every problem of c at once; each wraps ErrInvalidConfig.

@@ -30,17 +30,6 @@ var neverStored = map[string]bool{
 	HeaderBodyOmitted:     true,
 }
 
-// NeverStoredHeaders lists the response headers that are never stored,
-// whatever the configuration says (besides those named in Connection).
-func NeverStoredHeaders() []string {
-	out := make([]string, 0, len(neverStored))
-	for name := range neverStored {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // headerPolicy decides which response headers are stored.
 type headerPolicy struct {
 	allow map[string]bool // nil: every header not denied
