@@ -80,3 +80,40 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return "backend: " + string(e.Code) + ": " + e.Message }
+
+// Routed is a Backend that takes part in forwarding (a storage node, the
+// router). The gRPC service passes it how often the request was forwarded
+// before (hops, from the wire's hop count) and tells its caller the leader
+// it returns (on the wire, as the leader hint): data in and out of the call,
+// not values hidden in the context. A Backend that is not Routed is called
+// through Apply and Get, with no hops and no leader hint.
+type Routed interface {
+	Backend
+	// ApplyRouted is Apply for a request forwarded hops times. leader is the
+	// node id believed to lead the key's shard ("" when unknown).
+	ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res fsm.Result, leader string, err error)
+	// GetRouted is Get for a request forwarded hops times, with the leader
+	// as in ApplyRouted.
+	GetRouted(ctx context.Context, namespace, key string, hops int) (rec fsm.Record, found bool, leader string, err error)
+}
+
+// AsRouted returns b as a Routed: b itself when it is one, otherwise an
+// adapter that ignores hops and knows no leader.
+func AsRouted(b Backend) Routed {
+	if r, ok := b.(Routed); ok {
+		return r
+	}
+	return unrouted{b}
+}
+
+type unrouted struct{ Backend }
+
+func (u unrouted) ApplyRouted(ctx context.Context, cmd *fsm.Command, _ int) (fsm.Result, string, error) {
+	res, err := u.Apply(ctx, cmd)
+	return res, "", err
+}
+
+func (u unrouted) GetRouted(ctx context.Context, namespace, key string, _ int) (fsm.Record, bool, string, error) {
+	rec, found, err := u.Get(ctx, namespace, key)
+	return rec, found, "", err
+}

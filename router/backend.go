@@ -439,37 +439,49 @@ var errUnreachable = errors.New("router: no voter of the shard can be connected 
 // key's shard. The server has set the owner token of a reserve, so a
 // forwarded retry is the same reservation.
 func (b *Backend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	res, _, err := b.ApplyRouted(ctx, cmd, 0)
+	return res, err
+}
+
+// ApplyRouted implements backend.Routed: Apply for a request forwarded hops
+// times already. A router names no leader to its callers (clients).
+func (b *Backend) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (fsm.Result, string, error) {
 	if err := b.misrouted(); err != nil {
-		return fsm.Result{}, err
+		return fsm.Result{}, "", err
 	}
 	shard := b.ring.Locate(cmd.Namespace, cmd.Key)
 	if b.unreachable(shard) {
-		return fsm.Result{}, b.finish(ctx, shard, time.Now(), errUnreachable)
+		return fsm.Result{}, "", b.finish(ctx, shard, time.Now(), errUnreachable)
 	}
-	hops := HopsFromContext(ctx)
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
 	start := time.Now()
 	res, err := b.fwd.Apply(ctx, shard, cmd, "", hops)
-	return res, b.finish(ctx, shard, start, err)
+	return res, "", b.finish(ctx, shard, start, err)
 }
 
 // Get implements backend.Backend with a linearizable read on the shard's
 // leader.
 func (b *Backend) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {
+	rec, found, _, err := b.GetRouted(ctx, namespace, key, 0)
+	return rec, found, err
+}
+
+// GetRouted implements backend.Routed: Get for a request forwarded hops
+// times already.
+func (b *Backend) GetRouted(ctx context.Context, namespace, key string, hops int) (fsm.Record, bool, string, error) {
 	if err := b.misrouted(); err != nil {
-		return fsm.Record{}, false, err
+		return fsm.Record{}, false, "", err
 	}
 	shard := b.ring.Locate(namespace, key)
 	if b.unreachable(shard) {
-		return fsm.Record{}, false, b.finish(ctx, shard, time.Now(), errUnreachable)
+		return fsm.Record{}, false, "", b.finish(ctx, shard, time.Now(), errUnreachable)
 	}
-	hops := HopsFromContext(ctx)
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
 	start := time.Now()
 	rec, found, err := b.fwd.Get(ctx, shard, namespace, key, "", hops)
-	return rec, found, b.finish(ctx, shard, start, err)
+	return rec, found, "", b.finish(ctx, shard, start, err)
 }
 
 // finish records the request's metrics and turns every failure to reach

@@ -25,17 +25,12 @@ import (
 	"github.com/idem-dev/idem/fsm"
 )
 
-// Metadata keys of forwarded requests.
+// Metadata keys of forwarded requests, defined with the wire protocol in
+// api/idem/v1.
 const (
-	// HopsHeader counts how often a request was forwarded; a node that
-	// receives one at MaxHops answers instead of forwarding again, so a
-	// stale leader hint can never make requests circle.
-	HopsHeader = "idem-hops"
-	// LeaderHeader is set by a node on its answers: the node id it believes
-	// leads the request's shard. Forwarders cache it.
-	LeaderHeader = "idem-leader"
-	// MaxHops bounds forwarding: client -> router -> any voter -> leader.
-	MaxHops = 2
+	HopsHeader   = idemv1.HopsHeader
+	LeaderHeader = idemv1.LeaderHeader
+	MaxHops      = idemv1.MaxHops
 )
 
 // ForwarderConfig configures a Forwarder.
@@ -225,31 +220,6 @@ func (f *Forwarder) candidates(shard Shard, prefer string) []string {
 		add(v)
 	}
 	return out
-}
-
-// HopsFromContext returns how often the incoming request was forwarded.
-func HopsFromContext(ctx context.Context) int {
-	md, ok := metadata.FromIncomingContext(ctx)
-	if !ok {
-		return 0
-	}
-	v := md.Get(HopsHeader)
-	if len(v) == 0 {
-		return 0
-	}
-	n, err := strconv.Atoi(v[0])
-	if err != nil || n < 0 {
-		return MaxHops // a malformed count must not enable loops
-	}
-	return n
-}
-
-// SetLeaderHeader tells the caller of a gRPC request which node leads the
-// request's shard. Outside a gRPC handler it does nothing.
-func SetLeaderHeader(ctx context.Context, nodeID string) {
-	if nodeID != "" {
-		_ = grpc.SetHeader(ctx, metadata.Pairs(LeaderHeader, nodeID))
-	}
 }
 
 // attempt runs call against the candidates of shard until one answers, ctx

@@ -10,6 +10,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -42,7 +43,7 @@ func (g *grpcService) Reserve(ctx context.Context, req *idemv1.ReserveRequest) (
 	if e != nil {
 		return nil, e
 	}
-	res, e := g.s.apply(ctx, cmd)
+	res, e := g.apply(ctx, cmd)
 	if e != nil {
 		return nil, e
 	}
@@ -64,7 +65,7 @@ func (g *grpcService) Heartbeat(ctx context.Context, req *idemv1.HeartbeatReques
 	if e != nil {
 		return nil, e
 	}
-	res, e := g.s.apply(ctx, cmd)
+	res, e := g.apply(ctx, cmd)
 	if e != nil {
 		return nil, e
 	}
@@ -86,7 +87,7 @@ func (g *grpcService) Complete(ctx context.Context, req *idemv1.CompleteRequest)
 	if e != nil {
 		return nil, e
 	}
-	res, e := g.s.apply(ctx, cmd)
+	res, e := g.apply(ctx, cmd)
 	if e != nil {
 		return nil, e
 	}
@@ -103,7 +104,7 @@ func (g *grpcService) Release(ctx context.Context, req *idemv1.ReleaseRequest) (
 	if e != nil {
 		return nil, e
 	}
-	if _, e := g.s.apply(ctx, cmd); e != nil {
+	if _, e := g.apply(ctx, cmd); e != nil {
 		return nil, e
 	}
 	return &idemv1.ReleaseResponse{}, nil
@@ -114,7 +115,7 @@ func (g *grpcService) Get(ctx context.Context, req *idemv1.GetRequest) (_ *idemv
 	if e := g.s.validate.getParams(req.GetNamespace(), req.GetKey()); e != nil {
 		return nil, e
 	}
-	rec, found, e := g.s.get(ctx, req.GetNamespace(), req.GetKey())
+	rec, found, e := g.get(ctx, req.GetNamespace(), req.GetKey())
 	if e != nil {
 		return nil, e
 	}
@@ -122,6 +123,33 @@ func (g *grpcService) Get(ctx context.Context, req *idemv1.GetRequest) (_ *idemv
 		return nil, errorf(CodeNotFound, "no record for this key in namespace %q: it was never reserved, was released, or is past retention", req.GetNamespace())
 	}
 	return idemv1.RecordToProto(rec), nil
+}
+
+// apply is Server.apply for a gRPC request: the hop count comes from the
+// request's metadata and the backend's leader hint goes back as a header,
+// the wire form of data the backend takes and returns.
+func (g *grpcService) apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, *Error) {
+	res, leader, e := g.s.applyRouted(ctx, cmd, incomingHops(ctx))
+	setLeaderHeader(ctx, leader)
+	return res, e
+}
+
+// get is Server.get for a gRPC request, as apply.
+func (g *grpcService) get(ctx context.Context, namespace, key string) (fsm.Record, bool, *Error) {
+	rec, found, leader, e := g.s.getRouted(ctx, namespace, key, incomingHops(ctx))
+	setLeaderHeader(ctx, leader)
+	return rec, found, e
+}
+
+func incomingHops(ctx context.Context) int {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return idemv1.HopsFromMetadata(md)
+}
+
+func setLeaderHeader(ctx context.Context, leader string) {
+	if leader != "" {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(idemv1.LeaderHeader, leader))
+	}
 }
 
 // grpcEndpoint is the endpoint label of a full method name: the Idempotency
