@@ -64,26 +64,35 @@ func DescribeByte(c byte) string {
 	return fmt.Sprintf("byte 0x%02X", c)
 }
 
-// CheckName checks s against NameGrammar, the grammar of namespaces and of
-// cluster, region and node names. field names it in the Violation.
-func CheckName(field, s string) *Violation {
-	v := &Violation{Field: field, Rule: NamespaceRule, Len: len(s)}
+// check is every rule's shape: a length of minLen..maxLen bytes, each byte
+// allowed by ok (given its position).
+func check(field, rule, s string, minLen, maxLen int, ok func(i int, c byte) bool) *Violation {
+	v := &Violation{Field: field, Rule: rule, Len: len(s)}
 	switch {
 	case s == "":
 		v.Fault = FaultEmpty
 		return v
-	case len(s) > MaxNamespaceBytes:
+	case len(s) < minLen || len(s) > maxLen:
 		v.Fault = FaultLength
 		return v
 	}
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '.' || c == '_' || c == '-')) {
+		if c := s[i]; !ok(i, c) {
 			v.Fault, v.Pos, v.Byte = FaultByte, i, c
 			return v
 		}
 	}
 	return nil
+}
+
+func lowerOrDigit(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
+
+// CheckName checks s against NameGrammar, the grammar of namespaces and of
+// cluster, region and node names. field names it in the Violation.
+func CheckName(field, s string) *Violation {
+	return check(field, NamespaceRule, s, 1, MaxNamespaceBytes, func(i int, c byte) bool {
+		return lowerOrDigit(c) || i > 0 && (c == '.' || c == '_' || c == '-')
+	})
 }
 
 // CheckNamespace checks a namespace against NameGrammar.
@@ -98,22 +107,7 @@ func ValidNamespace(ns string) bool { return ValidName(ns) }
 // CheckKey checks a (decoded) key: 1 to MaxKeyBytes bytes of printable ASCII
 // (0x21-0x7E).
 func CheckKey(key string) *Violation {
-	v := &Violation{Field: "key", Rule: KeyRule, Len: len(key)}
-	switch {
-	case key == "":
-		v.Fault = FaultEmpty
-		return v
-	case len(key) > MaxKeyBytes:
-		v.Fault = FaultLength
-		return v
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c > 0x7e {
-			v.Fault, v.Pos, v.Byte = FaultByte, i, c
-			return v
-		}
-	}
-	return nil
+	return check("key", KeyRule, key, 1, MaxKeyBytes, func(_ int, c byte) bool { return c >= 0x21 && c <= 0x7e })
 }
 
 // ValidKey reports whether key passes CheckKey.
@@ -124,23 +118,9 @@ func ValidKey(key string) bool { return CheckKey(key) == nil }
 // FaultEmpty; whether one is allowed is the caller's rule (reserve may omit
 // it).
 func CheckOwnerToken(tok string) *Violation {
-	v := &Violation{Field: "owner_token", Rule: OwnerTokenRule, Len: len(tok)}
-	switch n := len(tok); {
-	case n == 0:
-		v.Fault = FaultEmpty
-		return v
-	case n < MinOwnerTokenChars || n > MaxOwnerTokenChars:
-		v.Fault = FaultLength
-		return v
-	}
-	for i := 0; i < len(tok); i++ {
-		c := tok[i]
-		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			v.Fault, v.Pos, v.Byte = FaultByte, i, c
-			return v
-		}
-	}
-	return nil
+	return check("owner_token", OwnerTokenRule, tok, MinOwnerTokenChars, MaxOwnerTokenChars, func(_ int, c byte) bool {
+		return lowerOrDigit(c) || c >= 'A' && c <= 'Z' || c == '_' || c == '-'
+	})
 }
 
 // ValidOwnerToken reports whether tok passes CheckOwnerToken.

@@ -30,7 +30,7 @@ type (
 	// Response is a stored response.
 	Response = httpidem.Response
 	// Outcome is a reserve's outcome.
-	Outcome = httpidem.Outcome
+	Outcome = contract.Outcome
 )
 
 // backendAttempts bounds how often BackendStore tries one call that failed
@@ -73,9 +73,9 @@ func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reserva
 	}
 	out.Outcome = idemv1.FSMOutcomeToContract(res.Outcome)
 	switch out.Outcome {
-	case httpidem.OutcomeUnknown:
+	case contract.OutcomeUnknown:
 		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s answered %v", req.Namespace, req.Key, res.Outcome)
-	case httpidem.OutcomeCompleted:
+	case contract.OutcomeCompleted:
 		if res.Response != nil {
 			out.Response = &Response{Status: int(res.Response.Status), Headers: res.Response.Headers, Body: res.Response.Body}
 		}

@@ -35,19 +35,6 @@ var (
 	ErrInvalidConfig = errors.New("httpidem: invalid config")
 )
 
-// Outcome is the store's decision on a reserve (defined in package contract).
-type Outcome = contract.Outcome
-
-// The outcomes of a reserve (API-v1.md).
-const (
-	OutcomeUnknown             = contract.OutcomeUnknown
-	OutcomeAcquired            = contract.OutcomeAcquired
-	OutcomeReclaimed           = contract.OutcomeReclaimed
-	OutcomeInProgress          = contract.OutcomeInProgress
-	OutcomeCompleted           = contract.OutcomeCompleted
-	OutcomeFingerprintMismatch = contract.OutcomeFingerprintMismatch
-)
-
 // Ref names one reservation: the key and the owner token it was made with.
 type Ref struct {
 	Namespace  string
@@ -69,7 +56,7 @@ type ReserveRequest struct {
 
 // Reservation is the store's answer to a reserve.
 type Reservation struct {
-	Outcome Outcome
+	Outcome contract.Outcome
 	// FencingToken (ACQUIRED, RECLAIMED, COMPLETED) grows strictly with every
 	// acquisition of the key.
 	FencingToken uint64

@@ -134,20 +134,28 @@ func BackendError(err error) error {
 	return &backend.Error{Code: code, Message: msg, RetryAfter: retry}
 }
 
+// outcomes pairs each reserve outcome in its three forms: the state
+// machine's, the contract's and the wire's. The conversions below look it up,
+// so that no two can disagree.
+var outcomes = [...]struct {
+	fsm  fsm.Outcome
+	pub  contract.Outcome
+	wire Outcome
+}{
+	{fsm.OutcomeAcquired, contract.OutcomeAcquired, Outcome_ACQUIRED},
+	{fsm.OutcomeReclaimed, contract.OutcomeReclaimed, Outcome_RECLAIMED},
+	{fsm.OutcomeInProgress, contract.OutcomeInProgress, Outcome_IN_PROGRESS},
+	{fsm.OutcomeCompleted, contract.OutcomeCompleted, Outcome_COMPLETED},
+	{fsm.OutcomeFingerprintMismatch, contract.OutcomeFingerprintMismatch, Outcome_FINGERPRINT_MISMATCH},
+}
+
 // OutcomeToProto is the wire outcome of a reserve outcome;
 // OUTCOME_UNSPECIFIED for every other value.
 func OutcomeToProto(o contract.Outcome) Outcome {
-	switch o {
-	case contract.OutcomeAcquired:
-		return Outcome_ACQUIRED
-	case contract.OutcomeReclaimed:
-		return Outcome_RECLAIMED
-	case contract.OutcomeInProgress:
-		return Outcome_IN_PROGRESS
-	case contract.OutcomeCompleted:
-		return Outcome_COMPLETED
-	case contract.OutcomeFingerprintMismatch:
-		return Outcome_FINGERPRINT_MISMATCH
+	for _, row := range outcomes {
+		if row.pub == o {
+			return row.wire
+		}
 	}
 	return Outcome_OUTCOME_UNSPECIFIED
 }
@@ -155,17 +163,10 @@ func OutcomeToProto(o contract.Outcome) Outcome {
 // OutcomeFromProto is the reserve outcome of a wire outcome; OutcomeUnknown
 // for OUTCOME_UNSPECIFIED and values this build does not know.
 func OutcomeFromProto(o Outcome) contract.Outcome {
-	switch o {
-	case Outcome_ACQUIRED:
-		return contract.OutcomeAcquired
-	case Outcome_RECLAIMED:
-		return contract.OutcomeReclaimed
-	case Outcome_IN_PROGRESS:
-		return contract.OutcomeInProgress
-	case Outcome_COMPLETED:
-		return contract.OutcomeCompleted
-	case Outcome_FINGERPRINT_MISMATCH:
-		return contract.OutcomeFingerprintMismatch
+	for _, row := range outcomes {
+		if row.wire == o {
+			return row.pub
+		}
 	}
 	return contract.OutcomeUnknown
 }
@@ -174,17 +175,10 @@ func OutcomeFromProto(o Outcome) contract.Outcome {
 // outcome; OutcomeUnknown for the outcomes that are not a reserve's (OK,
 // NOT_OWNER, INVALID).
 func FSMOutcomeToContract(o fsm.Outcome) contract.Outcome {
-	switch o {
-	case fsm.OutcomeAcquired:
-		return contract.OutcomeAcquired
-	case fsm.OutcomeReclaimed:
-		return contract.OutcomeReclaimed
-	case fsm.OutcomeInProgress:
-		return contract.OutcomeInProgress
-	case fsm.OutcomeCompleted:
-		return contract.OutcomeCompleted
-	case fsm.OutcomeFingerprintMismatch:
-		return contract.OutcomeFingerprintMismatch
+	for _, row := range outcomes {
+		if row.fsm == o {
+			return row.pub
+		}
 	}
 	return contract.OutcomeUnknown
 }
@@ -192,17 +186,10 @@ func FSMOutcomeToContract(o fsm.Outcome) contract.Outcome {
 // FSMOutcomeFromContract is the state-machine outcome of a public reserve
 // outcome; fsm.OutcomeInvalid for OutcomeUnknown.
 func FSMOutcomeFromContract(o contract.Outcome) fsm.Outcome {
-	switch o {
-	case contract.OutcomeAcquired:
-		return fsm.OutcomeAcquired
-	case contract.OutcomeReclaimed:
-		return fsm.OutcomeReclaimed
-	case contract.OutcomeInProgress:
-		return fsm.OutcomeInProgress
-	case contract.OutcomeCompleted:
-		return fsm.OutcomeCompleted
-	case contract.OutcomeFingerprintMismatch:
-		return fsm.OutcomeFingerprintMismatch
+	for _, row := range outcomes {
+		if row.pub == o {
+			return row.fsm
+		}
 	}
 	return fsm.OutcomeInvalid
 }
