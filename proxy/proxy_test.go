@@ -15,7 +15,6 @@ import (
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/httpidem"
 	"github.com/idem-dev/idem/proxy"
-	"github.com/idem-dev/idem/server"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -722,15 +721,6 @@ func TestConfigValidate(t *testing.T) {
 	cfg.Upstream, cfg.Store = "https://api.internal:8443/v2", proxy.BackendStore(newBackend(0))
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("DefaultConfig: %v", err)
-	}
-}
-
-// The store's header bounds the engine keeps within are the server's.
-func TestHeaderBoundsMatchServer(t *testing.T) {
-	if httpidem.MaxStoredHeaders != server.MaxHeaders || httpidem.MaxHeaderNameBytes != server.MaxHeaderNameBytes ||
-		httpidem.MaxHeaderValueBytes != server.MaxHeaderValueBytes || httpidem.MaxHeadersTotalBytes != server.MaxHeadersTotalBytes ||
-		httpidem.MaxKeyBytes != server.MaxKeyBytes {
-		t.Error("httpidem's store bounds differ from package server's")
 	}
 }
 

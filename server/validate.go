@@ -10,33 +10,6 @@ import (
 	"github.com/idem-dev/idem/fsm"
 )
 
-// Limits of the public API, re-exported from package contract (their one
-// home) for the callers that know them by these names.
-const (
-	MaxNamespaceBytes   = contract.MaxNamespaceBytes
-	MaxKeyBytes         = contract.MaxKeyBytes
-	MaxFingerprintChars = contract.MaxFingerprintChars
-
-	MinLeaseMs     = contract.MinLeaseMs
-	MaxLeaseMs     = contract.MaxLeaseMs
-	DefaultLeaseMs = contract.DefaultLeaseMs
-
-	MinOwnerTokenChars = contract.MinOwnerTokenChars
-	MaxOwnerTokenChars = contract.MaxOwnerTokenChars
-
-	MinStatus = contract.MinStatus
-	MaxStatus = contract.MaxStatus
-
-	MinRetentionS     = contract.MinRetentionS
-	MaxRetentionS     = contract.MaxRetentionS
-	DefaultRetentionS = contract.DefaultRetentionS
-
-	MaxHeaders           = contract.MaxHeaders
-	MaxHeaderNameBytes   = contract.MaxHeaderNameBytes
-	MaxHeaderValueBytes  = contract.MaxHeaderValueBytes
-	MaxHeadersTotalBytes = contract.MaxHeadersTotalBytes
-)
-
 // The request parameters of each endpoint, as both the JSON and the gRPC API
 // deliver them. validator turns them into fsm.Commands: the one place where a
 // request is checked.
@@ -166,11 +139,11 @@ func checkOwnerToken(p *problems, token string, required bool) {
 // leaseNanos checks lease_ms and returns the lease in nanoseconds (0: default).
 func leaseNanos(p *problems, leaseMs int64) int64 {
 	if leaseMs == 0 {
-		leaseMs = DefaultLeaseMs
+		leaseMs = contract.DefaultLeaseMs
 	}
-	if leaseMs < MinLeaseMs || leaseMs > MaxLeaseMs {
+	if leaseMs < contract.MinLeaseMs || leaseMs > contract.MaxLeaseMs {
 		p.addf("lease_ms %d is out of range: use %d..%d milliseconds, or 0 or leave it out for the default %d",
-			leaseMs, MinLeaseMs, MaxLeaseMs, DefaultLeaseMs)
+			leaseMs, contract.MinLeaseMs, contract.MaxLeaseMs, contract.DefaultLeaseMs)
 		return 0
 	}
 	return leaseMs * int64(time.Millisecond)
@@ -180,8 +153,8 @@ func (v validator) reserveCommand(r reserveParams) (*fsm.Command, *Error) {
 	var p problems
 	checkNamespace(&p, r.Namespace)
 	checkKey(&p, r.Key)
-	if n := utf8.RuneCountInString(r.Fingerprint); n > MaxFingerprintChars {
-		p.addf("fingerprint is %d characters long: use at most %d (a hash of the request, for example)", n, MaxFingerprintChars)
+	if n := utf8.RuneCountInString(r.Fingerprint); n > contract.MaxFingerprintChars {
+		p.addf("fingerprint is %d characters long: use at most %d (a hash of the request, for example)", n, contract.MaxFingerprintChars)
 	}
 	checkOwnerToken(&p, r.OwnerToken, false)
 	lease := leaseNanos(&p, r.LeaseMs)
@@ -227,17 +200,17 @@ func (v validator) completeCommand(r completeParams) (*fsm.Command, *Error) {
 	checkOwnerToken(&p, r.OwnerToken, true)
 	retentionS := r.RetentionS
 	if retentionS == 0 {
-		retentionS = DefaultRetentionS
+		retentionS = contract.DefaultRetentionS
 	}
-	if retentionS < MinRetentionS || retentionS > MaxRetentionS {
+	if retentionS < contract.MinRetentionS || retentionS > contract.MaxRetentionS {
 		p.addf("retention_s %d is out of range: use %d..%d seconds (30 days), or 0 or leave it out for the default %d",
-			retentionS, MinRetentionS, MaxRetentionS, DefaultRetentionS)
+			retentionS, contract.MinRetentionS, contract.MaxRetentionS, contract.DefaultRetentionS)
 	}
 	if r.Response == nil {
 		p.addf("response is required: send {\"status\": ..., \"headers\": {...}, \"body\": \"<base64>\"}")
 	} else {
-		if s := r.Response.Status; s < MinStatus || s > MaxStatus {
-			p.addf("response.status %d is out of range: use an HTTP status code %d..%d", s, MinStatus, MaxStatus)
+		if s := r.Response.Status; s < contract.MinStatus || s > contract.MaxStatus {
+			p.addf("response.status %d is out of range: use an HTTP status code %d..%d", s, contract.MinStatus, contract.MaxStatus)
 		}
 		checkHeaders(&p, r.Response.Headers)
 	}
@@ -290,15 +263,15 @@ func (v validator) getParams(namespace, key string) *Error {
 // tchar); values may hold any byte but control characters other than tab, so
 // that a replay can always be written back as an HTTP header.
 func checkHeaders(p *problems, headers map[string]string) {
-	if len(headers) > MaxHeaders {
-		p.addf("response.headers has %d entries: store at most %d (join multiple values of one header with \", \")", len(headers), MaxHeaders)
+	if len(headers) > contract.MaxHeaders {
+		p.addf("response.headers has %d entries: store at most %d (join multiple values of one header with \", \")", len(headers), contract.MaxHeaders)
 		return
 	}
 	total := 0
 	for name, value := range headers {
 		total += len(name) + len(value)
-		if name == "" || len(name) > MaxHeaderNameBytes {
-			p.addf("response.headers has a name of %d bytes: a header name is 1-%d bytes", len(name), MaxHeaderNameBytes)
+		if name == "" || len(name) > contract.MaxHeaderNameBytes {
+			p.addf("response.headers has a name of %d bytes: a header name is 1-%d bytes", len(name), contract.MaxHeaderNameBytes)
 			continue
 		}
 		if i := strings.IndexFunc(name, func(r rune) bool { return !isTokenChar(r) }); i >= 0 {
@@ -306,8 +279,8 @@ func checkHeaders(p *problems, headers map[string]string) {
 				truncate(name, 64), describeByte(name[i]), i)
 			continue
 		}
-		if len(value) > MaxHeaderValueBytes {
-			p.addf("response.headers[%q] is %d bytes long: a header value is at most %d bytes", name, len(value), MaxHeaderValueBytes)
+		if len(value) > contract.MaxHeaderValueBytes {
+			p.addf("response.headers[%q] is %d bytes long: a header value is at most %d bytes", name, len(value), contract.MaxHeaderValueBytes)
 			continue
 		}
 		for i := 0; i < len(value); i++ {
@@ -318,8 +291,8 @@ func checkHeaders(p *problems, headers map[string]string) {
 			}
 		}
 	}
-	if total > MaxHeadersTotalBytes {
-		p.addf("response.headers total %d bytes (names plus values): store at most %d", total, MaxHeadersTotalBytes)
+	if total > contract.MaxHeadersTotalBytes {
+		p.addf("response.headers total %d bytes (names plus values): store at most %d", total, contract.MaxHeadersTotalBytes)
 	}
 }
 

@@ -42,20 +42,6 @@ const (
 	DefaultNamespace           = "default"
 )
 
-// Bounds the store puts on what it is given (API-v1.md and server's
-// validation); Validate and the engine keep within them.
-const (
-	MinLease             = contract.MinLease
-	MaxLease             = contract.MaxLease
-	MinRetention         = contract.MinRetention
-	MaxRetention         = contract.MaxRetention
-	MaxKeyBytes          = contract.MaxKeyBytes
-	MaxStoredHeaders     = contract.MaxHeaders
-	MaxHeaderNameBytes   = contract.MaxHeaderNameBytes
-	MaxHeaderValueBytes  = contract.MaxHeaderValueBytes
-	MaxHeadersTotalBytes = contract.MaxHeadersTotalBytes
-)
-
 // DefaultMethods are the methods whose keyed requests the engine handles; all
 // others pass through.
 var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
@@ -272,8 +258,8 @@ func (c Config) Problems() []string {
 	if c.MaxStoredBodyBytes < 0 {
 		bad("MaxStoredBodyBytes %d is negative: use the store's --max-response-bytes, or 0 for %d", c.MaxStoredBodyBytes, DefaultMaxStoredBodyBytes)
 	}
-	if d.Lease < MinLease || d.Lease > MaxLease || d.Lease%time.Millisecond != 0 {
-		bad("Lease %v is out of range: use %v..%v in whole milliseconds, or 0 for %v", c.Lease, MinLease, MaxLease, DefaultLease)
+	if d.Lease < contract.MinLease || d.Lease > contract.MaxLease || d.Lease%time.Millisecond != 0 {
+		bad("Lease %v is out of range: use %v..%v in whole milliseconds, or 0 for %v", c.Lease, contract.MinLease, contract.MaxLease, DefaultLease)
 	}
 	if c.HeartbeatInterval < 0 || d.HeartbeatInterval >= d.Lease {
 		bad("HeartbeatInterval %v must be positive and below Lease %v (0 means Lease/3)", c.HeartbeatInterval, d.Lease)
@@ -284,8 +270,8 @@ func (c Config) Problems() []string {
 	if c.StoreTimeout < 0 {
 		bad("StoreTimeout %v is negative: use a duration, or 0 for %v", c.StoreTimeout, DefaultStoreTimeout)
 	}
-	if d.Retention < MinRetention || d.Retention > MaxRetention || d.Retention%time.Second != 0 {
-		bad("Retention %v is out of range: use %v..%v in whole seconds, or 0 for %v", c.Retention, MinRetention, MaxRetention, DefaultRetention)
+	if d.Retention < contract.MinRetention || d.Retention > contract.MaxRetention || d.Retention%time.Second != 0 {
+		bad("Retention %v is out of range: use %v..%v in whole seconds, or 0 for %v", c.Retention, contract.MinRetention, contract.MaxRetention, DefaultRetention)
 	}
 	if _, err := ParseStatusSet(d.ReleaseStatuses); err != nil {
 		bad("ReleaseStatuses: %v", err)

@@ -27,7 +27,7 @@ func ParseKey(values []string) (key string, present bool, err error) {
 	}
 	v := strings.Trim(values[0], " \t")
 	if v == "" {
-		return "", true, fmt.Errorf("%s is empty: send a key of 1 to %d printable ASCII characters", HeaderKey, MaxKeyBytes)
+		return "", true, fmt.Errorf("%s is empty: send a key of 1 to %d printable ASCII characters", HeaderKey, contract.MaxKeyBytes)
 	}
 	if v[0] == '"' {
 		key, err = parseSFString(v)
@@ -77,9 +77,9 @@ func ValidateKey(key string) error {
 	case v == nil:
 		return nil
 	case v.Fault == contract.FaultEmpty:
-		return fmt.Errorf("the idempotency key is empty: use 1 to %d printable ASCII characters", MaxKeyBytes)
+		return fmt.Errorf("the idempotency key is empty: use 1 to %d printable ASCII characters", contract.MaxKeyBytes)
 	case v.Fault == contract.FaultLength:
-		return fmt.Errorf("the idempotency key is %d bytes long: use at most %d", v.Len, MaxKeyBytes)
+		return fmt.Errorf("the idempotency key is %d bytes long: use at most %d", v.Len, contract.MaxKeyBytes)
 	}
 	return fmt.Errorf("the idempotency key has byte 0x%02X at position %d: use printable ASCII without spaces (0x21-0x7E)", v.Byte, v.Pos)
 }
