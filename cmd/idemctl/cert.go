@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -111,6 +112,11 @@ func runCert(_ context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("idemctl cert", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	o.register(fs)
+	// The global flags are accepted after the command name as for every
+	// command (--config and --timeout have nothing to do here); --json
+	// prints the files written as JSON.
+	var g globals
+	g.register(fs)
 	positional, err := parseInterleaved(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		certUsage(stdout, fs)
@@ -158,8 +164,15 @@ func runCert(_ context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("cert %s: %w", sub.name, err)
 	}
-	for _, f := range files {
-		fmt.Fprintln(stdout, "wrote", filepath.Join(o.dir, f))
+	paths := make([]string, len(files))
+	for i, f := range files {
+		paths[i] = filepath.Join(o.dir, f)
+	}
+	if g.json {
+		return json.NewEncoder(stdout).Encode(map[string][]string{"files": paths})
+	}
+	for _, p := range paths {
+		fmt.Fprintln(stdout, "wrote", p)
 	}
 	return nil
 }

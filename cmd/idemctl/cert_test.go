@@ -56,6 +56,7 @@ func TestCert(t *testing.T) {
 		{name: "create-node", args: []string{"cert", "create-node", "--certs-dir", dir, "--id", "us-east-1", "127.0.0.1", "::1", "node1.internal"}, wantOut: "wrote " + filepath.Join(dir, "node.crt")},
 		{name: "create-node again", args: []string{"cert", "create-node", "--certs-dir", dir, "--id", "us-east-2", "127.0.0.1"}, wantErr: "move it away"},
 		{name: "create-client", args: []string{"cert", "create-client", "root", "--certs-dir", dir}, wantOut: "client.root.crt"},
+		{name: "create-client --json", args: []string{"cert", "create-client", "--json", "--certs-dir", dir, "ci"}, wantOut: `{"files":["` + filepath.Join(dir, "client.ci.crt")},
 		{name: "client with --id", args: []string{"cert", "create-client", "--certs-dir", dir, "--id", "x", "bob"}, wantErr: "--id applies to create-node only"},
 		{name: "client bad name", args: []string{"cert", "create-client", "--certs-dir", dir, "a/b"}, wantErr: "principal name"},
 		{name: "client arity", args: []string{"cert", "create-client", "--certs-dir", dir, "a", "b"}, wantErr: "needs NAME, got 2"},
