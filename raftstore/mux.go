@@ -218,9 +218,11 @@ func (m *mux) handshake(c net.Conn, deadline time.Time) (*tls.Conn, error) {
 // misconfigured or hostile peer could otherwise flood the log).
 func (m *mux) reject(c net.Conn, reason int, why error) {
 	remote := c.RemoteAddr().String()
-	c.Close()
+	// Counted before the close, so a peer that sees the close also sees
+	// the count.
 	m.rejectedTotal.Add(1)
 	m.rejected[reason].Add(1)
+	c.Close()
 	m.rejectMu.Lock()
 	defer m.rejectMu.Unlock()
 	now := time.Now()

@@ -333,3 +333,33 @@ func TestConfigValidatesTLS(t *testing.T) {
 		t.Fatalf("Validate: %v", err)
 	}
 }
+
+// TestTLSHandshakeDeadline: a peer that connects to a secure Raft port and
+// never finishes a handshake is closed after muxHeaderTimeout and counted.
+func TestTLSHandshakeDeadline(t *testing.T) {
+	p := newTestPKI(t)
+	cfg := testConfig()
+	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir = "n1", "127.0.0.1:0", t.TempDir()
+	cfg.Logger = testLogger(t, slog.LevelInfo)
+	cfg.TLS = raftTLS(p.node("n1"))
+	h, err := NewHost(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	c, err := net.Dial("tcp", h.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	c.SetReadDeadline(time.Now().Add(muxHeaderTimeout + 10*time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the server sent bytes to a silent peer")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("a silent peer was still open after %v", time.Since(start))
+	}
+	if s := h.MuxStats(); s.RejectedTLS != 1 || s.Inbound != 0 {
+		t.Fatalf("stats %+v, want one TLS rejection and no open connection", s)
+	}
+}
