@@ -183,6 +183,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		printUsage(stdout, fs)
 		return nil
 	}
+	if name == certCommandName {
+		return runCert(ctx, rest, stdout)
+	}
 	c := findCommand(name)
 	if c == nil {
 		return fmt.Errorf("unknown command %q (commands: %s; see --help)", name, commandNames())
