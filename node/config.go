@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/topology"
 )
@@ -68,6 +69,10 @@ type Config struct {
 	Registry *prometheus.Registry
 	// Version is reported by status and the start-up line.
 	Version string
+	// Security is the trust boundary (certificates, auth file, listener
+	// limits) of every listener and dial; nil means secure.Insecure():
+	// plaintext, every caller root.
+	Security *secure.Kit
 }
 
 // DefaultConfig returns a Config with every default spelled out; set
@@ -123,6 +128,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
+	}
+	if c.Security == nil {
+		c.Security = secure.Insecure()
 	}
 	return c
 }

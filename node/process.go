@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"path/filepath"
 	"time"
 
@@ -47,7 +46,7 @@ func New(cfg Config) (*Node, error) {
 	if n.fwd, err = router.NewForwarder(router.ForwarderConfig{
 		Topology: cfg.Topology, Self: cfg.NodeID, AttemptTimeout: cfg.ForwardAttemptTimeout,
 		Logger: n.log, Registry: cfg.Registry,
-		DialOptions: append(router.DefaultDialOptions(), grpc.WithDefaultCallOptions(
+		DialOptions: append(append(router.DefaultDialOptions(), cfg.Security.DialOptions()...), grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(msgBytes), grpc.MaxCallSendMsgSize(msgBytes))),
 	}); err != nil {
 		return nil, err
@@ -86,6 +85,9 @@ func (n *Node) Start() (err error) {
 	rcfg.DataDir = filepath.Join(cfg.DataDir, "raft")
 	rcfg.Logger = n.log
 	rcfg.Registry = cfg.Registry
+	if rcfg.TLS == nil {
+		rcfg.TLS = cfg.Security.RaftTLS()
+	}
 	if n.host, err = raftstore.NewHost(rcfg); err != nil {
 		return err
 	}
@@ -110,14 +112,14 @@ func (n *Node) Start() (err error) {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
 
-	if n.httpLn, err = net.Listen("tcp", cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
+	if n.httpLn, err = cfg.Security.ListenHTTP(cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
 		return fmt.Errorf("node: http listener: %w", err)
 	}
-	n.servers = append(n.servers, serving.HTTP("node: http", n.httpLn, n.api.HTTPHandler(), n.log))
-	if n.grpcLn, err = net.Listen("tcp", cmp.Or(cfg.GRPCAddr, n.self.GRPCAddr)); err != nil {
+	n.servers = append(n.servers, serving.HTTP("node: http", n.httpLn, cfg.Security.HTTPHandler(n.api.HTTPHandler()), n.log))
+	if n.grpcLn, err = cfg.Security.ListenGRPC(cmp.Or(cfg.GRPCAddr, n.self.GRPCAddr)); err != nil {
 		return fmt.Errorf("node: grpc listener: %w", err)
 	}
-	grpcSrv := n.api.NewGRPCServer()
+	grpcSrv := n.api.NewGRPCServer(cfg.Security.GRPCServerOptions()...)
 	idemv1.RegisterAdminServer(grpcSrv, &admin{n: n})
 	n.servers = append(n.servers, serving.GRPC("node: grpc", n.grpcLn, grpcSrv))
 	n.startLoops()
@@ -145,7 +147,7 @@ func (n *Node) Serve(ctx context.Context) error {
 		return ErrNotStarted
 	}
 	n.log.Info("idemnode serving", "cluster", n.cfg.Topology.Cluster, "http", n.HTTPAddr(), "grpc", n.GRPCAddr(),
-		"raft", cmp.Or(n.cfg.RaftAddr, n.self.RaftAddr), "data_dir", n.cfg.DataDir, "shards", len(n.shards), "version", n.cfg.Version)
+		"raft", cmp.Or(n.cfg.RaftAddr, n.self.RaftAddr), "tls", n.cfg.Security.Secure(), "auth_file", n.cfg.Security.Authorizer().Enabled(), "data_dir", n.cfg.DataDir, "shards", len(n.shards), "version", n.cfg.Version)
 	// Close, from another goroutine, ends serving as ctx does.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

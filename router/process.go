@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/server"
@@ -53,6 +55,11 @@ type ProcessConfig struct {
 	// Registry receives every metric and is what /metrics serves; nil
 	// creates a private one.
 	Registry *prometheus.Registry
+	// Security is the trust boundary (certificates, auth file, listener
+	// limits) of the listeners and of the dials to nodes (added to
+	// Backend.DialOptions, or to DefaultDialOptions when those are nil);
+	// nil means secure.Insecure(): plaintext, every caller root.
+	Security *secure.Kit
 }
 
 // Validate reports every problem of c at once.
@@ -121,6 +128,13 @@ func NewProcess(cfg ProcessConfig) (*Process, error) {
 	if cfg.RingCheckTimeout == 0 {
 		cfg.RingCheckTimeout = DefaultRingCheckTimeout
 	}
+	if cfg.Security == nil {
+		cfg.Security = secure.Insecure()
+	}
+	if cfg.Backend.DialOptions == nil {
+		cfg.Backend.DialOptions = DefaultDialOptions()
+	}
+	cfg.Backend.DialOptions = append(slices.Clip(cfg.Backend.DialOptions), cfg.Security.DialOptions()...)
 	return &Process{cfg: cfg, log: cfg.Logger, addrs: map[string]string{}}, nil
 }
 
@@ -159,12 +173,12 @@ func (p *Process) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	p.servers = append(p.servers, serving.HTTP("http", httpLn, api.HTTPHandler(), p.log))
+	p.servers = append(p.servers, serving.HTTP("http", httpLn, cfg.Security.HTTPHandler(api.HTTPHandler()), p.log))
 	grpcLn, err := p.listen("grpc", cfg.GRPCAddr)
 	if err != nil {
 		return err
 	}
-	p.servers = append(p.servers, serving.GRPC("grpc", grpcLn, api.NewGRPCServer()))
+	p.servers = append(p.servers, serving.GRPC("grpc", grpcLn, api.NewGRPCServer(cfg.Security.GRPCServerOptions()...)))
 
 	if cfg.Proxy != nil {
 		pcfg := *cfg.Proxy
@@ -191,7 +205,11 @@ func (p *Process) Start(ctx context.Context) (err error) {
 }
 
 func (p *Process) listen(name, addr string) (net.Listener, error) {
-	ln, err := net.Listen("tcp", addr)
+	listen := p.cfg.Security.ListenHTTP
+	if name == "grpc" {
+		listen = p.cfg.Security.ListenGRPC
+	}
+	ln, err := listen(addr)
 	if err != nil {
 		return nil, &ListenError{Listener: name, Err: err}
 	}
@@ -227,7 +245,7 @@ func (p *Process) Serve(ctx context.Context) error {
 	defer p.backend.Close()
 	t := p.cfg.Backend.Topology
 	p.log.Info("idemrouter serving", "cluster", t.Cluster, "http", p.HTTPAddr(),
-		"grpc", p.GRPCAddr(), "nodes", len(t.Nodes()), "request_timeout", p.cfg.Backend.RequestTimeout, "version", p.cfg.Version)
+		"grpc", p.GRPCAddr(), "tls", p.cfg.Security.Secure(), "auth_file", p.cfg.Security.Authorizer().Enabled(), "nodes", len(t.Nodes()), "request_timeout", p.cfg.Backend.RequestTimeout, "version", p.cfg.Version)
 	serveErr := serving.Serve(ctx, p.log, p.servers)
 	p.log.Info("draining")
 	drainCtx, cancel := context.WithTimeout(context.Background(), serving.DrainTimeout)

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/topology"
@@ -47,6 +48,8 @@ type options struct {
 	trailingLogs     uint64
 	testClockOffset  time.Duration
 	showVersion      bool
+	sec              secure.Flags
+	maxRaftConns     int
 }
 
 const usageHeader = `idemnode: a storage node of idem, the multi-region idempotency-key store.
@@ -82,6 +85,8 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
 	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY: shift this node's clock by `D` (fault injection for clock-skew scenarios)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	o.sec.AddFlags(fs)
+	fs.IntVar(&o.maxRaftConns, "max-raft-conns", raftstore.DefaultMaxInboundConns, "cap on the inbound Raft connections open at once; past it new ones are closed and counted")
 	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
 		return nil, err
 	}
@@ -111,6 +116,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg.Logger = logger
 	cfg.Registry = prometheus.NewRegistry()
 	cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	certID := cfg.NodeID
+	if o.dev {
+		certID = "" // any node certificate of the CA
+	}
+	if cfg.Security, err = o.sec.Kit(certID, logger, cfg.Registry); err != nil {
+		return err
+	}
+	cfg.Security.ReloadOnSIGHUP(ctx)
 	n, err := node.New(cfg)
 	if err != nil {
 		return err
@@ -140,6 +153,13 @@ func nodeConfig(o *options) (node.Config, error) {
 	}
 	if o.snapshotInterval > 0 {
 		cfg.Raft.SnapshotInterval = o.snapshotInterval
+	}
+	if o.maxRaftConns <= 0 {
+		errs = append(errs, fmt.Errorf("--max-raft-conns must be positive, got %d", o.maxRaftConns))
+	}
+	cfg.Raft.MaxInboundConns = o.maxRaftConns
+	if o.sec.MaxConns <= 0 {
+		errs = append(errs, fmt.Errorf("--max-conns must be positive, got %d", o.sec.MaxConns))
 	}
 	if o.maxResponseBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-response-bytes must be positive, got %d", o.maxResponseBytes))
@@ -179,6 +199,15 @@ func nodeConfig(o *options) (node.Config, error) {
 		}
 		cfg.NodeID = o.id
 		cfg.DataDir = cmp.Or(o.dataDir, filepath.Join("idem-data", o.id))
+	}
+	if cfg.Topology != nil {
+		if self, ok := cfg.Topology.NodeByID(cfg.NodeID); ok {
+			addrs := map[string]string{"--http-addr": cmp.Or(cfg.HTTPAddr, self.HTTPAddr),
+				"--grpc-addr": cmp.Or(cfg.GRPCAddr, self.GRPCAddr), "--raft-addr": cmp.Or(cfg.RaftAddr, self.RaftAddr)}
+			if err := o.sec.Check(addrs); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	if len(errs) > 0 {
 		return cfg, cli.OneLine(errs...)

@@ -17,8 +17,13 @@ import (
 
 func TestRunFlags(t *testing.T) {
 	dir := t.TempDir()
-	_, badTopo := cluster.TopologyFiles(t, dir)
+	goodTopo, badTopo := cluster.TopologyFiles(t, dir)
 	cluster.TestRun(t, run, []cluster.RunCase{
+		{Name: "exposed without certs", Args: []string{"--config", goodTopo, "--id", "r1-1", "--http-addr", "0.0.0.0:0"}, WantErr: "refusing to listen beyond loopback without TLS (--http-addr 0.0.0.0:0)"},
+		{Name: "exposed dev without certs", Args: []string{"--dev", "--grpc-addr", ":7070"}, WantErr: "--grpc-addr :7070"},
+		{Name: "missing certs dir", Args: []string{"--config", goodTopo, "--id", "r1-1", "--certs-dir", filepath.Join(dir, "nocerts")}, WantErr: "--certs-dir"},
+		{Name: "missing auth file", Args: []string{"--config", goodTopo, "--id", "r1-1", "--auth-file", filepath.Join(dir, "noauth.yaml")}, WantErr: "--auth-file"},
+		{Name: "bad raft cap", Args: []string{"--dev", "--max-raft-conns", "0"}, WantErr: "--max-raft-conns must be positive"},
 		{Name: "help", Args: []string{"--help"}, WantOut: "--clock-skew-margin"},
 		{Name: "version", Args: []string{"--version"}, WantOut: "idemnode v"},
 		{Name: "nothing", Args: nil, WantErr: "either --dev or --config"},

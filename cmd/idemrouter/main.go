@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
@@ -42,6 +43,8 @@ type options struct {
 	namespaceHeader string
 	maxRequestBytes int64
 	upstreamTimeout time.Duration
+
+	sec secure.Flags
 }
 
 const usageHeader = `idemrouter: the stateless edge router of idem, the multi-region idempotency-key store.
@@ -84,6 +87,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.namespaceHeader, "namespace-header", "", "proxy mode: the request header `NAME` naming the caller (its namespace); when set and missing, 401")
 	fs.Int64Var(&o.maxRequestBytes, "max-request-bytes", proxy.DefaultMaxRequestBytes, "proxy mode: largest body of a keyed request in `BYTES`; larger gets 413")
 	fs.DurationVar(&o.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "proxy mode: ceiling `D` of one keyed upstream request; past it the caller gets 504 and the key is released")
+	o.sec.AddFlags(fs)
 	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
 		return nil, err
 	}
@@ -131,6 +135,16 @@ func backendConfig(o *options) (router.BackendConfig, error) {
 			}
 		}
 	}
+	addrs := map[string]string{"--http-addr": o.httpAddr, "--grpc-addr": o.grpcAddr}
+	if o.upstream != "" {
+		addrs["--proxy-addr"] = o.proxyAddr
+	}
+	if err := o.sec.Check(addrs); err != nil {
+		errs = append(errs, err)
+	}
+	if o.sec.MaxConns <= 0 {
+		errs = append(errs, fmt.Errorf("--max-conns must be positive, got %d", o.sec.MaxConns))
+	}
 	if len(errs) > 0 {
 		return cfg, cli.OneLine(errs...)
 	}
@@ -160,6 +174,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg.Logger = logger.With("region", o.region)
 	cfg.Registry = prometheus.NewRegistry()
 	cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cfg.Security, err = o.sec.Kit("", cfg.Logger, cfg.Registry); err != nil {
+		return err
+	}
+	cfg.Security.ReloadOnSIGHUP(ctx)
 	p, err := router.NewProcess(cfg)
 	if err != nil {
 		return cli.OneLine(err)

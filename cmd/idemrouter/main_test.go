@@ -33,6 +33,9 @@ func TestRunFlags(t *testing.T) {
 		{Name: "every problem at once", Args: []string{"--request-timeout", "-1s", "--grpc-addr", "x"}, WantErr: "--request-timeout must be positive, got -1s; --config FILE is required"},
 		{Name: "bad max response", Args: []string{"--config", good, "--region", "r1", "--max-response-bytes", "0"}, WantErr: "--max-response-bytes must be 1.."},
 		{Name: "bad log level", Args: []string{"--config", good, "--region", "r1", "--log-level", "loud"}, WantErr: "--log-level"},
+		{Name: "exposed without certs", Args: []string{"--config", good, "--region", "r1", "--http-addr", "0.0.0.0:8090"}, WantErr: "refusing to listen beyond loopback without TLS (--http-addr 0.0.0.0:8090)"},
+		{Name: "exposed proxy without certs", Args: []string{"--config", good, "--region", "r1", "--upstream", "http://127.0.0.1:1", "--proxy-addr", "[::]:8088"}, WantErr: "--proxy-addr [::]:8088"},
+		{Name: "missing certs dir", Args: []string{"--config", good, "--region", "r1", "--certs-dir", filepath.Join(dir, "nocerts")}, WantErr: "--certs-dir"},
 		{Name: "bad log format", Args: []string{"--config", good, "--region", "r1", "--log-format", "xml"}, WantErr: "--log-format"},
 	})
 }

@@ -16,6 +16,8 @@ import (
 type API struct {
 	Base   string // "http://127.0.0.1:8080"
 	Client *http.Client
+	// Token, when set, is sent as Authorization: Bearer TOKEN.
+	Token string
 }
 
 // NewAPI returns an API client for the JSON API at addr (HOST:PORT).
@@ -72,6 +74,9 @@ func (a *API) Do(ctx context.Context, method, path string, body any) (Reply, err
 	req.URL.RawPath = path
 	if rd != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if a.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.Token)
 	}
 	resp, err := a.Client.Do(req)
 	if err != nil {

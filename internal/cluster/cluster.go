@@ -301,11 +301,13 @@ func (p *Process) halt(sig syscall.Signal, timeout time.Duration) error {
 }
 
 // WaitHTTP polls url until it answers 200 or ctx ends.
-func WaitHTTP(ctx context.Context, url string) error {
+func WaitHTTP(ctx context.Context, url string) error { return waitHTTP(ctx, http.DefaultClient, url) }
+
+func waitHTTP(ctx context.Context, client *http.Client, url string) error {
 	var last string
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -330,6 +332,9 @@ type Cluster struct {
 	Dir          string
 	Nodes        map[string]*Process
 	Routers      map[string]*Process
+	// CADir and AuthFile are set by Secure: the CA (and client
+	// certificates) of a secure cluster, and the auth file of its processes.
+	CADir, AuthFile string
 }
 
 // NewNodes lays out (but does not start) one idemnode process per node of
@@ -369,7 +374,7 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 			continue
 		}
 		n, _ := c.Topology.NodeByID(id)
-		if err := WaitHTTP(ctx, "http://"+n.HTTPAddr+"/readyz"); err != nil {
+		if err := c.probe(ctx, n.HTTPAddr); err != nil {
 			return fmt.Errorf("%s: %w", id, err)
 		}
 	}

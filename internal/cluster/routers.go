@@ -15,6 +15,7 @@ type Router struct {
 	Region   string
 	HTTPAddr string
 	GRPCAddr string
+	c        *Cluster
 }
 
 // NewRouter lays out (but does not start) an idemrouter process named name
@@ -35,9 +36,17 @@ func (c *Cluster) NewRouter(idemrouter, name, region string, extraArgs ...string
 		Region:   region,
 		HTTPAddr: "127.0.0.1:" + strconv.Itoa(ports[0]),
 		GRPCAddr: "127.0.0.1:" + strconv.Itoa(ports[1]),
+		c:        c,
 	}
 	args := append([]string{"--config", c.TopologyPath, "--region", region,
 		"--http-addr", r.HTTPAddr, "--grpc-addr", r.GRPCAddr, "--log-level", "debug"}, extraArgs...)
+	if c.CADir != "" {
+		dir, err := c.NodeCertsDir(name)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, c.secureArgs(dir)...)
+	}
 	r.Process = &Process{Name: name, Bin: idemrouter, Args: args, Log: filepath.Join(c.Dir, name+".log")}
 	c.Routers[name] = r.Process
 	return r, nil
@@ -45,7 +54,7 @@ func (c *Cluster) NewRouter(idemrouter, name, region string, extraArgs ...string
 
 // WaitReady polls the router's /readyz until it answers 200 or ctx ends.
 func (r *Router) WaitReady(ctx context.Context) error {
-	if err := WaitHTTP(ctx, "http://"+r.HTTPAddr+"/readyz"); err != nil {
+	if err := r.c.probe(ctx, r.HTTPAddr); err != nil {
 		return fmt.Errorf("router %s: %w", r.Name, err)
 	}
 	return nil

@@ -1,0 +1,39 @@
+package secure
+
+import (
+	"flag"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Flags are the trust-boundary flags idemnode and idemrouter share; the
+// mains register them with AddFlags and turn them into a Kit with Kit.
+type Flags struct {
+	CertsDir string
+	AuthFile string
+	Insecure bool
+	MaxConns int
+}
+
+// AddFlags registers --certs-dir, --auth-file, --insecure and --max-conns
+// on fs.
+func (f *Flags) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&f.CertsDir, "certs-dir", "", "secure mode: `DIR` with ca.crt, node.crt and node.key (idemctl cert create-ca / create-node): TLS on every listener, mTLS with node certificates between processes and on the Raft port")
+	fs.StringVar(&f.AuthFile, "auth-file", "", "principals, namespaces, roles and rates (`FILE`, YAML or JSON); without it every caller is root. Reloaded on SIGHUP (with the certificates)")
+	fs.BoolVar(&f.Insecure, "insecure", false, "allow listening beyond loopback without --certs-dir: plaintext and unauthenticated; for trusted networks only")
+	fs.IntVar(&f.MaxConns, "max-conns", DefaultMaxConns, "cap on the connections open at once per listener (JSON, gRPC, proxy); past it new ones wait")
+}
+
+// Check applies the secure-by-default rule to the process's listen
+// addresses (flag name -> HOST:PORT), see CheckExposure.
+func (f *Flags) Check(addrs map[string]string) error {
+	return CheckExposure(addrs, f.CertsDir, f.Insecure)
+}
+
+// Kit builds the process's Kit from the flags; nodeID is the node id
+// node.crt must carry ("" for routers).
+func (f *Flags) Kit(nodeID string, log *slog.Logger, reg *prometheus.Registry) (*Kit, error) {
+	return New(Config{CertsDir: f.CertsDir, AuthFile: f.AuthFile, NodeID: nodeID,
+		Limits: Limits{MaxConns: f.MaxConns}, Logger: log, Registry: reg})
+}

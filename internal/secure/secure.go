@@ -1,0 +1,257 @@
+// Package secure wires the trust boundary (security/pki, security/auth) into
+// the listeners and dialers of idemnode and idemrouter: one Kit per process,
+// built by the main from --certs-dir and --auth-file, handed to the process
+// in its Config, used wherever the process listens or dials.
+//
+//	kit, err := secure.New(secure.Config{CertsDir: dir, AuthFile: file, NodeID: id, Logger: log, Registry: reg})
+//	raft:      raftstore.Config.TLS = kit.RaftTLS()            (nil: plaintext)
+//	dialing:   append(router.DefaultDialOptions(), kit.DialOptions()...)
+//	HTTP:      ln, _ := kit.ListenHTTP(addr); handler = kit.HTTPHandler(api)
+//	gRPC:      ln, _ := kit.ListenGRPC(addr); api.NewGRPCServer(kit.GRPCServerOptions()...)
+//	SIGHUP:    kit.ReloadOnSIGHUP(ctx)
+//
+// Without a certs dir the Kit is insecure: plaintext listeners and dials, and
+// (without an auth file) every caller is root, as the contract says. With a
+// certs dir: the Raft port takes only node certificates of the CA (raftstore
+// does the handshake inside its mux); dials to nodes present node.crt and
+// accept only a node certificate of the CA valid for the dialed host; the
+// public listeners (JSON, gRPC, proxy) serve TLS only, a client certificate
+// optional but verified against the CA when presented. Whatever the mode,
+// every API call passes the Authorizer (probes excepted), and a request
+// forwarded to another node carries its principal (auth's
+// Idem-Forwarded-Principal), honoured there only from a node certificate.
+//
+// The edge limits apply in every mode: a cap on concurrent connections per
+// listener (Limits.MaxConns), and on gRPC a cap on concurrent streams per
+// connection and a keepalive enforcement policy.
+package secure
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/netutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/security/auth"
+	"github.com/idem-dev/idem/security/pki"
+)
+
+// Defaults of the Limits fields.
+const (
+	DefaultMaxConns             = 4096
+	DefaultMaxConcurrentStreams = 1024
+	// DefaultKeepaliveMinTime is the shortest keepalive ping interval a gRPC
+	// client may use; faster pingers are disconnected (GOAWAY).
+	DefaultKeepaliveMinTime = 10 * time.Second
+)
+
+// Limits bound what one caller can hold open at a listener.
+type Limits struct {
+	// MaxConns caps the connections open at once per listener (HTTP, gRPC,
+	// proxy); past it, accepting waits until one closes. 0 means
+	// DefaultMaxConns, negative means no cap.
+	MaxConns int
+	// MaxConcurrentStreams caps the concurrent RPCs of one gRPC connection;
+	// 0 means DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32
+}
+
+// Config configures a Kit.
+type Config struct {
+	// CertsDir holds ca.crt, node.crt and node.key (idemctl cert); empty
+	// means insecure (plaintext).
+	CertsDir string
+	// AuthFile is the --auth-file; empty means every caller is root.
+	AuthFile string
+	// NodeID, when set, must be the node id of node.crt (a node refuses
+	// another node's certs dir). Routers leave it empty.
+	NodeID string
+	// Limits at the listeners.
+	Limits Limits
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Registry receives the idem_auth_* metrics; nil registers none.
+	Registry *prometheus.Registry
+}
+
+// Kit is one process's certificates, authorizer and limits.
+type Kit struct {
+	cfg   Config
+	log   *slog.Logger
+	certs *pki.Reloader // nil: insecure
+	auth  *auth.Authorizer
+}
+
+// New loads the certs dir (when set) and the auth file; a missing or bad
+// file is an error here, at start.
+func New(cfg Config) (*Kit, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Limits.MaxConns == 0 {
+		cfg.Limits.MaxConns = DefaultMaxConns
+	}
+	if cfg.Limits.MaxConcurrentStreams == 0 {
+		cfg.Limits.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	k := &Kit{cfg: cfg, log: cfg.Logger}
+	if cfg.CertsDir != "" {
+		r, err := pki.NewReloader(pki.ReloaderConfig{Dir: cfg.CertsDir, NodeID: cfg.NodeID, Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("--certs-dir %s: %w", cfg.CertsDir, err)
+		}
+		k.certs = r
+	}
+	a, err := auth.New(auth.Config{File: cfg.AuthFile, Logger: cfg.Logger, Registry: cfg.Registry})
+	if err != nil {
+		return nil, fmt.Errorf("--auth-file %s: %w", cfg.AuthFile, err)
+	}
+	k.auth = a
+	return k, nil
+}
+
+// Insecure is the Kit of a process without --certs-dir and --auth-file
+// (dev mode, tests): plaintext, every caller root, default limits.
+func Insecure() *Kit {
+	k, err := New(Config{})
+	if err != nil {
+		panic("secure: insecure kit: " + err.Error()) // no file is read
+	}
+	return k
+}
+
+// Secure reports whether the Kit has certificates (TLS everywhere).
+func (k *Kit) Secure() bool { return k.certs != nil }
+
+// Authorizer is the process's authorizer.
+func (k *Kit) Authorizer() *auth.Authorizer { return k.auth }
+
+// Certs is the certificate reloader; nil when insecure.
+func (k *Kit) Certs() *pki.Reloader { return k.certs }
+
+// RaftTLS is raftstore's Config.TLS: mutual TLS with node certificates
+// only; nil when insecure.
+func (k *Kit) RaftTLS() *raftstore.TLSConfig {
+	if k.certs == nil {
+		return nil
+	}
+	return &raftstore.TLSConfig{
+		Server: k.certs.NodeServerTLS(),
+		Client: func(host string) *tls.Config { return k.certs.NodeClientTLS(host) },
+	}
+}
+
+// DialOptions are the dial options to add (after router.DefaultDialOptions)
+// for gRPC connections to nodes: with certificates, mTLS with node.crt that
+// accepts only a node certificate of the CA valid for the dialed host; in
+// every mode, the principal of the context is forwarded.
+func (k *Kit) DialOptions() []grpc.DialOption {
+	opts := []grpc.DialOption{grpc.WithChainUnaryInterceptor(auth.ForwardUnaryClientInterceptor())}
+	if k.certs != nil {
+		opts = append(opts, grpc.WithTransportCredentials(&nodeCreds{certs: k.certs}))
+	}
+	return opts
+}
+
+// listen binds addr with the connection cap.
+func (k *Kit) listen(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if k.cfg.Limits.MaxConns > 0 {
+		ln = netutil.LimitListener(ln, k.cfg.Limits.MaxConns)
+	}
+	return ln, nil
+}
+
+// ListenHTTP binds an HTTP listener (JSON API, proxy): capped, and TLS when
+// the Kit has certificates.
+func (k *Kit) ListenHTTP(addr string) (net.Listener, error) {
+	ln, err := k.listen(addr)
+	if err != nil || k.certs == nil {
+		return ln, err
+	}
+	return tls.NewListener(ln, k.certs.PublicServerTLS()), nil
+}
+
+// ListenGRPC binds a gRPC listener: capped; its TLS is in
+// GRPCServerOptions (gRPC must do the handshake to see the peer).
+func (k *Kit) ListenGRPC(addr string) (net.Listener, error) { return k.listen(addr) }
+
+// HTTPHandler puts the Authorizer in front of the JSON API h (probes and
+// /metrics pass without credentials).
+func (k *Kit) HTTPHandler(h http.Handler) http.Handler {
+	return k.auth.Middleware(h, auth.JSONAPITarget, nil)
+}
+
+// GRPCServerOptions are the options of a gRPC server of the Idempotency and
+// Admin services: TLS when secure, the Authorizer's interceptors, the stream
+// cap and the keepalive enforcement policy.
+func (k *Kit) GRPCServerOptions() []grpc.ServerOption {
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(k.auth.UnaryServerInterceptor(nil)),
+		grpc.ChainStreamInterceptor(k.auth.StreamServerInterceptor(nil)),
+		grpc.MaxConcurrentStreams(k.cfg.Limits.MaxConcurrentStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: DefaultKeepaliveMinTime, PermitWithoutStream: true}),
+		// Idle connections are closed so that a client cannot hold its
+		// share of MaxConns forever without sending anything.
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 5 * time.Minute}),
+	}
+	if k.certs != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(k.certs.PublicServerTLS("h2"))))
+	}
+	return opts
+}
+
+// Reload re-reads the certificate files and the auth file; each that fails
+// to load keeps the one in force (both are logged by their packages).
+func (k *Kit) Reload() error {
+	var errs []error
+	if k.certs != nil {
+		if err := k.certs.Reload(); err != nil {
+			errs = append(errs, fmt.Errorf("certificates: %w", err))
+		}
+	}
+	if err := k.auth.Reload(); err != nil {
+		errs = append(errs, fmt.Errorf("auth file: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// ReloadOnSIGHUP calls Reload on every SIGHUP until ctx ends, logging the
+// outcome. It subscribes before it returns (so a SIGHUP right after start
+// does not kill the process) and serves in its own goroutine.
+func (k *Kit) ReloadOnSIGHUP(ctx context.Context) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				if err := k.Reload(); err != nil {
+					k.log.Error("reload on SIGHUP kept the previous files", "error", err)
+				} else {
+					k.log.Info("reloaded certificates and auth file on SIGHUP")
+				}
+			}
+		}
+	}()
+}
