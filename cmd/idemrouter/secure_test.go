@@ -1,0 +1,395 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/security/auth"
+)
+
+func tokenHash(tok string) string {
+	sum := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(sum[:])
+}
+
+// secureAuthFile is the auth file of TestSecureRegion: alice (token) and
+// bob (client certificate) write their own namespaces, reader only reads
+// alice's, limited is held to 1 request per second, root is admin
+// everywhere.
+func secureAuthFile(extra string) string {
+	return fmt.Sprintf(`principals:
+  - name: alice
+    token_sha256: %s
+    namespaces: [alice]
+    role: writer
+  - name: bob
+    namespaces: ["bob", "bob-*"]
+    role: writer
+  - name: reader
+    token_sha256: %s
+    namespaces: [alice]
+    role: reader
+  - name: limited
+    token_sha256: %s
+    namespaces: [lim]
+    role: writer
+    rate_per_s: 1
+  - name: root
+    namespaces: ["*"]
+    role: admin
+%s`, tokenHash("alice-token"), tokenHash("reader-token"), tokenHash("limited-token"), extra)
+}
+
+// TestSecureRegion runs a three-node region and a router in secure mode
+// (certs dirs, one auth file) as real processes and checks the contract's
+// "Security" section from outside: TLS only, every 401/403/429, tenant
+// isolation, forwarding under mTLS with the principal checked again by the
+// holder, open probes, forged Raft connections closed and counted, the Admin
+// service's roles, and SIGHUP reloading the auth file (a bad one keeping
+// the old).
+func TestSecureRegion(t *testing.T) {
+	dir := t.TempDir()
+	topo, err := cluster.Topology(cluster.Spec{Cluster: "sec", Regions: []string{"r1"}, NodesPerRegion: 3, ShardsPerRegion: 3, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	authFile := filepath.Join(dir, "auth.yaml")
+	if err := os.WriteFile(authFile, []byte(secureAuthFile("")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Secure(authFile, "bob", "root", "stranger"); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := c.NewRouter(binaries["idemrouter"], "router-r1", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.StopAll(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+		if t.Failed() {
+			for _, p := range append([]*cluster.Process{rt.Process}, c.Nodes["r1-1"], c.Nodes["r1-2"]) {
+				data, _ := os.ReadFile(p.Log)
+				if len(data) > 3000 {
+					data = data[len(data)-3000:]
+				}
+				t.Logf("---- tail of %s ----\n%s", p.Name, data)
+			}
+		}
+	})
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	api := func(addr, user, token string) *cluster.API {
+		t.Helper()
+		a, err := c.API(addr, user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Token = token
+		return a
+	}
+	expect := func(what string, r cluster.Reply, status int, code string) cluster.Reply {
+		t.Helper()
+		if r.Status != status || (code != "" && r.ErrCode() != code) {
+			t.Fatalf("%s: got %s, want %d %s", what, r, status, code)
+		}
+		return r
+	}
+	node1 := c.HTTPAddr("r1-1")
+	entries := map[string]string{"router": rt.HTTPAddr, "node": node1}
+
+	// TLS only: a plaintext request to a public listener gets no answer.
+	if r, err := cluster.NewAPI(rt.HTTPAddr).Get(ctx, "alice", "k"); err == nil && r.Status < 400 {
+		t.Fatalf("plaintext request to the router answered %s", r)
+	}
+
+	for name, addr := range entries {
+		anon, stranger := api(addr, "", ""), api(addr, "stranger", "")
+		alice, reader, bob := api(addr, "", "alice-token"), api(addr, "", "reader-token"), api(addr, "bob", "")
+		key := "order-" + name
+
+		// The probes need no credentials and reveal no record.
+		for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+			expect(name+" "+p, must2(anon.Do(ctx, "GET", p, nil)), http.StatusOK, "")
+		}
+
+		// 401: nothing, an unknown token, a malformed header, a certificate
+		// of a principal the file does not list.
+		r := expect(name+" anonymous reserve", must2(anon.Reserve(ctx, "alice", key, map[string]any{})), 401, "UNAUTHENTICATED")
+		if r.Header.Get("WWW-Authenticate") == "" {
+			t.Errorf("%s: 401 without WWW-Authenticate", name)
+		}
+		expect(name+" unknown token", must2(api(addr, "", "wrong").Get(ctx, "alice", key)), 401, "UNAUTHENTICATED")
+		expect(name+" unknown certificate", must2(stranger.Get(ctx, "alice", key)), 401, "UNAUTHENTICATED")
+
+		// Allowed: alice reserves and completes in her namespace.
+		acq := expect(name+" alice reserve", must2(alice.Reserve(ctx, "alice", key, map[string]any{"fingerprint": "a"})), 200, "")
+		if acq.Str("outcome") != "ACQUIRED" {
+			t.Fatalf("%s: alice reserve: %s", name, acq)
+		}
+		expect(name+" alice complete", must2(alice.Complete(ctx, "alice", key, map[string]any{
+			"owner_token": acq.Str("owner_token"), "response": map[string]any{"status": 201, "body": "YWxpY2U="}})), 200, "")
+
+		// 403: another namespace, a verb above the role, an admin action.
+		expect(name+" alice on bob's namespace", must2(alice.Get(ctx, "bob", key)), 403, "PERMISSION_DENIED")
+		expect(name+" reader reserves", must2(reader.Reserve(ctx, "alice", key+"-r", map[string]any{})), 403, "PERMISSION_DENIED")
+		expect(name+" reader reads", must2(reader.Get(ctx, "alice", key)), 200, "")
+		expect(name+" writer deletes", must2(alice.Do(ctx, "DELETE", cluster.KeyPath("alice", key), map[string]any{"reason": "x"})), 403, "PERMISSION_DENIED")
+
+		// Tenant isolation: bob's same key is his own, and alice's record is
+		// out of his reach.
+		bacq := expect(name+" bob reserve same key", must2(bob.Reserve(ctx, "bob", key, map[string]any{"fingerprint": "a"})), 200, "")
+		if bacq.Str("outcome") != "ACQUIRED" {
+			t.Fatalf("%s: bob's reserve of the same key in his namespace: %s (want ACQUIRED, not alice's replay)", name, bacq)
+		}
+		expect(name+" bob reads alice", must2(bob.Get(ctx, "alice", key)), 403, "PERMISSION_DENIED")
+		expect(name+" bob replays alice", must2(bob.Reserve(ctx, "alice", key, map[string]any{"fingerprint": "a"})), 403, "PERMISSION_DENIED")
+
+		// A forwarded-principal header from a client is not honoured: a
+		// token-less caller claiming to be root stays anonymous.
+		forged := api(addr, "", "")
+		forged.Client.Transport = headerTransport{base: forged.Client.Transport, h: auth.ForwardedPrincipalHeader, v: "root"}
+		expect(name+" forged forwarded principal", must2(forged.Get(ctx, "alice", key)), 401, "UNAUTHENTICATED")
+
+		// 429 with Retry-After past rate_per_s (1/s, burst 1).
+		limited := api(addr, "", "limited-token")
+		var got429 cluster.Reply
+		for i := 0; i < 20 && got429.Status != 429; i++ {
+			r := must2(limited.Get(ctx, "lim", "k"))
+			if r.Status == 429 {
+				got429 = r
+			} else if r.Status != 404 {
+				t.Fatalf("%s: limited GET: %s", name, r)
+			}
+		}
+		if got429.Status != 429 || got429.ErrCode() != "RESOURCE_EXHAUSTED" || got429.Header.Get("Retry-After") == "" {
+			t.Fatalf("%s: no 429 with Retry-After in 20 requests of a 1/s principal (last %s)", name, got429)
+		}
+	}
+
+	// Forwarding under mTLS: every key reserved through node r1-1 reached
+	// its shard's leader (some on other nodes) as alice; the principal
+	// travelled and the holder checked it (the 403s above came back from
+	// whichever node held the key).
+	alice1 := api(node1, "", "alice-token")
+	for i := range 12 {
+		r := expect("alice via r1-1", must2(alice1.Reserve(ctx, "alice", "fwd-"+strconv.Itoa(i), map[string]any{})), 200, "")
+		if r.Str("outcome") != "ACQUIRED" {
+			t.Fatalf("forwarded reserve: %s", r)
+		}
+	}
+	metrics := string(must2(api(node1, "", "").Do(ctx, "GET", "/metrics", nil)).Raw)
+	if !strings.Contains(metrics, `idem_forward_requests_total{`) {
+		t.Errorf("node r1-1 forwarded nothing: no idem_forward_requests_total")
+	}
+	if strings.Contains(metrics, "order-") || strings.Contains(metrics, "fwd-") {
+		t.Errorf("/metrics reveals keys")
+	}
+
+	// gRPC: the same decisions, and the Admin service's roles.
+	grpcConn := func(user string) *grpc.ClientConn {
+		t.Helper()
+		cfg, err := c.ClientTLS(user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := grpc.NewClient(rt.GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	wantCode := func(what string, err error, code codes.Code) {
+		t.Helper()
+		if status.Code(err) != code {
+			t.Fatalf("%s: %v, want %s", what, err, code)
+		}
+	}
+	anonG, bobG := grpcConn(""), grpcConn("bob")
+	_, err = idemv1.NewIdempotencyClient(anonG).Get(ctx, &idemv1.GetRequest{Namespace: "bob", Key: "k"})
+	wantCode("gRPC anonymous Get", err, codes.Unauthenticated)
+	_, err = idemv1.NewIdempotencyClient(bobG).Get(ctx, &idemv1.GetRequest{Namespace: "alice", Key: "order-router"})
+	wantCode("gRPC bob Get alice", err, codes.PermissionDenied)
+	_, err = idemv1.NewIdempotencyClient(bobG).Get(ctx, &idemv1.GetRequest{Namespace: "bob", Key: "order-router"})
+	wantCode("gRPC bob Get bob", err, codes.OK)
+	nodeG, err := grpc.NewClient(topo.Regions[0].Nodes[0].GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(must2(c.ClientTLS("bob")))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeG.Close()
+	_, err = idemv1.NewAdminClient(nodeG).Status(ctx, &idemv1.StatusRequest{})
+	wantCode("Admin Status as bob", err, codes.PermissionDenied)
+	rootNode, err := grpc.NewClient(topo.Regions[0].Nodes[0].GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(must2(c.ClientTLS("root")))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rootNode.Close()
+	if _, err := idemv1.NewAdminClient(rootNode).Status(ctx, &idemv1.StatusRequest{}); err != nil {
+		t.Fatalf("Admin Status as root: %v", err)
+	}
+
+	// Forged Raft connections are closed before a Raft message is read:
+	// plaintext with a valid mux header, and TLS with a client certificate.
+	raftAddr := topo.Regions[0].Nodes[0].RaftAddr
+	before := raftRejected(t, api(node1, "", ""))
+	hdr := append([]byte("IDRM\x01"), byte(len("r1-0")))
+	hdr = append(hdr, "r1-0"...)
+	expectClosed(t, "plaintext", func() (net.Conn, error) { return net.DialTimeout("tcp", raftAddr, 5*time.Second) }, hdr)
+	clientCfg := must2(c.ClientTLS("bob"))
+	clientCfg.ServerName = "127.0.0.1"
+	expectClosed(t, "client certificate", func() (net.Conn, error) {
+		return tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", raftAddr, clientCfg)
+	}, hdr)
+	deadline := time.Now().Add(10 * time.Second)
+	for raftRejected(t, api(node1, "", "")) < before+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("idem_raft_rejected_connections_total{reason=\"tls\"} went from %v to %v, want +2", before, raftRejected(t, api(node1, "", "")))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// SIGHUP reloads the auth file: a new principal works on every process
+	// that reloaded; a file that does not parse keeps the old one.
+	carol := "  - name: carol\n    token_sha256: " + tokenHash("carol-token") + "\n    namespaces: [carol]\n    role: reader\n"
+	if err := os.WriteFile(authFile, []byte(secureAuthFile(carol)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hupAll := func() {
+		for _, p := range append([]*cluster.Process{rt.Process}, c.Nodes["r1-1"], c.Nodes["r1-2"], c.Nodes["r1-3"]) {
+			if err := p.Signal(syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	hupAll()
+	carolAPI := api(rt.HTTPAddr, "", "carol-token")
+	pollStatus(t, func() int { return must2(carolAPI.Get(ctx, "carol", "k")).Status }, 404)
+	if err := os.WriteFile(authFile, []byte("principals: [ {name: "), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hupAll()
+	// The bad file is logged and the old principals stay.
+	pollLog(t, rt.Process, "kept the previous files")
+	expect("carol after a bad reload", must2(carolAPI.Get(ctx, "carol", "k")), 404, "NOT_FOUND")
+	for _, p := range c.Nodes {
+		if !p.Running() {
+			t.Fatalf("%s exited after SIGHUP", p.Name)
+		}
+	}
+}
+
+func must2[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+type headerTransport struct {
+	base http.RoundTripper
+	h, v string
+}
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(h.h, h.v)
+	return h.base.RoundTrip(r)
+}
+
+// expectClosed dials, sends data and expects the peer to close without
+// sending anything (a failed TLS handshake counts: the dial fails).
+func expectClosed(t *testing.T, what string, dial func() (net.Conn, error), data []byte) {
+	t.Helper()
+	conn, err := dial()
+	if err != nil {
+		return // the handshake was refused: nothing reached Raft
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	conn.Write(data)
+	conn.Write(bytes.Repeat([]byte{0}, 64))
+	buf := make([]byte, 1)
+	if n, err := conn.Read(buf); err == nil || n > 0 {
+		t.Fatalf("%s Raft connection: read %d bytes, err %v; want it closed", what, n, err)
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("%s Raft connection still open after 10 s", what)
+	}
+}
+
+func raftRejected(t *testing.T, a *cluster.API) float64 {
+	t.Helper()
+	m := must2(a.Do(context.Background(), "GET", "/metrics", nil))
+	for _, line := range strings.Split(string(m.Raw), "\n") {
+		if strings.HasPrefix(line, `idem_raft_rejected_connections_total{reason="tls"}`) {
+			f, _ := strconv.ParseFloat(strings.TrimSpace(line[strings.LastIndexByte(line, ' '):]), 64)
+			return f
+		}
+	}
+	t.Fatal("no idem_raft_rejected_connections_total{reason=\"tls\"}")
+	return 0
+}
+
+func pollStatus(t *testing.T, get func() int, want int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	last := 0
+	for time.Now().Before(deadline) {
+		if last = get(); last == want {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("status %d, want %d within 15 s", last, want)
+}
+
+func pollLog(t *testing.T, p *cluster.Process, text string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		data, _ := os.ReadFile(p.Log)
+		if bytes.Contains(data, []byte(text)) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s's log never said %q", p.Name, text)
+}
