@@ -55,6 +55,7 @@ type options struct {
 	snapshotInterval time.Duration
 	trailingLogs     uint64
 	testClockOffset  time.Duration
+	pprofAddr        string
 	showVersion      bool
 }
 
@@ -90,6 +91,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.DurationVar(&o.snapshotInterval, "snapshot-interval", 0, "how often each shard checks whether to snapshot (0: the default, 2m)")
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
 	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY: shift this node's clock by `D` (fault injection for clock-skew scenarios)")
+	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `HOST:PORT`, e.g. 127.0.0.1:6060 (default: off)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
 		return nil, err
@@ -124,6 +126,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.pprofAddr != "" {
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		if _, err := cli.ServePprof(pctx, o.pprofAddr, logger); err != nil {
+			return err
+		}
+	}
 	return n.Serve(ctx)
 }
 
@@ -149,6 +158,11 @@ func nodeConfig(o *options) (node.Config, error) {
 	}
 	if o.snapshotInterval > 0 {
 		cfg.Raft.SnapshotInterval = o.snapshotInterval
+	}
+	if o.pprofAddr != "" {
+		if err := cli.CheckLoopback("--pprof-addr", o.pprofAddr); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if o.maxResponseBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-response-bytes must be positive, got %d", o.maxResponseBytes))

@@ -36,6 +36,8 @@ func TestRunFlags(t *testing.T) {
 		{name: "invalid topology", args: []string{"--config", badTopo, "--id", "a"}, wantErr: "shards_per_region"},
 		{name: "bad margin", args: []string{"--dev", "--clock-skew-margin", "-1s"}, wantErr: "--clock-skew-margin must not be negative"},
 		{name: "bad max response", args: []string{"--dev", "--max-response-bytes", "0"}, wantErr: "--max-response-bytes must be positive"},
+		{name: "pprof not loopback", args: []string{"--dev", "--pprof-addr", "0.0.0.0:6060"}, wantErr: "--pprof-addr \"0.0.0.0:6060\": only a loopback address"},
+		{name: "pprof not host:port", args: []string{"--dev", "--pprof-addr", "6060"}, wantErr: "--pprof-addr \"6060\" is not HOST:PORT"},
 		{name: "bad log level", args: []string{"--dev", "--log-level", "loud"}, wantErr: "--log-level"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
