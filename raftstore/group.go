@@ -28,6 +28,7 @@ type Group struct {
 	trans     *raft.NetworkTransport
 	stream    *streamLayer
 	metrics   *groupMetrics
+	buf       *propBuffer // nil unless Config.Packer is set
 
 	observer *raft.Observer
 	obsCh    chan raft.Observation
@@ -98,6 +99,9 @@ func (g *Group) Apply(ctx context.Context, data []byte) (any, error) {
 	}
 	ctx, cancel := g.opContext(ctx)
 	defer cancel()
+	if g.buf != nil {
+		return g.buf.apply(ctx, data)
+	}
 	enqueueTimeout := remaining(ctx)
 	if enqueueTimeout <= 0 { // raft reads 0 as "wait forever"
 		return nil, g.translate(context.DeadlineExceeded, phaseBeforeEnqueue)
@@ -453,6 +457,9 @@ func (g *Group) Stats() GroupStats {
 func (g *Group) shutdown() error {
 	g.shutdownOnce.Do(func() {
 		g.closed.Store(true)
+		if g.buf != nil {
+			g.buf.close() // before closedCh: queued proposals learn they were never proposed
+		}
 		close(g.closedCh)
 		var errs []error
 		if err := g.raft.Shutdown().Error(); err != nil {
