@@ -17,12 +17,16 @@ const (
 	sysIdem3JSON = "idem3-json" // three-node idem region, JSON API over HTTP
 	sysIdem1GRPC = "idem1-grpc" // one-node dev node, Go client over gRPC
 	sysIdem1JSON = "idem1-json" // one-node dev node, JSON API over HTTP
-	sysRedis     = "redis"      // Redis, AOF appendfsync always, Lua scripts
-	sysPostgres  = "postgres"   // PostgreSQL, fsync + synchronous_commit
-	sysEtcd      = "etcd"       // etcd, three members, transactions
+	// The same with --raft-pack-commands (many commands per Raft entry).
+	sysIdem3PackGRPC = "idem3pack-grpc"
+	sysIdem3PackJSON = "idem3pack-json"
+	sysIdem1PackGRPC = "idem1pack-grpc"
+	sysRedis         = "redis"    // Redis, AOF appendfsync always, Lua scripts
+	sysPostgres      = "postgres" // PostgreSQL, fsync + synchronous_commit
+	sysEtcd          = "etcd"     // etcd, three members, transactions
 )
 
-var allSystems = []string{sysIdem3GRPC, sysIdem3JSON, sysIdem1GRPC, sysIdem1JSON, sysRedis, sysPostgres, sysEtcd}
+var allSystems = []string{sysIdem3GRPC, sysIdem3JSON, sysIdem3PackGRPC, sysIdem3PackJSON, sysIdem1GRPC, sysIdem1JSON, sysIdem1PackGRPC, sysRedis, sysPostgres, sysEtcd}
 
 // peers are the systems idem rows are compared with.
 var peers = []string{sysRedis, sysPostgres, sysEtcd}

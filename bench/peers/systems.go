@@ -236,8 +236,8 @@ type idemNodes struct {
 
 // startIdem3 starts a three-node region in deploy/examples/three-node.yaml's
 // shape (four shards, three replicas) on free loopback ports.
-func (l *lab) startIdem3(ctx context.Context) (*idemNodes, error) {
-	dir, err := l.sub("idem3")
+func (l *lab) startIdem3(ctx context.Context, name string, extra ...string) (*idemNodes, error) {
+	dir, err := l.sub(name)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +247,7 @@ func (l *lab) startIdem3(ctx context.Context) (*idemNodes, error) {
 	}
 	var topo strings.Builder
 	topo.WriteString("cluster: bench\nshards_per_region: 4\nreplicas: 3\nsurvival: zone\nregions:\n  - name: us-east\n    nodes:\n")
-	n := &idemNodes{description: "idem, three-node region (4 shards x 3 replicas, fsync)"}
+	n := &idemNodes{description: "idem, three-node region (4 shards x 3 replicas, fsync)" + variant(extra)}
 	for i := range 3 {
 		fmt.Fprintf(&topo, "      - id: us-east-%d\n        raft_addr: %s\n        grpc_addr: %s\n        http_addr: %s\n",
 			i+1, loopback(ports[3*i]), loopback(ports[3*i+1]), loopback(ports[3*i+2]))
@@ -260,12 +260,12 @@ func (l *lab) startIdem3(ctx context.Context) (*idemNodes, error) {
 	}
 	for i := range 3 {
 		id := fmt.Sprintf("us-east-%d", i+1)
-		args := []string{"--config", topoPath, "--id", id, "--data-dir", filepath.Join(dir, id), "--log-level", "warn"}
+		args := append([]string{"--config", topoPath, "--id", id, "--data-dir", filepath.Join(dir, id), "--log-level", "warn"}, extra...)
 		if l.cfg.ProfileDir != "" {
 			n.pprof = append(n.pprof, loopback(ports[9+i]))
 			args = append(args, "--pprof-addr", n.pprof[i])
 		}
-		p, err := l.ps.start("idemnode "+id, filepath.Join(l.dir, "idem3-"+id+".log"), nil, syscall.SIGTERM, l.idemnode, args...)
+		p, err := l.ps.start("idemnode "+name+" "+id, filepath.Join(l.dir, name+"-"+id+".log"), nil, syscall.SIGTERM, l.idemnode, args...)
 		if err != nil {
 			return nil, err
 		}
@@ -275,8 +275,8 @@ func (l *lab) startIdem3(ctx context.Context) (*idemNodes, error) {
 }
 
 // startIdem1 starts a one-node dev node.
-func (l *lab) startIdem1(ctx context.Context) (*idemNodes, error) {
-	dir, err := l.sub("idem1")
+func (l *lab) startIdem1(ctx context.Context, name string, extra ...string) (*idemNodes, error) {
+	dir, err := l.sub(name)
 	if err != nil {
 		return nil, err
 	}
@@ -284,9 +284,9 @@ func (l *lab) startIdem1(ctx context.Context) (*idemNodes, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &idemNodes{grpc: []string{loopback(ports[1])}, http: []string{loopback(ports[2])}, description: "idem, one-node dev node (4 shards, 1 replica, fsync)"}
-	p, err := l.ps.start("idemnode dev", filepath.Join(l.dir, "idem1.log"), nil, syscall.SIGTERM, l.idemnode,
-		"--dev", "--data-dir", dir, "--raft-addr", loopback(ports[0]), "--grpc-addr", n.grpc[0], "--http-addr", n.http[0], "--log-level", "warn")
+	n := &idemNodes{grpc: []string{loopback(ports[1])}, http: []string{loopback(ports[2])}, description: "idem, one-node dev node (4 shards, 1 replica, fsync)" + variant(extra)}
+	p, err := l.ps.start("idemnode "+name, filepath.Join(l.dir, name+".log"), nil, syscall.SIGTERM, l.idemnode,
+		append([]string{"--dev", "--data-dir", dir, "--raft-addr", loopback(ports[0]), "--grpc-addr", n.grpc[0], "--http-addr", n.http[0], "--log-level", "warn"}, extra...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -333,6 +333,13 @@ func (l *lab) waitIdem(ctx context.Context, n *idemNodes) error {
 	})
 }
 
+func variant(extra []string) string {
+	if len(extra) == 0 {
+		return ""
+	}
+	return ", " + strings.Join(extra, " ")
+}
+
 // idemSystem is one client of a started idem cluster.
 func (l *lab) idemSystem(name string, n *idemNodes, useGRPC bool) (*system, error) {
 	s := &system{name: name, procs: n.procs, pprof: n.pprof}
@@ -351,7 +358,7 @@ func (l *lab) idemSystem(name string, n *idemNodes, useGRPC bool) (*system, erro
 // startAll starts every system of cfg; on error the caller stops what began.
 func (l *lab) startAll(ctx context.Context) ([]*system, error) {
 	var out []*system
-	var idem3, idem1 *idemNodes
+	clusters := map[string]*idemNodes{} // idem clusters by variant, each started once
 	for _, name := range l.cfg.Systems {
 		l.logf("starting %s", name)
 		var s *system
@@ -363,20 +370,25 @@ func (l *lab) startAll(ctx context.Context) ([]*system, error) {
 			s, err = l.startPostgres(ctx)
 		case sysEtcd:
 			s, err = l.startEtcd(ctx)
-		case sysIdem3GRPC, sysIdem3JSON:
-			if idem3 == nil {
-				if idem3, err = l.startIdem3(ctx); err != nil {
+		default: // idem<nodes>[pack]-<api>
+			variant, api, _ := strings.Cut(name, "-")
+			n := clusters[variant]
+			if n == nil {
+				var extra []string
+				if strings.HasSuffix(variant, "pack") {
+					extra = []string{"--raft-pack-commands"}
+				}
+				if strings.HasPrefix(variant, "idem3") {
+					n, err = l.startIdem3(ctx, variant, extra...)
+				} else {
+					n, err = l.startIdem1(ctx, variant, extra...)
+				}
+				if err != nil {
 					break
 				}
+				clusters[variant] = n
 			}
-			s, err = l.idemSystem(name, idem3, name == sysIdem3GRPC)
-		case sysIdem1GRPC, sysIdem1JSON:
-			if idem1 == nil {
-				if idem1, err = l.startIdem1(ctx); err != nil {
-					break
-				}
-			}
-			s, err = l.idemSystem(name, idem1, name == sysIdem1GRPC)
+			s, err = l.idemSystem(name, n, api == "grpc")
 		}
 		if err != nil {
 			for _, s := range out {
