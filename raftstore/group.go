@@ -425,6 +425,9 @@ type GroupStats struct {
 	LogCommits      uint64        // log store writes (StoreLogs): own fsync'd bolt transactions, or parts of shared ones
 	LogEntries      uint64        // entries written by those writes
 	LogCommitTime   time.Duration // total time spent in those writes (until durable)
+
+	ProposedEntries  uint64 // entries proposed through the proposal buffer (0 without Config.Packer)
+	ProposedCommands uint64 // commands in those entries: ProposedCommands/ProposedEntries per entry
 }
 
 // Stats returns the group's current figures.
@@ -448,6 +451,9 @@ func (g *Group) Stats() GroupStats {
 	}
 	if g.raft.State() != raft.Leader {
 		s.LastContact = g.raft.LastContact()
+	}
+	if g.buf != nil {
+		s.ProposedEntries, s.ProposedCommands = g.buf.entries.Load(), g.buf.commands.Load()
 	}
 	return s
 }

@@ -3,6 +3,7 @@ package raftstore
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -44,6 +45,8 @@ type proposalResult struct {
 type propBuffer struct {
 	g    *Group
 	pack func([][]byte) []byte
+
+	entries, commands atomic.Uint64 // proposed through the buffer (GroupStats)
 
 	mu       sync.Mutex
 	queue    []*proposal
@@ -169,6 +172,9 @@ func (b *propBuffer) run(batch []*proposal) {
 		}
 		return
 	}
+	g.metrics.packSize.Observe(float64(len(batch)))
+	b.entries.Add(1)
+	b.commands.Add(uint64(len(batch)))
 	f := g.raft.Apply(data, enqueue)
 	err := f.Error() // raft resolves every future, at the latest on shutdown
 	if err != nil {

@@ -60,7 +60,11 @@ func TestProposalBufferPacks(t *testing.T) {
 	if packed == 0 {
 		t.Errorf("%d commands applied without a single packed entry", applies)
 	}
-	t.Logf("%d commands, %d packed entries", applies, packed)
+	st := g.Stats()
+	if st.ProposedCommands != proposers*rounds || st.ProposedEntries >= st.ProposedCommands {
+		t.Errorf("stats: %d commands in %d entries, want %d commands in fewer entries", st.ProposedCommands, st.ProposedEntries, proposers*rounds)
+	}
+	t.Logf("%d commands, %d packed entries; %d commands proposed in %d entries", applies, packed, st.ProposedCommands, st.ProposedEntries)
 }
 
 // A proposer whose context ends while its command is still queued gets a
