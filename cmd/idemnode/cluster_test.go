@@ -88,14 +88,20 @@ func want(t *testing.T, status int) func(cluster.Reply, error) cluster.Reply {
 // TestConcurrentReservesOneOwner: 48 concurrent reserves of the same key,
 // spread over all three nodes, give exactly one ACQUIRED; over many keys.
 func TestConcurrentReservesOneOwner(t *testing.T) {
-	c := startCluster(t, cluster.Spec{})
+	raceOneOwner(t, startCluster(t, cluster.Spec{}), 25)
+}
+
+// raceOneOwner sends 48 concurrent reserves of each of keys fresh keys,
+// spread over every node, and requires one ACQUIRED and 47 IN_PROGRESS.
+func raceOneOwner(t *testing.T, c *cluster.Cluster, keys int) {
+	t.Helper()
 	ids := nodeIDs(c)
 	apis := make([]*cluster.API, len(ids))
 	for i, id := range ids {
 		apis[i] = cluster.NewAPI(c.HTTPAddr(id))
 	}
 	ctx := t.Context()
-	for k := 0; k < 25; k++ {
+	for k := 0; k < keys; k++ {
 		key := fmt.Sprintf("charge-%d-%d", k, rand.Int())
 		var acquired, inProgress atomic.Int32
 		var wg sync.WaitGroup
@@ -198,7 +204,13 @@ func workload(ctx context.Context, c *cluster.Cluster, workers int, stop <-chan 
 // during a concurrent workload; every acknowledged completion survives and
 // writes resume after the election.
 func TestLeaderKillLosesNothing(t *testing.T) {
-	c := startCluster(t, cluster.Spec{})
+	killLeaderUnderLoad(t, startCluster(t, cluster.Spec{}))
+}
+
+// killLeaderUnderLoad kills the node leading most shards while 12 workers
+// complete keys, restarts it, and checks every acknowledged completion.
+func killLeaderUnderLoad(t *testing.T, c *cluster.Cluster) {
+	t.Helper()
 	ctx := t.Context()
 	acked := make(chan completion, 100000)
 	stop := make(chan struct{})
