@@ -120,6 +120,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fmt.Fprintln(stdout)
 	writeTable(stdout, rows(cells, names, cfg.Concurrency), cfg.Rounds)
 
+	writePacking(ctx, stdout, systems)
+
 	var races []raceResult
 	if cfg.RaceKeys > 0 {
 		for _, s := range systems {
@@ -224,4 +226,78 @@ func fetchTo(ctx context.Context, url, path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// writePacking prints, for each idem cluster running with
+// --raft-pack-commands, how many commands its proposal buffers packed per
+// Raft entry over the whole run (idem_raft_proposal_entry_commands, summed
+// over nodes and shards).
+func writePacking(ctx context.Context, w io.Writer, systems []*system) {
+	seen := map[string]bool{}
+	for _, s := range systems {
+		if !strings.HasSuffix(s.variant, "pack") || seen[s.variant] {
+			continue
+		}
+		seen[s.variant] = true
+		var cmds, entries float64
+		for _, addr := range s.http {
+			sum, count, err := scrapePacking(ctx, addr)
+			if err != nil {
+				fmt.Fprintf(w, "%s: /metrics of %s: %v\n", s.variant, addr, err)
+				continue
+			}
+			cmds, entries = cmds+sum, entries+count
+		}
+		if entries > 0 {
+			if len(seen) == 1 {
+				fmt.Fprintln(w)
+			}
+			fmt.Fprintf(w, "%s: %.0f commands in %.0f Raft entries through the proposal buffer, %.2f per entry\n", s.variant, cmds, entries, cmds/entries)
+		}
+	}
+}
+
+// scrapePacking reads idem_raft_proposal_entry_commands' sum and count,
+// over all shards, from a node's /metrics.
+func scrapePacking(ctx context.Context, addr string) (sum, count float64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, 0, err
+	}
+	return parsePacking(string(body))
+}
+
+func parsePacking(text string) (sum, count float64, err error) {
+	for _, line := range strings.Split(text, "\n") {
+		name, rest, ok := strings.Cut(line, "{")
+		if !ok {
+			continue
+		}
+		_, value, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscan(value, &v); err != nil {
+			return 0, 0, fmt.Errorf("metric line %q: %w", line, err)
+		}
+		switch name {
+		case "idem_raft_proposal_entry_commands_sum":
+			sum += v
+		case "idem_raft_proposal_entry_commands_count":
+			count += v
+		}
+	}
+	return sum, count, nil
 }

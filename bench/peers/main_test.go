@@ -201,3 +201,21 @@ func TestRaceAndCell(t *testing.T) {
 		t.Errorf("cell on a refusing store = %+v", c)
 	}
 }
+
+func TestParsePacking(t *testing.T) {
+	text := `# HELP idem_raft_proposal_entry_commands Commands per Raft entry
+idem_raft_proposal_entry_commands_bucket{shard="us-east-0",le="1"} 3
+idem_raft_proposal_entry_commands_sum{shard="us-east-0"} 120
+idem_raft_proposal_entry_commands_count{shard="us-east-0"} 30
+idem_raft_proposal_entry_commands_sum{shard="us-east-1"} 80
+idem_raft_proposal_entry_commands_count{shard="us-east-1"} 10
+idem_raft_apply_batch_commands_sum{shard="us-east-1"} 999
+`
+	sum, count, err := parsePacking(text)
+	if err != nil || sum != 200 || count != 40 {
+		t.Errorf("parsePacking = %v, %v, %v; want 200, 40", sum, count, err)
+	}
+	if _, _, err := parsePacking("idem_raft_proposal_entry_commands_sum{shard=\"a\"} x\n"); err == nil {
+		t.Error("a malformed value was accepted")
+	}
+}

@@ -22,11 +22,13 @@ func nopZap() *zap.Logger { return zap.NewNop() }
 
 // system is one started system: its client and its server processes.
 type system struct {
-	name   string
-	tgt    target
-	procs  []*proc
-	pprof  []string // idem only: the nodes' pprof addresses, when profiling
-	detail string   // how it runs, for the header
+	name    string
+	tgt     target
+	procs   []*proc
+	pprof   []string // idem only: the nodes' pprof addresses, when profiling
+	http    []string // idem only: the nodes' HTTP addresses (/metrics)
+	variant string   // idem only: the cluster it runs on (idem3, idem3pack, ...)
+	detail  string   // how it runs, for the header
 }
 
 const startTimeout = 90 * time.Second
@@ -342,7 +344,8 @@ func variant(extra []string) string {
 
 // idemSystem is one client of a started idem cluster.
 func (l *lab) idemSystem(name string, n *idemNodes, useGRPC bool) (*system, error) {
-	s := &system{name: name, procs: n.procs, pprof: n.pprof}
+	variant, _, _ := strings.Cut(name, "-")
+	s := &system{name: name, procs: n.procs, pprof: n.pprof, http: n.http, variant: variant}
 	if useGRPC {
 		t, err := newIdemGRPC(n.grpc, l.body, l.cfg.RequestTimeout)
 		if err != nil {
