@@ -11,6 +11,6 @@ import (
 // nothing acknowledged is lost when a leader is killed under load.
 func TestPackedCommandsKeepPromises(t *testing.T) {
 	c := startCluster(t, cluster.Spec{}, "--raft-pack-commands")
-	raceOneOwner(t, c, 10)
+	testConcurrentReservesOneOwner(t, c)
 	killLeaderUnderLoad(t, c)
 }
