@@ -100,6 +100,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 				}
 				c := runCell(ctx, s, clients, cfg.Warmup, cfg.Duration)
 				c.Round = round
+				if ctx.Err() != nil { // interrupted: the cell measured nothing whole
+					return ctx.Err()
+				}
 				if prof != nil {
 					if err := prof.finish(c); err != nil {
 						return err
