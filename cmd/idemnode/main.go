@@ -13,10 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,14 +29,7 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "v0.1.0-dev"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "idemnode:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("idemnode", run) }
 
 type options struct {
 	dev              bool
