@@ -2,7 +2,6 @@ package fsm
 
 import (
 	"bytes"
-	"container/heap"
 	"errors"
 	"fmt"
 	"maps"
@@ -34,27 +33,20 @@ type FSM struct {
 	mu sync.RWMutex
 
 	store Store
-	// clock is the highest command time applied: the FSM's notion of now
-	// never runs backwards, whatever the proposers' clocks do.
-	clock int64
-	// lastIndex is the highest log index applied; indexes must increase.
-	lastIndex uint64
-
-	// Derived indexes, rebuilt on Restore, never snapshotted.
-	inProgress map[RecordKey]struct{}
-	expiry     expiryHeap
-	bytes      int64
+	// meta holds the clock (the highest command time applied: the FSM's
+	// notion of now never runs backwards, whatever the proposers' clocks
+	// do), the highest log index applied (indexes must increase) and the
+	// record counts. It is handed to the store after every command.
+	meta Meta
 }
 
 // New returns an empty FSM over an in-memory store.
 func New() *FSM { return NewWithStore(NewMemStore()) }
 
-// NewWithStore returns an FSM over s, which must be empty.
+// NewWithStore returns an FSM over s, continuing from the state s holds
+// (empty, or what a disk store kept from an earlier run).
 func NewWithStore(s Store) *FSM {
-	if s.Len() != 0 {
-		panic("fsm: NewWithStore needs an empty store")
-	}
-	return &FSM{store: s, inProgress: make(map[RecordKey]struct{})}
+	return &FSM{store: s, meta: s.Meta()}
 }
 
 // ApplyEntry decodes and applies one log entry. Bytes that do not decode
@@ -72,14 +64,18 @@ func (f *FSM) ApplyEntry(index uint64, data []byte) Result {
 func (f *FSM) Apply(index uint64, cmd *Command) Result {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if index <= f.lastIndex {
-		panic(fmt.Sprintf("fsm: log index %d applied after index %d: fencing tokens would repeat", index, f.lastIndex))
+	if index <= f.meta.LastIndex {
+		panic(fmt.Sprintf("fsm: log index %d applied after index %d: fencing tokens would repeat", index, f.meta.LastIndex))
 	}
-	f.lastIndex = index
-	if cmd.Now > f.clock {
-		f.clock = cmd.Now
+	f.meta.LastIndex = index
+	if cmd.Now > f.meta.Clock {
+		f.meta.Clock = cmd.Now
 	}
-	now := f.clock
+	defer func() { f.store.SetMeta(f.meta) }()
+	return f.apply(index, f.meta.Clock, cmd)
+}
+
+func (f *FSM) apply(index uint64, now int64, cmd *Command) Result {
 
 	if !valid(cmd) {
 		return Result{Outcome: OutcomeInvalid}
@@ -124,6 +120,10 @@ func valid(cmd *Command) bool {
 // live returns the record at k unless it is absent or past retention.
 func (f *FSM) live(k RecordKey, now int64) (*Record, bool) {
 	rec, ok := f.store.Get(k)
+	return liveRecord(rec, ok, now)
+}
+
+func liveRecord(rec *Record, ok bool, now int64) (*Record, bool) {
 	if !ok || (rec.State == StateCompleted && rec.ExpiresAt <= now) {
 		return nil, false
 	}
@@ -247,58 +247,48 @@ func (f *FSM) release(now int64, cmd *Command) Result {
 }
 
 // sweep drops completed records past retention (oldest first, at most
-// MaxSweep) and reservations whose lease ended more than AbandonAfter ago.
+// MaxSweep) and reservations whose lease ended more than AbandonAfter ago
+// (oldest lease first, at most MaxSweep more). Both come from the store's
+// indexes in a total order, so a bounded sweep drops the same records on
+// every replica, and its cost is bounded by MaxSweep, not by the state.
 func (f *FSM) sweep(now int64, cmd *Command) Result {
 	swept := 0
-	for len(f.expiry) > 0 && f.expiry[0].at <= now && (cmd.MaxSweep == 0 || swept < cmd.MaxSweep) {
-		e := heap.Pop(&f.expiry).(expiryEntry)
-		rec, ok := f.store.Get(e.k)
-		if !ok || rec.State != StateCompleted || rec.ExpiresAt != e.at {
-			continue // stale entry: the record changed since
-		}
-		f.put(e.k, rec, nil)
-		swept++
-	}
-	if cmd.AbandonAfter > 0 {
-		var abandoned []RecordKey
-		for k := range f.inProgress {
-			if rec, _ := f.store.Get(k); rec.LeaseExpiresAt <= now-cmd.AbandonAfter {
-				abandoned = append(abandoned, k)
-			}
-		}
-		for _, k := range abandoned { // every one goes, so map order does not matter
-			rec, _ := f.store.Get(k)
+	for _, k := range f.store.Expired(now, cmd.MaxSweep) {
+		if rec, ok := f.store.Get(k); ok && rec.State == StateCompleted && rec.ExpiresAt <= now {
 			f.put(k, rec, nil)
 			swept++
+		}
+	}
+	if cmd.AbandonAfter > 0 {
+		for _, k := range f.store.LeasesEnded(now-cmd.AbandonAfter, cmd.MaxSweep) {
+			if rec, ok := f.store.Get(k); ok && rec.State == StateInProgress {
+				f.put(k, rec, nil)
+				swept++
+			}
 		}
 	}
 	return Result{Outcome: OutcomeOK, Swept: swept}
 }
 
 // put replaces old (nil if absent) at k with rec (nil deletes) and keeps the
-// derived indexes and byte count in step.
+// counts in step.
 func (f *FSM) put(k RecordKey, old, rec *Record) {
 	if old != nil {
-		f.bytes -= recordBytes(k, old)
-		if old.State == StateInProgress {
-			delete(f.inProgress, k)
-		}
+		f.meta.count(k, old, -1)
 	}
-	if rec == nil {
-		f.store.Delete(k)
-		return
+	if rec != nil {
+		f.meta.count(k, rec, +1)
 	}
-	f.store.Put(k, rec)
-	f.index(k, rec)
+	f.store.Put(k, old, rec)
 }
 
-func (f *FSM) index(k RecordKey, rec *Record) {
-	f.bytes += recordBytes(k, rec)
-	switch rec.State {
-	case StateInProgress:
-		f.inProgress[k] = struct{}{}
-	case StateCompleted:
-		heap.Push(&f.expiry, expiryEntry{at: rec.ExpiresAt, k: k})
+// count adds (sign +1) or removes (-1) r's share of the counts.
+func (m *Meta) count(k RecordKey, r *Record, sign int64) {
+	m.Bytes += sign * recordBytes(k, r)
+	if r.State == StateInProgress {
+		m.InProgress += sign
+	} else {
+		m.Completed += sign
 	}
 }
 
@@ -331,7 +321,8 @@ func cloneResponse(r *Response) *Response {
 func (f *FSM) Get(namespace, key string, now int64) (Record, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	rec, ok := f.live(RecordKey{namespace, key}, max(now, f.clock))
+	rec, ok := f.store.Lookup(RecordKey{namespace, key})
+	rec, ok = liveRecord(rec, ok, max(now, f.meta.Clock))
 	if !ok {
 		return Record{}, false
 	}
@@ -354,13 +345,12 @@ type Stats struct {
 func (f *FSM) Stats() Stats {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	n := f.store.Len()
 	return Stats{
-		Records:    n,
-		InProgress: len(f.inProgress),
-		Completed:  n - len(f.inProgress),
-		Bytes:      f.bytes,
-		Clock:      f.clock,
-		LastIndex:  f.lastIndex,
+		Records:    int(f.meta.InProgress + f.meta.Completed),
+		InProgress: int(f.meta.InProgress),
+		Completed:  int(f.meta.Completed),
+		Bytes:      f.meta.Bytes,
+		Clock:      f.meta.Clock,
+		LastIndex:  f.meta.LastIndex,
 	}
 }
