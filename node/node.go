@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -22,6 +21,7 @@ import (
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/statedb"
 )
 
 // Errors of package node.
@@ -142,6 +142,7 @@ type Node struct {
 	self   router.Node
 	ring   *router.Ring
 	host   *raftstore.Host
+	state  *statedb.DB // every hosted shard's records, on disk
 	shards map[string]*shard
 	fwd    *router.Forwarder
 	api    *server.Server
@@ -199,6 +200,9 @@ func New(cfg Config) (_ *Node, err error) {
 	rcfg.DataDir = filepath.Join(cfg.DataDir, "raft")
 	rcfg.Logger = n.log
 	rcfg.Registry = cfg.Registry
+	if n.state, err = statedb.Open(statedb.Config{Dir: filepath.Join(cfg.DataDir, "state")}); err != nil {
+		return nil, err
+	}
 	if n.host, err = raftstore.NewHost(rcfg); err != nil {
 		return nil, err
 	}
@@ -212,8 +216,12 @@ func New(cfg Config) (_ *Node, err error) {
 		if spansRegions(cfg.Topology, info) && cfg.Topology.WANRTTMs > 0 {
 			gc.Timing = raftstore.WANTiming(rcfg, time.Duration(cfg.Topology.WANRTTMs)*time.Millisecond)
 		}
-		s := &shard{info: info, fsm: fsm.New()}
-		if s.group, err = n.host.AddGroup(gc, stateMachine{s.fsm}); err != nil {
+		sm, err := n.state.Shard(info.ID)
+		if err != nil {
+			return nil, err
+		}
+		s := &shard{info: info, fsm: sm.FSM()}
+		if s.group, err = n.host.AddGroup(gc, sm); err != nil {
 			return nil, err
 		}
 		n.shards[info.ID] = s
@@ -351,6 +359,9 @@ func (n *Node) closeAll(ctx context.Context) error {
 		}
 		if n.host != nil {
 			errs = append(errs, n.host.Shutdown(ctx))
+		}
+		if n.state != nil { // after every Raft group has stopped applying
+			errs = append(errs, n.state.Close())
 		}
 		if n.fwd != nil {
 			n.fwd.Close()
@@ -553,15 +564,6 @@ func (n *Node) shardIDs() []string {
 	sort.Strings(ids)
 	return ids
 }
-
-// stateMachine adapts an *fsm.FSM to raftstore.StateMachine.
-type stateMachine struct{ f *fsm.FSM }
-
-func (m stateMachine) Apply(index uint64, data []byte) any { return m.f.ApplyEntry(index, data) }
-func (m stateMachine) Snapshot() (raftstore.SnapshotWriter, error) {
-	return m.f.Snapshot(), nil
-}
-func (m stateMachine) Restore(r io.Reader) error { return m.f.Restore(r) }
 
 // fsmCollector exports each hosted shard's record figures.
 type fsmCollector struct{ n *Node }
