@@ -66,12 +66,13 @@ func (s *ShardStore) fail(err error) {
 	}
 }
 
-func (s *ShardStore) recKey(k fsm.RecordKey) []byte { return appendKey(append([]byte(nil), s.recPrefix...), k) }
+func (s *ShardStore) recKey(k fsm.RecordKey) []byte {
+	return appendKey(append([]byte(nil), s.recPrefix...), k)
+}
 
 func indexKey(prefix []byte, t int64, k fsm.RecordKey) []byte {
 	return appendKey(appendTime(append([]byte(nil), prefix...), t), k)
 }
-
 
 func (s *ShardStore) read(get func([]byte) ([]byte, func() error, error), k fsm.RecordKey) (*fsm.Record, bool) {
 	v, closeFn, err := get(s.recKey(k))
@@ -261,7 +262,9 @@ type restore struct {
 	batch     *pebble.Batch
 }
 
-func (r *restore) key(k fsm.RecordKey) []byte { return appendKey(append([]byte(nil), r.recPrefix...), k) }
+func (r *restore) key(k fsm.RecordKey) []byte {
+	return appendKey(append([]byte(nil), r.recPrefix...), k)
+}
 
 func (r *restore) Has(k fsm.RecordKey) (bool, error) {
 	_, c, err := r.batch.Get(r.key(k))
