@@ -95,6 +95,7 @@ type fsmAdapter struct {
 
 	batches  atomic.Uint64 // ApplyBatch calls that carried commands
 	commands atomic.Uint64 // commands applied
+	restores atomic.Uint64 // snapshots restored into the state machine
 }
 
 var _ raft.BatchingFSM = (*fsmAdapter)(nil)
@@ -200,6 +201,7 @@ func (f *fsmAdapter) Restore(rc io.ReadCloser) error {
 	}
 	f.onDisk = 0 // raft hands only entries after the snapshot from now on
 	f.setApplied(applied)
+	f.restores.Add(1)
 	f.metrics.restores.Inc()
 	return nil
 }

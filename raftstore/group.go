@@ -421,6 +421,10 @@ type GroupStats struct {
 	LogCommits      uint64        // log store writes (StoreLogs): own fsync'd bolt transactions, or parts of shared ones
 	LogEntries      uint64        // entries written by those writes
 	LogCommitTime   time.Duration // total time spent in those writes (until durable)
+	// SnapshotRestores counts snapshots restored into the state machine
+	// since the group opened (installs from a leader, and a catch-up at
+	// open of a durable state behind the newest snapshot).
+	SnapshotRestores uint64
 }
 
 // Stats returns the group's current figures.
@@ -441,6 +445,8 @@ func (g *Group) Stats() GroupStats {
 		LogCommits:      g.counted.commits.Load(),
 		LogEntries:      g.counted.entries.Load(),
 		LogCommitTime:   time.Duration(g.counted.commitNanos.Load()),
+
+		SnapshotRestores: g.fsm.restores.Load(),
 	}
 	if g.raft.State() != raft.Leader {
 		s.LastContact = g.raft.LastContact()

@@ -622,6 +622,7 @@ func catchUpFromSnapshot(f *fsmAdapter, snaps raft.SnapshotStore, logger *slog.L
 		"applied_before", f.onDisk, "applied", applied, "took", time.Since(start))
 	f.onDisk = applied
 	f.applied.Store(applied)
+	f.restores.Add(1)
 	f.metrics.restores.Inc()
 	return nil
 }

@@ -317,7 +317,10 @@ func TestSweepRemovesExactlyTheExpired(t *testing.T) {
 }
 
 func TestKeyEncodingOrderAndRoundTrip(t *testing.T) {
-	keys := []fsm.RecordKey{{"a", ""}, {"a", "\x00"}, {"a", "b"}, {"a\x00", ""}, {"a\x00b", "c"}, {"ab", ""}, {"b", "\xff\x00"}}
+	var keys []fsm.RecordKey
+	for _, p := range [][2]string{{"a", ""}, {"a", "\x00"}, {"a", "b"}, {"a\x00", ""}, {"a\x00b", "c"}, {"ab", ""}, {"b", "\xff\x00"}} {
+		keys = append(keys, fsm.RecordKey{Namespace: p[0], Key: p[1]})
+	}
 	var prev []byte
 	for i, k := range keys {
 		enc := appendKey(nil, k)
