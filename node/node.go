@@ -47,6 +47,10 @@ type Config struct {
 	// MaxResponseBytes is the largest stored response body (decoded bytes);
 	// 0 means 1 MiB.
 	MaxResponseBytes int64
+	// MaxStateBytes is the node's stored state (statedb.DB.StateBytes) at
+	// which requests that would add data get 429 RESOURCE_EXHAUSTED; 0
+	// means 80% of the free space of DataDir's filesystem at start.
+	MaxStateBytes int64
 	// ClockSkewMargin is how long past a lease's end before another caller
 	// may reclaim the key. Zero means no margin (not recommended).
 	ClockSkewMargin time.Duration
@@ -94,6 +98,9 @@ func (c Config) Validate() error {
 	if c.DataDir == "" {
 		bad("a data dir is required")
 	}
+	if c.MaxStateBytes < 0 {
+		bad("max state bytes %d is negative", c.MaxStateBytes)
+	}
 	if c.MaxResponseBytes < 0 {
 		bad("max response bytes %d is negative", c.MaxResponseBytes)
 	}
@@ -131,6 +138,7 @@ func (c *Config) fillDefaults() {
 type shard struct {
 	info  router.Shard
 	group *raftstore.Group
+	sm    *statedb.StateMachine
 	fsm   *fsm.FSM
 }
 
@@ -200,9 +208,16 @@ func New(cfg Config) (_ *Node, err error) {
 	rcfg.DataDir = filepath.Join(cfg.DataDir, "raft")
 	rcfg.Logger = n.log
 	rcfg.Registry = cfg.Registry
-	if n.state, err = statedb.Open(statedb.Config{Dir: filepath.Join(cfg.DataDir, "state")}); err != nil {
+	maxState := cfg.MaxStateBytes
+	if maxState == 0 {
+		if maxState, err = statedb.DefaultMaxStateBytes(cfg.DataDir); err != nil {
+			return nil, err
+		}
+	}
+	if n.state, err = statedb.Open(statedb.Config{Dir: filepath.Join(cfg.DataDir, "state"), MaxStateBytes: maxState, Registry: cfg.Registry}); err != nil {
 		return nil, err
 	}
+	n.log.Info("state engine open", "dir", filepath.Join(cfg.DataDir, "state"), "max_state_bytes", maxState, "state_bytes", n.state.StateBytes())
 	if n.host, err = raftstore.NewHost(rcfg); err != nil {
 		return nil, err
 	}
@@ -220,7 +235,7 @@ func New(cfg Config) (_ *Node, err error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &shard{info: info, fsm: sm.FSM()}
+		s := &shard{info: info, sm: sm, fsm: sm.FSM()}
 		if s.group, err = n.host.AddGroup(gc, sm); err != nil {
 			return nil, err
 		}
@@ -390,6 +405,11 @@ func (n *Node) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) 
 		stamped := *cmd
 		stamped.Now = n.now()
 		stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
+		if s.group.IsLeader() {
+			if err := s.sm.Admit(&stamped); err != nil {
+				return fsm.Result{}, &server.Error{Code: server.CodeResourceExhausted, Message: err.Error(), RetryAfter: n.cfg.SweepInterval}
+			}
+		}
 		v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
 		if err == nil {
 			setLeaderHeader(ctx, n.cfg.NodeID)

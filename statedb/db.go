@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idem-dev/idem/fsm"
 )
@@ -26,6 +28,11 @@ type Config struct {
 	// CacheBytes is the engine's block cache; 0 means 64 MiB. Resident
 	// memory is bounded by it and the memtables, not by the stored state.
 	CacheBytes int64
+	// MaxStateBytes is the stored state (StateBytes) at which Admit refuses
+	// requests that would add data; 0 means no limit.
+	MaxStateBytes int64
+	// Registry receives the idem_state_* metrics; nil: not exported.
+	Registry *prometheus.Registry
 }
 
 // Validate reports every problem of c at once.
@@ -33,6 +40,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.Dir == "" {
 		errs = append(errs, errors.New("statedb: config: Dir is required"))
+	}
+	if c.MaxStateBytes < 0 {
+		errs = append(errs, fmt.Errorf("statedb: config: MaxStateBytes %d is negative", c.MaxStateBytes))
 	}
 	if c.CacheBytes < 0 {
 		errs = append(errs, fmt.Errorf("statedb: config: CacheBytes %d is negative", c.CacheBytes))
@@ -43,6 +53,10 @@ func (c Config) Validate() error {
 // DB is one node's state engine: the records of every shard it hosts.
 type DB struct {
 	db *pebble.DB
+
+	maxBytes   int64
+	stateBytes atomic.Int64 // committed record bytes of every open shard
+	refused    prometheus.Counter
 
 	mu     sync.Mutex
 	shards map[string]bool
@@ -60,7 +74,12 @@ func Open(cfg Config) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("statedb: opening %s: %w", cfg.Dir, err)
 	}
-	return &DB{db: db, shards: map[string]bool{}}, nil
+	d := &DB{db: db, shards: map[string]bool{}, maxBytes: cfg.MaxStateBytes}
+	if err := d.registerMetrics(cfg.Registry); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return d, nil
 }
 
 // Close closes the engine; every shard's Raft group must have stopped.
@@ -95,7 +114,7 @@ func (d *DB) openShard(id string) (*ShardStore, error) {
 	case d.shards[id]:
 		return nil, fmt.Errorf("%w: %s", ErrShardOpen, id)
 	}
-	s := &ShardStore{db: d.db, id: id, gen: 1}
+	s := &ShardStore{db: d.db, id: id, gen: 1, total: &d.stateBytes}
 	v, closer, err := d.db.Get(genKey(id))
 	switch {
 	case err == nil:
@@ -132,5 +151,7 @@ func (d *DB) openShard(id string) (*ShardStore, error) {
 		return nil, fmt.Errorf("statedb: shard %s: %w", id, err)
 	}
 	d.shards[id] = true
+	s.committedBytes = s.meta.Bytes
+	d.stateBytes.Add(s.meta.Bytes)
 	return s, nil
 }

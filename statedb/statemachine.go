@@ -10,8 +10,9 @@ import (
 // StateMachine is one shard's fsm.FSM over its ShardStore, as a
 // raftstore.DurableStateMachine.
 type StateMachine struct {
-	f *fsm.FSM
-	s *ShardStore
+	db *DB
+	f  *fsm.FSM
+	s  *ShardStore
 }
 
 var _ raftstore.DurableStateMachine = (*StateMachine)(nil)
@@ -23,7 +24,7 @@ func (d *DB) Shard(id string) (*StateMachine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &StateMachine{f: fsm.NewWithStore(s), s: s}, nil
+	return &StateMachine{db: d, f: fsm.NewWithStore(s), s: s}, nil
 }
 
 // FSM is the shard's state machine, for reads and stats.

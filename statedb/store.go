@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -35,6 +36,16 @@ type ShardStore struct {
 	pendingApplied uint64
 	// err is the first engine error met while applying; commit reports it.
 	err error
+
+	// total is the DB's StateBytes; committedBytes this shard's share.
+	total          *atomic.Int64
+	committedBytes int64
+}
+
+// setCommittedBytes moves this shard's share of the DB's StateBytes to b.
+func (s *ShardStore) setCommittedBytes(b int64) {
+	s.total.Add(b - s.committedBytes)
+	s.committedBytes = b
 }
 
 var _ fsm.Store = (*ShardStore)(nil)
@@ -194,6 +205,7 @@ func (s *ShardStore) commit(applied uint64) error {
 		return fmt.Errorf("statedb: shard %s: committing applied index %d: %w", s.id, applied, err)
 	}
 	s.applied = applied
+	s.setCommittedBytes(s.meta.Bytes)
 	return nil
 }
 
@@ -322,6 +334,7 @@ func (r *restore) Commit(m fsm.Meta) error {
 	}
 	s.setGen(r.gen)
 	s.meta, s.applied = m, s.pendingApplied
+	s.setCommittedBytes(m.Bytes)
 	// Garbage now. The switch is done, so a failure here is not the
 	// restore's: opening the shard drops every other generation again.
 	_ = s.db.DeleteRange(old, prefixEnd(old), pebble.NoSync)
