@@ -252,20 +252,15 @@ func (f *FSM) release(now int64, cmd *Command) Result {
 // indexes in a total order, so a bounded sweep drops the same records on
 // every replica, and its cost is bounded by MaxSweep, not by the state.
 func (f *FSM) sweep(now int64, cmd *Command) Result {
-	swept := 0
-	for _, k := range f.store.Expired(now, cmd.MaxSweep) {
-		if rec, ok := f.store.Get(k); ok && rec.State == StateCompleted && rec.ExpiresAt <= now {
-			f.put(k, rec, nil)
-			swept++
-		}
-	}
+	n, bytes := f.store.DropExpired(now, cmd.MaxSweep)
+	f.meta.Completed -= int64(n)
+	f.meta.Bytes -= bytes
+	swept := n
 	if cmd.AbandonAfter > 0 {
-		for _, k := range f.store.LeasesEnded(now-cmd.AbandonAfter, cmd.MaxSweep) {
-			if rec, ok := f.store.Get(k); ok && rec.State == StateInProgress {
-				f.put(k, rec, nil)
-				swept++
-			}
-		}
+		n, bytes := f.store.DropLeasesEnded(now-cmd.AbandonAfter, cmd.MaxSweep)
+		f.meta.InProgress -= int64(n)
+		f.meta.Bytes -= bytes
+		swept += n
 	}
 	return Result{Outcome: OutcomeOK, Swept: swept}
 }
@@ -284,7 +279,7 @@ func (f *FSM) put(k RecordKey, old, rec *Record) {
 
 // count adds (sign +1) or removes (-1) r's share of the counts.
 func (m *Meta) count(k RecordKey, r *Record, sign int64) {
-	m.Bytes += sign * recordBytes(k, r)
+	m.Bytes += sign * RecordBytes(k, r)
 	if r.State == StateInProgress {
 		m.InProgress += sign
 	} else {
@@ -292,7 +287,9 @@ func (m *Meta) count(k RecordKey, r *Record, sign int64) {
 	}
 }
 
-func recordBytes(k RecordKey, r *Record) int64 {
+// RecordBytes approximates what the record r at k costs (Stats().Bytes is
+// their sum): its strings and response plus a fixed overhead.
+func RecordBytes(k RecordKey, r *Record) int64 {
 	n := recordOverhead + len(k.Namespace) + len(k.Key) + len(r.Fingerprint) + len(r.OwnerToken)
 	if r.Response != nil {
 		n += responseSize(r.Response)

@@ -30,7 +30,7 @@ type Meta struct {
 	LastIndex uint64
 	// InProgress and Completed count the records by state.
 	InProgress, Completed int64
-	// Bytes approximates the records' size (recordBytes).
+	// Bytes approximates the records' size (RecordBytes).
 	Bytes int64
 }
 
@@ -52,12 +52,14 @@ type Store interface {
 	// Put replaces old (nil when absent) at k with rec (nil deletes) and
 	// keeps the indexes in step.
 	Put(k RecordKey, old, rec *Record)
-	// Expired returns up to limit (0: no bound) keys of COMPLETED records
-	// with ExpiresAt <= at, in (ExpiresAt, key) order.
-	Expired(at int64, limit int) []RecordKey
-	// LeasesEnded returns up to limit (0: no bound) keys of IN_PROGRESS
-	// records with LeaseExpiresAt <= at, in (LeaseExpiresAt, key) order.
-	LeasesEnded(at int64, limit int) []RecordKey
+	// DropExpired deletes up to limit (0: no bound) COMPLETED records with
+	// ExpiresAt <= at, in (ExpiresAt, key) order, and returns how many and
+	// the sum of their RecordBytes. A disk store does it from its index
+	// alone (blind deletes, no record reads).
+	DropExpired(at int64, limit int) (n int, bytes int64)
+	// DropLeasesEnded does the same for IN_PROGRESS records with
+	// LeaseExpiresAt <= at, in (LeaseExpiresAt, key) order.
+	DropLeasesEnded(at int64, limit int) (n int, bytes int64)
 	// Meta returns the Meta last set (or stored, for a reopened store).
 	Meta() Meta
 	// SetMeta records m; it is stored with the records it describes.
@@ -135,24 +137,31 @@ func (s *memStore) index(k RecordKey, rec *Record) {
 	}
 }
 
-func (s *memStore) Expired(at int64, limit int) []RecordKey {
-	var keys []RecordKey
-	var keep []expiryEntry
-	for len(s.expiry) > 0 && s.expiry[0].at <= at && (limit == 0 || len(keys) < limit) {
+func (s *memStore) DropExpired(at int64, limit int) (n int, bytes int64) {
+	for len(s.expiry) > 0 && s.expiry[0].at <= at && (limit == 0 || n < limit) {
 		e := heap.Pop(&s.expiry).(expiryEntry)
-		if rec, ok := s.m[e.k]; !ok || rec.State != StateCompleted || rec.ExpiresAt != e.at {
+		rec, ok := s.m[e.k]
+		if !ok || rec.State != StateCompleted || rec.ExpiresAt != e.at {
 			continue // stale entry: the record changed since
 		}
-		keys = append(keys, e.k)
-		keep = append(keep, e)
+		bytes += RecordBytes(e.k, rec)
+		delete(s.m, e.k)
+		n++
 	}
-	for _, e := range keep { // the caller decides; the index stays exact
-		heap.Push(&s.expiry, e)
-	}
-	return keys
+	return n, bytes
 }
 
-func (s *memStore) LeasesEnded(at int64, limit int) []RecordKey {
+func (s *memStore) DropLeasesEnded(at int64, limit int) (n int, bytes int64) {
+	for _, k := range s.leasesEnded(at, limit) {
+		bytes += RecordBytes(k, s.m[k])
+		delete(s.m, k)
+		delete(s.inProgress, k)
+		n++
+	}
+	return n, bytes
+}
+
+func (s *memStore) leasesEnded(at int64, limit int) []RecordKey {
 	var ended []expiryEntry
 	for k := range s.inProgress {
 		if r := s.m[k]; r.LeaseExpiresAt <= at {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 )
 
 // pebbleOptions are the engine's options: a bounded block cache and
@@ -18,6 +19,12 @@ func pebbleOptions(cacheBytes int64) *pebble.Options {
 		MemTableStopWritesThreshold: 4,
 		MaxOpenFiles:                1000,
 		Logger:                      quietLogger{},
+	}
+	// Bloom filters on every level: a reserve of a new key is a point
+	// read that misses, and without filters every miss reads an index and
+	// a data block per level (measured: half the apply time).
+	for i := range o.Levels {
+		o.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	o.EnsureDefaults()
 	return o

@@ -12,8 +12,8 @@ import (
 //	0x01 shard 0x00                      -> current generation (8 bytes, big endian)
 //	0x02 shard 0x00 gen(8) 'm'           -> the shard's meta: fsm.Meta and the applied Raft index
 //	0x02 shard 0x00 gen(8) 'r' key       -> record (fsm.AppendRecord)
-//	0x02 shard 0x00 gen(8) 'e' t(8) key  -> "" : COMPLETED record expiring at t
-//	0x02 shard 0x00 gen(8) 'l' t(8) key  -> "" : IN_PROGRESS record whose lease ends at t
+//	0x02 shard 0x00 gen(8) 'e' t(8) key  -> RecordBytes : COMPLETED record expiring at t
+//	0x02 shard 0x00 gen(8) 'l' t(8) key  -> RecordBytes : IN_PROGRESS record whose lease ends at t
 //
 // key is the (namespace, key) pair in an order-preserving encoding (0x00
 // escaped as 0x00 0xff, the namespace ended by 0x00 0x01), so records are

@@ -37,6 +37,14 @@ type ShardStore struct {
 	// err is the first engine error met while applying; commit reports it.
 	err error
 
+	// expFloor and leaseFloor are lower bounds of the two indexes' times:
+	// every key below was deleted by a sweep, and no key below can be
+	// added again (an expiry or a lease end is always after the FSM's
+	// clock, and a sweep never looks past it). Scans start there, so they
+	// do not wade through the tombstones of earlier sweeps. In memory only:
+	// after a restart the first scan starts at the beginning once.
+	expFloor, leaseFloor []byte
+
 	// total is the DB's StateBytes; committedBytes this shard's share.
 	total          *atomic.Int64
 	committedBytes int64
@@ -59,6 +67,7 @@ func (s *ShardStore) setGen(gen uint64) {
 	s.leasePrefix = sub(s.prefix, subLease)
 	s.recEnd, s.expEnd, s.leaseEnd = prefixEnd(s.recPrefix), prefixEnd(s.expPrefix), prefixEnd(s.leasePrefix)
 	s.genEnd = prefixEnd(s.prefix)
+	s.expFloor, s.leaseFloor = nil, nil
 }
 
 // Applied is the Raft index the committed state covers (0: nothing yet).
@@ -79,6 +88,12 @@ func (s *ShardStore) fail(err error) {
 
 func (s *ShardStore) recKey(k fsm.RecordKey) []byte {
 	return appendKey(append([]byte(nil), s.recPrefix...), k)
+}
+
+// indexValue is an index entry's value: the record's fsm.RecordBytes, so
+// that a sweep drops records without reading them.
+func indexValue(k fsm.RecordKey, r *fsm.Record) []byte {
+	return binary.AppendUvarint(nil, uint64(fsm.RecordBytes(k, r)))
 }
 
 func indexKey(prefix []byte, t int64, k fsm.RecordKey) []byte {
@@ -146,41 +161,63 @@ func (s *ShardStore) Put(k fsm.RecordKey, old, rec *fsm.Record) {
 		return
 	}
 	s.fail(b.Set(s.recKey(k), fsm.AppendRecord(nil, k, rec), nil))
-	s.fail(b.Set(s.indexOf(k, rec), nil, nil))
+	s.fail(b.Set(s.indexOf(k, rec), indexValue(k, rec), nil))
 }
 
-// scan returns up to limit keys of the index at prefix with times <= at.
-func (s *ShardStore) scan(prefix, end []byte, at int64, limit int) []fsm.RecordKey {
-	upper := appendTime(append([]byte(nil), prefix...), at)
-	upper = prefixEnd(upper) // every key at time at included
+// drop deletes up to limit records of the index at prefix with times <=
+// at, from the index alone: its values hold each record's RecordBytes, so
+// nothing is read but the index. It starts at *floor (nil: the start) and
+// moves it to the time of the last key dropped.
+func (s *ShardStore) drop(prefix, end []byte, floor *[]byte, at int64, limit int) (n int, bytes int64) {
+	upper := prefixEnd(appendTime(append([]byte(nil), prefix...), at)) // every key at time at
 	if upper == nil || string(upper) > string(end) {
 		upper = end
 	}
-	it, err := s.wb().NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: upper})
+	lower := prefix
+	if *floor != nil && string(*floor) > string(lower) {
+		lower = *floor
+	}
+	if string(lower) >= string(upper) {
+		return 0, 0
+	}
+	b := s.wb()
+	it, err := b.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		panic(fmt.Sprintf("statedb: shard %s: index iterator: %v", s.id, err))
 	}
 	defer it.Close()
-	var keys []fsm.RecordKey
-	for ok := it.First(); ok && (limit == 0 || len(keys) < limit); ok = it.Next() {
-		k, err := decodeKey(it.Key()[len(prefix)+8:])
+	var doomed [][]byte
+	for ok := it.First(); ok && (limit == 0 || n < limit); ok = it.Next() {
+		ik := it.Key()
+		k, err := decodeKey(ik[len(prefix)+8:])
 		if err != nil {
 			panic(fmt.Sprintf("statedb: shard %s: index key: %v", s.id, err))
 		}
-		keys = append(keys, k)
+		v, err := it.ValueAndErr()
+		size, m := binary.Uvarint(v)
+		if err != nil || m <= 0 {
+			panic(fmt.Sprintf("statedb: shard %s: index value of %q: %v", s.id, k.Key, err))
+		}
+		doomed = append(doomed, append([]byte(nil), ik...), s.recKey(k))
+		bytes += int64(size)
+		n++
+		*floor = append((*floor)[:0], ik[:len(prefix)+8]...)
 	}
 	if err := it.Error(); err != nil {
 		panic(fmt.Sprintf("statedb: shard %s: index scan: %v", s.id, err))
 	}
-	return keys
+	for _, k := range doomed { // after the scan: the iterator reads the batch
+		s.fail(b.Delete(k, nil))
+	}
+	return n, bytes
 }
 
-func (s *ShardStore) Expired(at int64, limit int) []fsm.RecordKey {
-	return s.scan(s.expPrefix, s.expEnd, at, limit)
+func (s *ShardStore) DropExpired(at int64, limit int) (int, int64) {
+	return s.drop(s.expPrefix, s.expEnd, &s.expFloor, at, limit)
 }
 
-func (s *ShardStore) LeasesEnded(at int64, limit int) []fsm.RecordKey {
-	return s.scan(s.leasePrefix, s.leaseEnd, at, limit)
+func (s *ShardStore) DropLeasesEnded(at int64, limit int) (int, int64) {
+	return s.drop(s.leasePrefix, s.leaseEnd, &s.leaseFloor, at, limit)
 }
 
 func (s *ShardStore) Meta() fsm.Meta     { return s.meta }
@@ -299,7 +336,7 @@ func (r *restore) Put(k fsm.RecordKey, rec *fsm.Record) error {
 	if rec.State == fsm.StateInProgress {
 		idx, t = sub(r.prefix, subLease), rec.LeaseExpiresAt
 	}
-	if err := r.batch.Set(indexKey(idx, t, k), nil, nil); err != nil {
+	if err := r.batch.Set(indexKey(idx, t, k), indexValue(k, rec), nil); err != nil {
 		return err
 	}
 	if r.batch.Len() >= restoreBatchBytes {
