@@ -20,7 +20,7 @@ type Group struct {
 	logger    *slog.Logger
 	raft      *raft.Raft
 	fsm       *fsmAdapter
-	logs      raft.LogStore // log cache over counting store over store
+	logs      *logCache // log cache over counting store over store
 	counted   *countingLogStore
 	store     groupStore // own bolt file or the host's shared log
 	sharedLog bool
@@ -480,4 +480,41 @@ func (g *Group) shutdown() error {
 		}
 	})
 	return g.shutdownErr
+}
+
+// trailingEvery is how often a group re-sizes the log it keeps behind a
+// snapshot to its entries' mean size.
+const trailingEvery = 5 * time.Second
+
+// boundTrailingLogs keeps the log behind a snapshot within
+// Config.TrailingLogsBytes as well as Config.TrailingLogs entries: raft
+// counts entries only, so it sets raft's TrailingLogs from the mean size of
+// the entries this group has written.
+func (g *Group) boundTrailingLogs() {
+	t := time.NewTicker(trailingEvery)
+	defer t.Stop()
+	last := g.host.cfg.TrailingLogs
+	for {
+		select {
+		case <-g.closedCh:
+			return
+		case <-t.C:
+		}
+		entries := g.counted.entries.Load()
+		if entries == 0 {
+			continue
+		}
+		want := g.host.cfg.trailingLogsFor(int64(g.counted.bytes.Load() / entries))
+		if want == last {
+			continue
+		}
+		rc := g.raft.ReloadableConfig()
+		rc.TrailingLogs = want
+		if err := g.raft.ReloadConfig(rc); err != nil {
+			g.logger.Warn("could not re-size the trailing log", "entries", want, "error", err)
+			continue
+		}
+		g.logger.Debug("trailing log re-sized", "entries", want, "mean_entry_bytes", g.counted.bytes.Load()/entries)
+		last = want
+	}
 }

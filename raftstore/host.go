@@ -179,10 +179,11 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	gm := h.metrics.forGroup(id)
 	cleanup = append(cleanup, func() { h.metrics.forgetGroup(id) })
 	counted := &countingLogStore{LogStore: store, metrics: gm}
-	logs, err := raft.NewLogCache(logCacheSize, counted)
-	if err != nil {
-		return nil, shardErr(id, "log cache: %w", err)
+	cacheBytes := h.cfg.LogCacheBytes
+	if cacheBytes == 0 {
+		cacheBytes = 64 << 20
 	}
+	logs := newLogCache(counted, logCacheSize, cacheBytes)
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, snapshotsRetained, rlog.Named("snapshot"))
 	if err != nil {
 		return nil, shardErr(id, "snapshot store: %w", err)
@@ -215,7 +216,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	rc.MaxAppendEntries = h.cfg.MaxAppendEntries
 	rc.SnapshotThreshold = h.cfg.SnapshotThreshold
 	rc.SnapshotInterval = h.cfg.SnapshotInterval
-	rc.TrailingLogs = h.cfg.TrailingLogs
+	rc.TrailingLogs = h.cfg.trailingLogsFor(0)
 	rc.Logger = rlog.Named("raft")
 	rc.NoLegacyTelemetry = true
 	// Buffer applyCh to MaxAppendEntries so proposers hand their command
@@ -290,6 +291,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	})
 	r.RegisterObserver(g.observer)
 	go g.watchLeader()
+	go g.boundTrailingLogs()
 	return g, nil
 }
 
