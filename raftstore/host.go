@@ -232,6 +232,10 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		return nil, shardErr(id, "checking existing state: %w", err)
 	}
 
+	if err := checkStateNotAhead(sm, logs, snaps); err != nil {
+		return nil, shardErr(id, "%w", err)
+	}
+
 	if !existing {
 		// Write the initial configuration straight into the stores before
 		// raft starts. Bootstrapping a running raft instead races with peers:
@@ -626,5 +630,29 @@ func catchUpFromSnapshot(f *fsmAdapter, snaps raft.SnapshotStore, logger *slog.L
 	f.applied.Store(applied)
 	f.restores.Add(1)
 	f.metrics.restores.Inc()
+	return nil
+}
+
+// checkStateNotAhead refuses a durable state that covers more of the log
+// than this node's Raft log and snapshots hold.
+func checkStateNotAhead(sm StateMachine, logs raft.LogStore, snaps raft.SnapshotStore) error {
+	d, ok := sm.(DurableStateMachine)
+	if !ok || d.AppliedIndex() == 0 {
+		return nil
+	}
+	last, err := logs.LastIndex()
+	if err != nil {
+		return fmt.Errorf("reading the log: %w", err)
+	}
+	metas, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("listing snapshots: %w", err)
+	}
+	if len(metas) > 0 {
+		last = max(last, metas[0].Index)
+	}
+	if d.AppliedIndex() > last {
+		return fmt.Errorf("%w: the state covers index %d, the Raft log and snapshots end at %d", ErrStateAhead, d.AppliedIndex(), last)
+	}
 	return nil
 }

@@ -3,8 +3,10 @@ package statedb
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -197,4 +199,40 @@ func TestUpgradeFromInMemoryState(t *testing.T) {
 		t.Fatalf("second start after the upgrade: %d restores, %d commands re-applied", st.SnapshotRestores, st.AppliedCommands)
 	}
 	n.checkAll(261, now)
+}
+
+// TestStateAheadOfLogRefused: a state engine kept while the Raft data was
+// removed would make the group skip new entries as already applied; the
+// group refuses to start instead.
+func TestStateAheadOfLogRefused(t *testing.T) {
+	dir := t.TempDir()
+	n := startNode(t, dir, "127.0.0.1:0", true)
+	now := int64(time.Now().UnixNano())
+	for i := range 5 {
+		n.cycle(i, now)
+	}
+	n.stop()
+	if err := os.RemoveAll(filepath.Join(dir, "raft")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := raftstore.DefaultConfig()
+	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir, cfg.NoFsync = "n1", "127.0.0.1:0", filepath.Join(dir, "raft"), true
+	h, err := raftstore.NewHost(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	db, err := Open(Config{Dir: filepath.Join(dir, "state")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	sm, err := db.Shard("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.AddGroup(raftstore.GroupConfig{ID: "s1", Voters: []raftstore.Peer{{ID: "n1", Addr: h.Addr()}}}, sm)
+	if !errors.Is(err, raftstore.ErrStateAhead) {
+		t.Fatalf("AddGroup over a state ahead of the log: %v, want ErrStateAhead", err)
+	}
 }
