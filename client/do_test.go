@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/idemtest"
-	"google.golang.org/grpc/codes"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 func okResponse(body string) client.Response {
@@ -235,7 +237,7 @@ func TestDoLeaseLostCancelsFn(t *testing.T) {
 	// Heartbeats keep renewing the lease; move the store's clock past it
 	// until a rival's reserve lands between two renewals.
 	var rival client.Reservation
-	waitFor(t, "a rival to reclaim the key", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, "a rival to reclaim the key", func() (bool, string) {
 		srv.Advance(2 * time.Second)
 		var err error
 		rival, err = c.Reserve(t.Context(), client.ReserveRequest{Namespace: ns, Key: key})
@@ -335,7 +337,7 @@ func TestDoWaitsForAnotherOwner(t *testing.T) {
 		res, err := c.Do(t.Context(), ns, key, never, client.WithMaxWait(time.Minute))
 		waiter <- outcome{res, err}
 	}()
-	waitFor(t, "the waiter to poll", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, "the waiter to poll", func() (bool, string) {
 		n := srv.Calls(idemtest.MethodReserve) - before
 		return n >= 2, fmt.Sprintf("%d reserves", n)
 	})

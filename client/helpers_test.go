@@ -52,19 +52,3 @@ func deadAddr(t *testing.T) string {
 	_ = lis.Close()
 	return addr
 }
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last seen: %s", what, last)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}

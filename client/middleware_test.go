@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/idemtest"
-	"google.golang.org/grpc/codes"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // mwReply is a response read in full.
@@ -392,7 +394,7 @@ func TestMiddlewareCallerGoneStillStores(t *testing.T) {
 	}
 	close(gate)
 	<-finished
-	waitFor(t, "the response to be stored", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, "the response to be stored", func() (bool, string) {
 		rec, err := c.Get(t.Context(), "default", "gone")
 		return err == nil && rec.State == client.StateCompleted, fmt.Sprintf("%+v %v", rec, err)
 	})

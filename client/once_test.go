@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/client/idemtest"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // A consumer handed every event three times, out of order and by several
@@ -155,7 +156,7 @@ func TestOnceConcurrentDeliveryWaitsForTheRunner(t *testing.T) {
 		second <- result{ran, err}
 	}()
 	// The second delivery polls while the first holds the event.
-	waitFor(t, "the second delivery to find the event in progress", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, "the second delivery to find the event in progress", func() (bool, string) {
 		n := srv.Calls(idemtest.MethodReserve)
 		return n >= 3, fmt.Sprintf("%d reserves", n)
 	})

@@ -17,7 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // targetLabels are the labels the scrape configurations attach; they look
@@ -244,6 +244,9 @@ func TestAlertsQueryRealMetrics(t *testing.T) {
 func TestPromtool(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("promtool is not installed; .ci/run installs it (Debian's prometheus package)")
+		}
 		t.Skip("promtool is not installed (apt-get install prometheus provides it)")
 	}
 	for _, args := range [][]string{
@@ -259,7 +262,7 @@ func TestPromtool(t *testing.T) {
 }
 
 func TestComposeTopologyMatchesServices(t *testing.T) {
-	topo, err := router.LoadFile("compose/topology.yaml")
+	topo, err := topology.LoadFile("compose/topology.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +320,7 @@ func TestComposeTopologyMatchesServices(t *testing.T) {
 
 func TestKubernetesTopologyMatchesStatefulSets(t *testing.T) {
 	docs := kubeDocs(t, "kubernetes/topology.yaml", "kubernetes/node-us-east.yaml", "kubernetes/router-us-east.yaml", "kubernetes/namespace.yaml")
-	var topo *router.Topology
+	var topo *topology.Topology
 	for _, d := range docs {
 		if d.Kind == "ConfigMap" && d.Metadata.Name == "idem-topology" {
 			if topo, _ = parseTopology(t, d.Data["topology.yaml"]); topo == nil {
@@ -445,9 +448,9 @@ func kubeDocs(t *testing.T, paths ...string) []kubeDoc {
 	return docs
 }
 
-func parseTopology(t *testing.T, text string) (*router.Topology, error) {
+func parseTopology(t *testing.T, text string) (*topology.Topology, error) {
 	t.Helper()
-	topo, err := router.Parse([]byte(text))
+	topo, err := topology.Parse([]byte(text))
 	if err != nil {
 		t.Errorf("the ConfigMap's topology: %v", err)
 	}

@@ -7,7 +7,7 @@
 // Its tests keep those files consistent with the code, without Docker or a
 // cluster: every idem_* metric a dashboard panel or an alert queries exists
 // in the code; the compose and Kubernetes topologies parse with
-// router.Parse and name exactly the services and StatefulSet pods that run
+// topology.Parse and name exactly the services and StatefulSet pods that run
 // them; and, where promtool is installed, the Prometheus configuration
 // loads and the alert rules' unit tests pass.
 package deploy

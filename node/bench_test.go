@@ -21,7 +21,7 @@ import (
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/raftstore"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // BenchmarkCycle measures reserve+complete cycles on fresh keys, in process,
@@ -196,15 +196,15 @@ func startBenchCluster(n int, sharedLog, noFsync bool) (_ *benchCluster, err err
 	if err != nil {
 		return nil, err
 	}
-	topo := &router.Topology{Cluster: "bench", ShardsPerRegion: 4, Replicas: n, Survival: router.SurvivalZone}
-	region := router.Region{Name: "local"}
+	topo := &topology.Topology{Cluster: "bench", ShardsPerRegion: 4, Replicas: n, Survival: topology.SurvivalZone}
+	region := topology.Region{Name: "local"}
 	for i := range n {
-		region.Nodes = append(region.Nodes, router.Node{
+		region.Nodes = append(region.Nodes, topology.Node{
 			ID: "n" + strconv.Itoa(i+1), Region: "local",
 			RaftAddr: addrs[3*i], GRPCAddr: addrs[3*i+1], HTTPAddr: addrs[3*i+2],
 		})
 	}
-	topo.Regions = []router.Region{region}
+	topo.Regions = []topology.Region{region}
 	if err := topo.Validate(); err != nil {
 		return nil, err
 	}
@@ -232,6 +232,9 @@ func startBenchCluster(n int, sharedLog, noFsync bool) (_ *benchCluster, err err
 			return nil, err
 		}
 		c.nodes = append(c.nodes, nn)
+		if err := nn.Start(); err != nil {
+			return nil, err
+		}
 		go nn.Serve(context.Background())
 		grpcAddrs = append(grpcAddrs, nn.GRPCAddr())
 	}

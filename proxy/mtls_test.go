@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"io"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/proxy"
 )
 
@@ -83,7 +85,7 @@ func TestNamespacesFromClientCertificates(t *testing.T) {
 	up := newUpstream(t)
 	be := newBackend(time.Second)
 	cfg := proxy.DefaultConfig()
-	cfg.Upstream, cfg.Store, cfg.Logger = up.srv.URL, proxy.BackendStore(be), testLogger(t)
+	cfg.Upstream, cfg.Store, cfg.Logger = up.srv.URL, proxy.BackendStore(be), testutil.Logger(t, slog.LevelDebug)
 	p, err := proxy.New(cfg)
 	if err != nil {
 		t.Fatal(err)

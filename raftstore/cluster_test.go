@@ -12,6 +12,7 @@ import (
 )
 
 func TestClusterReplicatesAndRedirects(t *testing.T) {
+	t.Parallel() // independent clusters on their own ports and dirs; mostly waiting for elections
 	shards := []string{"s0", "s1", "s2"}
 	c := newTestCluster(t, 3, shards, nil)
 	all := c.upNodes()
@@ -153,6 +154,7 @@ func TestClusterReplicatesAndRedirects(t *testing.T) {
 }
 
 func TestLeaderCrashLosesNothingAcknowledged(t *testing.T) {
+	t.Parallel() // independent clusters on their own ports and dirs; mostly waiting for elections
 	shards := []string{"s0", "s1"}
 	c := newTestCluster(t, 3, shards, nil)
 	old := c.leader("s0")
@@ -255,6 +257,7 @@ func TestLeaderCrashLosesNothingAcknowledged(t *testing.T) {
 }
 
 func TestRestartRestoresState(t *testing.T) {
+	t.Parallel() // independent clusters on their own ports and dirs; mostly waiting for elections
 	for _, tc := range []struct {
 		name     string
 		snapshot bool
@@ -375,6 +378,7 @@ func TestRestartRestoresState(t *testing.T) {
 }
 
 func TestReadBarrierFailsOnPartitionedLeader(t *testing.T) {
+	t.Parallel() // independent clusters on their own ports and dirs; mostly waiting for elections
 	c := newTestCluster(t, 3, []string{"s0"}, nil)
 	old := c.leader("s0")
 	c.put("s0", "k", "v1")
@@ -443,6 +447,7 @@ func TestReadBarrierFailsOnPartitionedLeader(t *testing.T) {
 }
 
 func TestShutdownHandsOverLeadership(t *testing.T) {
+	t.Parallel() // independent clusters on their own ports and dirs; mostly waiting for elections
 	shards := []string{"s0", "s1", "s2"}
 	c := newTestCluster(t, 3, shards, nil)
 	for _, shard := range shards {
@@ -521,6 +526,7 @@ func TestShutdownHandsOverLeadership(t *testing.T) {
 }
 
 func TestApplyErrors(t *testing.T) {
+	t.Parallel() // independent clusters on their own ports and dirs; mostly waiting for elections
 	c := newTestCluster(t, 3, []string{"s0"}, nil)
 	li := c.leader("s0")
 	g := c.group(li, "s0")

@@ -38,6 +38,13 @@ type Config struct {
 	// means metrics are not exported (Stats still works).
 	Registry *prometheus.Registry
 
+	// OnStorageFailure, if set, is called once (from the log's writer
+	// goroutine; it must not block) when a write or fsync of the node's
+	// Raft log failed: the log has stopped taking writes (ErrStorageFailed)
+	// and the host is no longer ready. A process typically logs it and
+	// exits, so a supervisor restarts it on what is durable.
+	OnStorageFailure func(error)
+
 	// HeartbeatTimeout is how long a follower goes without hearing from the
 	// leader before it campaigns (randomised in [1x, 2x)). The leader
 	// heartbeats every HeartbeatTimeout/10.
@@ -236,7 +243,29 @@ type GroupConfig struct {
 	// keep the host's. Shards whose voters span regions need WAN-sized
 	// timeouts (see WANTiming).
 	Timing Timing
+
+	// Start says what to do when the group has no state on disk (no log, no
+	// snapshot). The zero value, StartBootstrap, is for a brand-new node.
+	Start StartMode
 }
+
+// StartMode says how a group without state on disk starts.
+type StartMode uint8
+
+const (
+	// StartBootstrap writes the initial configuration (Voters) and starts:
+	// the first start of a brand-new cluster's node.
+	StartBootstrap StartMode = iota
+	// StartRequireState refuses to start (ErrStateMissing): the node held
+	// this group before, so state missing now means it was lost, and
+	// bootstrapping again would restart fencing tokens and forget the term
+	// and vote this node gave (it could vote twice in one term).
+	StartRequireState
+	// StartJoin starts with no configuration and waits for the group's
+	// leader to add this node (ReplaceVoter) and send it a snapshot: a
+	// replica rebuilt from an empty data dir.
+	StartJoin
+)
 
 // Timing is the set of Raft timeouts a group may override.
 type Timing struct {

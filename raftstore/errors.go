@@ -57,6 +57,21 @@ var (
 	// ErrNothingToSnapshot is returned by Snapshot when nothing was ever
 	// applied, so there is no state to capture.
 	ErrNothingToSnapshot = errors.New("raftstore: nothing to snapshot")
+
+	// ErrStorageFailed means a write or an fsync of this node's Raft log
+	// failed. The log fails stop: it takes no more writes (what the failed
+	// commit carried may or may not be on disk, and an fsync error may have
+	// dropped pages), so this node acknowledges nothing more; its groups
+	// lose this replica until the disk is fixed and the node restarted.
+	ErrStorageFailed = errors.New("raftstore: storage failed")
+
+	// ErrCorruptLog means the node's Raft log file cannot be read (a damaged
+	// or foreign file). The host refuses to open rather than guess.
+	ErrCorruptLog = errors.New("raftstore: Raft log file is corrupt")
+
+	// ErrStateMissing is returned by AddGroup with StartRequireState for a
+	// group that has no state on disk: it was lost.
+	ErrStateMissing = errors.New("raftstore: the group's Raft state is missing")
 )
 
 // shardErr builds "raftstore: shard <id>: <message>" from a fmt format,

@@ -17,6 +17,7 @@ import (
 type Group struct {
 	id        string
 	host      *Host
+	peers     peerAddrs // this node's view of the voters' addresses
 	logger    *slog.Logger
 	raft      *raft.Raft
 	fsm       *fsmAdapter
@@ -367,6 +368,81 @@ func (g *Group) transferLeadership(ctx context.Context, targetID string) error {
 		return shardErr(g.id, "leadership transfer: %w", err)
 	}
 	return nil
+}
+
+// ReplaceVoter rebuilds voter id's membership: it removes id from the
+// group's configuration and adds it back as a voter at the same address,
+// each a committed configuration change. Run it on the leader after the
+// replica id lost its data dir and was restarted empty with StartJoin: the
+// leader then replicates to it from scratch (a snapshot, or the log) and it
+// votes again only as the new member. A voter that is already missing (an
+// earlier ReplaceVoter stopped half-way) is only added. Only the leader can
+// do it (elsewhere a *NotLeaderError); it refuses to replace itself
+// (transfer the leadership first) and waits at most ApplyTimeout per change.
+//
+// While id is out, the group runs on the other voters: a three-voter group
+// needs both others up for the removal and the re-add to commit.
+func (g *Group) ReplaceVoter(ctx context.Context, id string) error {
+	if g.closed.Load() {
+		return shardErr(g.id, "%w", ErrShutdown)
+	}
+	if g.raft.State() != raft.Leader {
+		return g.notLeader()
+	}
+	if id == g.host.cfg.NodeID {
+		return shardErr(g.id, "replace %q: this node leads the group; transfer the leadership first", id)
+	}
+	cf := g.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return g.translateRead(err)
+	}
+	var addr raft.ServerAddress
+	present := false
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == id {
+			present, addr = true, s.Address
+		}
+	}
+	if !present {
+		// Only an earlier, interrupted replacement removes a voter; its
+		// address is this node's view of the peer.
+		peer, ok := g.peerAddr(id)
+		if !ok {
+			return shardErr(g.id, "replace %q: %w", id, ErrUnknownPeer)
+		}
+		addr = peer
+	}
+	change := func(what string, f func(time.Duration) raft.IndexFuture) error {
+		ctx, cancel := g.opContext(ctx)
+		defer cancel()
+		if err := g.waitFuture(ctx, f(remaining(ctx))); err != nil {
+			if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+				return g.notLeader()
+			}
+			return shardErr(g.id, "replace %q: %s: %w", id, what, err)
+		}
+		return nil
+	}
+	if present {
+		if err := change("removing it", func(d time.Duration) raft.IndexFuture {
+			return g.raft.RemoveServer(raft.ServerID(id), 0, d)
+		}); err != nil {
+			return err
+		}
+	}
+	if err := change("adding it back", func(d time.Duration) raft.IndexFuture {
+		return g.raft.AddVoter(raft.ServerID(id), addr, 0, d)
+	}); err != nil {
+		return err
+	}
+	g.logger.Info("voter replaced: it catches up from this leader", "voter", id)
+	return nil
+}
+
+// peerAddr returns this node's address of peer id (from GroupConfig.Voters).
+func (g *Group) peerAddr(id string) (raft.ServerAddress, bool) {
+	a, ok := g.peers[raft.ServerID(id)]
+	return a, ok
 }
 
 // Snapshot forces a snapshot now and returns the Raft index and term it

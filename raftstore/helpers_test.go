@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // kvSM is the tiny state machine the tests replicate: commands are "key=value"
@@ -110,35 +112,6 @@ func (s *kvSM) missing(want map[string]string) []string {
 	return out
 }
 
-// testLogger routes slog output to t.Log until the test's cleanups are done
-// (raft goroutines may outlive a test by a moment; t.Log would then panic).
-func testLogger(tb testing.TB, level slog.Level) *slog.Logger {
-	w := &tbWriter{tb: tb}
-	tb.Cleanup(w.stop) // registered first, so it runs last
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
-}
-
-type tbWriter struct {
-	mu   sync.Mutex
-	tb   testing.TB
-	done bool
-}
-
-func (w *tbWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.tb.Log(strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *tbWriter) stop() {
-	w.mu.Lock()
-	w.done = true
-	w.mu.Unlock()
-}
-
 // testConfig returns the production timeouts: the whole repo's suite runs
 // its packages in parallel on a 2-core box under -race, and shorter ones
 // (300 ms heartbeat, 150 ms lease) made leaders step down there mid-test
@@ -177,7 +150,7 @@ func newTestCluster(tb testing.TB, n int, shards []string, mod func(*Config)) *t
 	if _, isBench := tb.(*testing.B); isBench {
 		c.logger = slog.New(slog.DiscardHandler)
 	} else {
-		c.logger = testLogger(tb, slog.LevelInfo)
+		c.logger = testutil.Logger(tb, slog.LevelInfo)
 	}
 	for i := range n {
 		node := &testNode{id: fmt.Sprintf("node%d", i), dir: tb.TempDir(), addr: "127.0.0.1:0"}
@@ -231,9 +204,15 @@ func (c *testCluster) voters() []Peer {
 
 func (c *testCluster) addGroups(n *testNode) {
 	c.tb.Helper()
+	c.addGroupsWith(n, StartBootstrap)
+}
+
+// addGroupsWith adds every shard to n with the given StartMode.
+func (c *testCluster) addGroupsWith(n *testNode, start StartMode) {
+	c.tb.Helper()
 	for _, shard := range c.shards {
 		sm := newKV()
-		if _, err := n.host.AddGroup(GroupConfig{ID: shard, Voters: c.voters()}, sm); err != nil {
+		if _, err := n.host.AddGroup(GroupConfig{ID: shard, Voters: c.voters(), Start: start}, sm); err != nil {
 			c.tb.Fatalf("AddGroup(%s on %s): %v", shard, n.id, err)
 		}
 		n.sms[shard] = sm

@@ -236,7 +236,12 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		return nil, shardErr(id, "%w", err)
 	}
 
-	if !existing {
+	switch {
+	case !existing && gc.Start == StartRequireState:
+		return nil, shardErr(id, "%w: no log or snapshot under %s although this node held the group before", ErrStateMissing, h.cfg.DataDir)
+	case !existing && gc.Start == StartJoin:
+		logger.Info("raft group starting empty, waiting to be added by its leader")
+	case !existing:
 		// Write the initial configuration straight into the stores before
 		// raft starts. Bootstrapping a running raft instead races with peers:
 		// a vote request or an append from a peer that started first makes
@@ -273,6 +278,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	g := &Group{
 		id:            id,
 		host:          h,
+		peers:         addrs,
 		logger:        logger,
 		raft:          r,
 		fsm:           fsm,
@@ -371,12 +377,32 @@ func (h *Host) openSharedLog(create bool) (*sharedLog, error) {
 			return nil, err
 		}
 	}
-	sl, err := openSharedLog(path, h.cfg.NoFsync, h.metrics)
+	sl, err := openSharedLog(path, h.cfg.NoFsync, h.metrics, h.storageFailed)
 	if err != nil {
 		return nil, err
 	}
 	h.sharedLog = sl
 	return sl, nil
+}
+
+// storageFailed is told once that the shared log failed stop.
+func (h *Host) storageFailed(err error) {
+	h.logger.Error("raft log storage failed: this node takes no more writes", "error", err)
+	if h.cfg.OnStorageFailure != nil {
+		h.cfg.OnStorageFailure(err)
+	}
+}
+
+// StorageFailure returns the error that made this node's Raft log fail stop
+// (wrapping ErrStorageFailed), or nil.
+func (h *Host) StorageFailure() error {
+	h.logMu.Lock()
+	sl := h.sharedLog
+	h.logMu.Unlock()
+	if sl == nil {
+		return nil
+	}
+	return sl.failure()
 }
 
 // SharedLogStats returns the shared log's figures (zero if no group of this
@@ -411,11 +437,15 @@ func (h *Host) Groups() []*Group {
 	return gs
 }
 
-// Ready returns nil when every hosted group has a known leader and this node
-// has applied everything it knows to be committed; otherwise an error
-// wrapping ErrNotReady that names the lagging shards.
+// Ready returns nil when every hosted group has a known leader, this node
+// has applied everything it knows to be committed and its Raft log has not
+// failed; otherwise an error wrapping ErrNotReady that names the lagging
+// shards (or the storage failure).
 func (h *Host) Ready() error {
 	var errs []error
+	if err := h.StorageFailure(); err != nil {
+		errs = append(errs, err)
+	}
 	for _, g := range h.Groups() {
 		if g.closed.Load() {
 			errs = append(errs, fmt.Errorf("shard %s: shut down", g.id))

@@ -28,6 +28,7 @@ type hostMetrics struct {
 	sharedCommits        prometheus.Counter
 	sharedCommitWrites   prometheus.Histogram
 	sharedCommitDuration prometheus.Histogram
+	storageFailures      prometheus.Counter
 
 	stateDesc, leaderDesc, termDesc, commitDesc, appliedDesc, lastLogDesc, contactDesc *prometheus.Desc
 
@@ -116,6 +117,10 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		Help:    "Time per shared-log commit (bolt write transaction including its fsyncs).",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 	})
+	m.storageFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idem_raft_storage_failures_total",
+		Help: "Failed writes or fsyncs of the node's Raft log; after one the log takes no more writes (fail-stop) until the node restarts.",
+	})
 	m.rejectedConns = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "idem_raft_rejected_connections_total",
 		Help: "Inbound Raft connections closed for a bad header or an unknown shard.",
@@ -126,7 +131,7 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.logStoreBatch, m.logCommit,
 		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
-		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m} {
+		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures, m} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -144,7 +149,7 @@ func (m *hostMetrics) unregister(reg *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.logStoreBatch, m.logCommit,
 		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
-		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m} {
+		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures, m} {
 		reg.Unregister(c)
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -54,6 +56,14 @@ type sharedLog struct {
 	done   chan struct{} // closed when the writer goroutine exits
 
 	metrics *hostMetrics
+	// onFail is told, once, that the log failed (the host logs it).
+	onFail func(error)
+	// commitTx commits a write transaction: (*bbolt.Tx).Commit, replaced
+	// by tests to inject a failed write or fsync.
+	commitTx func(*bbolt.Tx) error
+	// failed is the sticky error of a failed commit: once set, every write
+	// gets it and nothing more is committed (fail-stop, see fail).
+	failed atomic.Pointer[error]
 
 	commits     atomic.Uint64 // bbolt transactions committed
 	writes      atomic.Uint64 // group writes they carried
@@ -69,9 +79,49 @@ type logWrite struct {
 }
 
 // openSharedLog opens (creating if needed) the shared log file and starts
-// its writer.
-func openSharedLog(path string, noSync bool, m *hostMetrics) (*sharedLog, error) {
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{
+// its writer. A file that bbolt cannot read gives one error naming it
+// (ErrCorruptLog), never a panic. onFail (may be nil) is told once when a
+// commit fails.
+func openSharedLog(path string, noSync bool, m *hostMetrics, onFail func(error)) (*sharedLog, error) {
+	existed, err := fileExists(path)
+	if err != nil {
+		return nil, err
+	}
+	db, err := openBolt(path)
+	if err != nil {
+		return nil, err
+	}
+	if !existed && !noSync {
+		// The new file's directory entry must be durable before anything
+		// written into the file is acknowledged.
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			db.Close()
+			return nil, err
+		}
+	}
+	db.NoSync = noSync
+	s := &sharedLog{
+		db:       db,
+		path:     path,
+		queue:    make(chan *logWrite, maxCommitWrites),
+		done:     make(chan struct{}),
+		metrics:  m,
+		onFail:   onFail,
+		commitTx: (*bbolt.Tx).Commit,
+	}
+	go s.run()
+	return s, nil
+}
+
+// openBolt opens the shared log's bbolt file, turning bbolt's panics on a
+// damaged file into ErrCorruptLog.
+func openBolt(path string) (db *bbolt.DB, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			db, err = nil, fmt.Errorf("%w: %s: %v", ErrCorruptLog, path, p)
+		}
+	}()
+	db, err = bbolt.Open(path, 0o600, &bbolt.Options{
 		// Fail fast instead of hanging if another process holds the file.
 		Timeout: time.Second,
 		// The freelist is rebuilt by a scan on open instead of being
@@ -80,19 +130,30 @@ func openSharedLog(path string, noSync bool, m *hostMetrics) (*sharedLog, error)
 		NoFreelistSync: true,
 		FreelistType:   bbolt.FreelistMapType,
 	})
+	switch {
+	case errors.Is(err, bbolt.ErrTimeout):
+		return nil, fmt.Errorf("raftstore: %s is in use by another process: %w", path, err)
+	case errors.Is(err, bbolt.ErrInvalid), errors.Is(err, bbolt.ErrVersionMismatch), errors.Is(err, bbolt.ErrChecksum),
+		errors.Is(err, bbolt.ErrInvalidMapping):
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorruptLog, path, err)
+	case err != nil:
+		return nil, fmt.Errorf("raftstore: opening %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// syncDir fsyncs a directory, making the entries of files created in it
+// durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	db.NoSync = noSync
-	s := &sharedLog{
-		db:      db,
-		path:    path,
-		queue:   make(chan *logWrite, maxCommitWrites),
-		done:    make(chan struct{}),
-		metrics: m,
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("raftstore: fsync of directory %s: %w", dir, err)
 	}
-	go s.run()
-	return s, nil
+	return nil
 }
 
 // fileExists reports whether path exists.
@@ -133,39 +194,82 @@ func (s *sharedLog) run() {
 }
 
 // commit applies batch in one transaction and answers every write.
+//
+// A write whose own changes fail (before anything reaches the disk) rolls
+// the transaction back; the writes are then committed one by one, so one
+// group's failure is not another's. A failed commit is different: bbolt
+// wrote pages and fsync'd, or tried to, and an fsync error may mean the
+// kernel dropped dirty pages it will never write again, so retrying could
+// acknowledge what is not on disk. The log fails stop instead (fail): every
+// write of the batch and every later one gets ErrStorageFailed.
 func (s *sharedLog) commit(batch []*logWrite) {
+	answer := func(err error) {
+		for _, w := range batch {
+			w.err <- err
+		}
+	}
+	if err := s.failure(); err != nil {
+		answer(err)
+		return
+	}
 	start := time.Now()
-	err := s.db.Update(func(tx *bbolt.Tx) error {
-		for _, w := range batch {
-			if err := w.apply(tx); err != nil {
-				return err
+	tx, err := s.db.Begin(true)
+	if err != nil {
+		answer(s.fail(fmt.Errorf("beginning a write transaction: %w", err)))
+		return
+	}
+	for _, w := range batch {
+		if err := w.apply(tx); err != nil {
+			tx.Rollback()
+			if len(batch) == 1 {
+				answer(err)
+				return
 			}
+			for _, w := range batch {
+				s.commit([]*logWrite{w})
+			}
+			return
 		}
-		return nil
-	})
-	if err != nil && len(batch) > 1 {
-		// One write failed the shared transaction, which rolled all of them
-		// back: commit each alone, so each gets its own answer and one
-		// group's failure is not another's.
-		for _, w := range batch {
-			w.err <- s.db.Update(w.apply)
-		}
+	}
+	if err := s.commitTx(tx); err != nil {
+		answer(s.fail(err))
 		return
 	}
 	took := time.Since(start)
-	if err == nil {
-		s.commits.Add(1)
-		s.writes.Add(uint64(len(batch)))
-		s.commitNanos.Add(int64(took))
-		if s.metrics != nil {
-			s.metrics.sharedCommits.Inc()
-			s.metrics.sharedCommitWrites.Observe(float64(len(batch)))
-			s.metrics.sharedCommitDuration.Observe(took.Seconds())
-		}
+	s.commits.Add(1)
+	s.writes.Add(uint64(len(batch)))
+	s.commitNanos.Add(int64(took))
+	if s.metrics != nil {
+		s.metrics.sharedCommits.Inc()
+		s.metrics.sharedCommitWrites.Observe(float64(len(batch)))
+		s.metrics.sharedCommitDuration.Observe(took.Seconds())
 	}
-	for _, w := range batch {
-		w.err <- err
+	answer(nil)
+}
+
+// fail makes the log fail stop with cause (the first cause wins) and
+// returns the sticky error every write gets from now on.
+func (s *sharedLog) fail(cause error) error {
+	err := fmt.Errorf("%w: write or fsync of %s failed, no more writes are taken from this node's Raft log (fix the disk and restart): %v",
+		ErrStorageFailed, s.path, cause)
+	if !s.failed.CompareAndSwap(nil, &err) {
+		return *s.failed.Load()
 	}
+	if s.metrics != nil {
+		s.metrics.storageFailures.Inc()
+	}
+	if s.onFail != nil {
+		s.onFail(err)
+	}
+	return err
+}
+
+// failure returns the sticky error of a failed commit, or nil.
+func (s *sharedLog) failure() error {
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // write queues apply and waits until it is committed.
@@ -395,13 +499,27 @@ func (g *sharedGroupStore) Close() error { return nil }
 
 // Log entry encoding in the shared log (the index is the key):
 //
-//	version=1 | type (1 byte) | term (uvarint) | appended at (varint Unix
+//	version=2 | type (1 byte) | term (uvarint) | appended at (varint Unix
 //	nanoseconds, 0 for none) | data (uvarint length, bytes) | extensions
-//	(uvarint length, bytes)
-const logEncodingVersion = 1
+//	(uvarint length, bytes) | CRC-32C (4 bytes, big endian) of the index
+//	(8 bytes, big endian) and everything before it
+//
+// Version 1 is the same without the checksum; entries written by earlier
+// releases keep decoding. The checksum covers the index so that an entry
+// stored under another key (a misdirected write) is caught too.
+const (
+	logEncodingVersion   = 2
+	logEncodingVersionV1 = 1
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func logChecksum(idx uint64, entry []byte) uint32 {
+	return crc32.Update(crc32.Checksum(indexKey(idx), castagnoli), castagnoli, entry)
+}
 
 func encodeLog(l *raft.Log) []byte {
-	b := make([]byte, 0, 2+3*binary.MaxVarintLen64+2*binary.MaxVarintLen32+len(l.Data)+len(l.Extensions))
+	b := make([]byte, 0, 2+3*binary.MaxVarintLen64+2*binary.MaxVarintLen32+len(l.Data)+len(l.Extensions)+4)
 	b = append(b, logEncodingVersion, byte(l.Type))
 	b = binary.AppendUvarint(b, l.Term)
 	var at int64
@@ -412,7 +530,8 @@ func encodeLog(l *raft.Log) []byte {
 	b = binary.AppendUvarint(b, uint64(len(l.Data)))
 	b = append(b, l.Data...)
 	b = binary.AppendUvarint(b, uint64(len(l.Extensions)))
-	return append(b, l.Extensions...)
+	b = append(b, l.Extensions...)
+	return binary.BigEndian.AppendUint32(b, logChecksum(l.Index, b))
 }
 
 // errBadLogEntry means a stored entry does not decode.
@@ -421,10 +540,20 @@ var errBadLogEntry = errors.New("raftstore: corrupt log entry in the shared log"
 // decodeLog decodes v (bbolt memory, valid only during the transaction)
 // into l, copying every byte it keeps.
 func decodeLog(idx uint64, v []byte, l *raft.Log) error {
-	if len(v) < 2 || v[0] != logEncodingVersion {
+	if len(v) < 2 || (v[0] != logEncodingVersion && v[0] != logEncodingVersionV1) {
 		return fmt.Errorf("%w: entry %d has an unknown header", errBadLogEntry, idx)
 	}
 	bad := func(what string) error { return fmt.Errorf("%w: entry %d: bad %s", errBadLogEntry, idx, what) }
+	if v[0] == logEncodingVersion {
+		if len(v) < 6 {
+			return bad("length")
+		}
+		body, sum := v[:len(v)-4], binary.BigEndian.Uint32(v[len(v)-4:])
+		if logChecksum(idx, body) != sum {
+			return bad("checksum")
+		}
+		v = body
+	}
 	typ := raft.LogType(v[1])
 	v = v[2:]
 	term, n := binary.Uvarint(v)

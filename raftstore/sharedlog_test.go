@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,11 +16,13 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 func openTestSharedLog(t *testing.T, path string) *sharedLog {
 	t.Helper()
-	sl, err := openSharedLog(path, true, nil)
+	sl, err := openSharedLog(path, true, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +44,7 @@ func testLogs(from, to, term uint64, tag string) []*raft.Log {
 // found" raft relies on, and that everything survives a close and reopen.
 func TestSharedLogStore(t *testing.T) {
 	path := filepath.Join(t.TempDir(), sharedLogFile)
-	sl, err := openSharedLog(path, true, nil)
+	sl, err := openSharedLog(path, true, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,13 +301,32 @@ func TestLogEncoding(t *testing.T) {
 		}
 	}
 	valid := encodeLog(&raft.Log{Index: 3, Term: 2, Type: raft.LogCommand, Data: []byte("data"), Extensions: []byte("x")})
-	for name, v := range map[string][]byte{
+	flipped := bytes.Clone(valid)
+	flipped[len(flipped)-6] ^= 0x01 // a bit of the data
+	bad := map[string][]byte{
 		"empty":          nil,
-		"other version":  append([]byte{2}, valid[1:]...),
+		"other version":  append([]byte{3}, valid[1:]...),
 		"truncated":      valid[:len(valid)-1],
 		"trailing bytes": append(bytes.Clone(valid), 0),
-		"huge length":    {logEncodingVersion, byte(raft.LogCommand), 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f},
-	} {
+		"bit flip":       flipped,
+		"huge length":    {logEncodingVersionV1, byte(raft.LogCommand), 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f},
+	}
+	// An entry moved under another index fails its checksum too.
+	var moved raft.Log
+	if err := decodeLog(4, valid, &moved); !errors.Is(err, errBadLogEntry) {
+		t.Errorf("entry 3 read as entry 4: decode = %v, want errBadLogEntry", err)
+	}
+	// Version 1 (no checksum), as earlier releases wrote it, still decodes.
+	v1 := append([]byte{logEncodingVersionV1}, valid[1:len(valid)-4]...)
+	var old raft.Log
+	if err := decodeLog(3, v1, &old); err != nil || string(old.Data) != "data" || string(old.Extensions) != "x" || old.Term != 2 {
+		t.Errorf("version 1 entry: %+v, %v", old, err)
+	}
+	v1[len(v1)-1] = 'y' // and has no checksum to catch a flip: the reason for version 2
+	if err := decodeLog(3, append(v1, 0), &old); !errors.Is(err, errBadLogEntry) {
+		t.Errorf("version 1 entry with trailing bytes: decode = %v, want errBadLogEntry", err)
+	}
+	for name, v := range bad {
 		var l raft.Log
 		if err := decodeLog(3, v, &l); !errors.Is(err, errBadLogEntry) {
 			t.Errorf("%s: decode = %v, want errBadLogEntry", name, err)
@@ -326,7 +349,7 @@ func TestGroupKeepsItsLogStore(t *testing.T) {
 		// Single-voter groups: short timeouts cannot make them flap.
 		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 100*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
 		cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir = "n1", addr, dir
-		cfg.Logger = testLogger(t, slog.LevelWarn)
+		cfg.Logger = testutil.Logger(t, slog.LevelWarn)
 		h, err := NewHost(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -409,5 +432,76 @@ func TestGroupKeepsItsLogStore(t *testing.T) {
 	h = open(true)
 	if _, err := h.AddGroup(GroupConfig{ID: "shared", Voters: []Peer{{"n1", h.Addr()}}}, newKV()); !errors.Is(err, ErrStoreConflict) {
 		t.Fatalf("AddGroup of a group in both stores: %v, want ErrStoreConflict", err)
+	}
+}
+
+// TestSharedLogFailsStopOnCommitError injects a failed commit (what an
+// fsync error looks like to bbolt): the writes of that commit and every
+// later one get ErrStorageFailed, the failure is reported once, and nothing
+// more is committed, so nothing more can be acknowledged.
+func TestSharedLogFailsStopOnCommitError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), sharedLogFile)
+	var reported []error
+	sl, err := openSharedLog(path, true, nil, func(err error) { reported = append(reported, err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sl.close()
+	g, err := sl.group("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.StoreLogs(testLogs(1, 2, 1, "a")); err != nil {
+		t.Fatal(err)
+	}
+	eio := errors.New("fdatasync: input/output error")
+	sl.commitTx = func(tx *bbolt.Tx) error { tx.Rollback(); return eio }
+	if err := g.StoreLogs(testLogs(3, 4, 1, "a")); !errors.Is(err, ErrStorageFailed) || !strings.Contains(err.Error(), eio.Error()) {
+		t.Fatalf("write whose commit failed: %v, want ErrStorageFailed naming the cause", err)
+	}
+	// The disk "recovers": the log still takes nothing (fail-stop).
+	sl.commitTx = (*bbolt.Tx).Commit
+	if err := g.Set([]byte("CurrentTerm"), []byte{0, 0, 0, 0, 0, 0, 0, 2}); !errors.Is(err, ErrStorageFailed) {
+		t.Fatalf("write after the failure: %v, want ErrStorageFailed", err)
+	}
+	if len(reported) != 1 || !errors.Is(reported[0], ErrStorageFailed) {
+		t.Fatalf("failure reported %d times (%v), want once", len(reported), reported)
+	}
+	if _, last := mustIndexes(t, g); last != 2 {
+		t.Fatalf("last index %d after the failed commit, want 2 (only what was committed before)", last)
+	}
+}
+
+// TestSharedLogCorruptFileIsOneError: a damaged log file gives an error
+// naming the file and wrapping ErrCorruptLog, not a panic, and a host
+// refuses to open a group on it.
+func TestSharedLogCorruptFileIsOneError(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, sharedLogFile)
+	sl := openTestSharedLog(t, path)
+	g, err := sl.group("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.StoreLogs(testLogs(1, 50, 1, "a")); err != nil {
+		t.Fatal(err)
+	}
+	sl.close()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range data { // every page, both meta pages included
+		data[i] ^= 0x5a
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = openSharedLog(path, true, nil, nil)
+	if !errors.Is(err, ErrCorruptLog) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("opening a corrupt log: %v, want ErrCorruptLog naming %s", err, path)
+	}
+	if strings.Count(err.Error(), "\n") > 0 {
+		t.Fatalf("error is not one line: %q", err)
 	}
 }

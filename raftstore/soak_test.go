@@ -2,36 +2,63 @@ package raftstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// TestElectionStabilitySoak measures election flapping: 3 nodes x 12 groups
-// under a steady write load, counting leader changes after the initial
-// elections. It backs the timeout choices in DESIGN.md. Opt in with
+// maxChangesPerGroupMinute is the flapping budget the soak enforces for the
+// production timeouts: DESIGN.md measured 0 leader changes after startup in
+// 45 s under a CPU hog; one per group-minute allows an election caused by a
+// stall of the whole box and still fails a configuration that flaps.
+const maxChangesPerGroupMinute = 1.0
+
+// TestElectionStabilitySoak checks that leaders stay put under a steady write
+// load with the production timeouts: 3 nodes x 12 groups in one process, 24
+// writers, counting leader changes after the initial elections. It fails when
+// the groups flap (more than maxChangesPerGroupMinute) or when a write to a
+// leader fails for any reason but a leader change under it. It measures the
+// box as much as the code, so it runs alone, not beside the rest of the suite
+// (which would starve it): .ci/run runs a 20 s soak as a step of its own, and
 //
 //	IDEM_RAFT_SOAK=60s IDEM_RAFT_SOAK_TIMEOUTS=default|test|medium|fast go test -race -run Soak ./raftstore
+//
+// runs it by hand, also with the shorter timeout sets behind DESIGN.md's table.
+// Only "default" (the production timeouts, also used when the variable is
+// unset) asserts the flapping budget: the others exist to measure how much
+// shorter timeouts flap, so they log their count.
 func TestElectionStabilitySoak(t *testing.T) {
-	d, err := time.ParseDuration(os.Getenv("IDEM_RAFT_SOAK"))
-	if err != nil {
-		t.Skip("set IDEM_RAFT_SOAK=<duration> to run")
+	v := os.Getenv("IDEM_RAFT_SOAK")
+	if v == "" {
+		t.Skip("set IDEM_RAFT_SOAK=<duration> to run the soak (.ci/run runs it alone)")
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("IDEM_RAFT_SOAK=%q: want a positive duration such as 60s", v)
 	}
 	mode := os.Getenv("IDEM_RAFT_SOAK_TIMEOUTS")
+	if mode == "" {
+		mode = "default"
+	}
 	mod := func(cfg *Config) {
 		switch mode {
 		case "default":
 			*cfg = DefaultConfig()
 			cfg.NoFsync = true
+		case "test": // testConfig's
 		case "medium":
 			cfg.HeartbeatTimeout, cfg.ElectionTimeout = 500*time.Millisecond, 500*time.Millisecond
 			cfg.LeaderLeaseTimeout = 250 * time.Millisecond
 		case "fast":
 			cfg.HeartbeatTimeout, cfg.ElectionTimeout = 100*time.Millisecond, 100*time.Millisecond
 			cfg.LeaderLeaseTimeout = 50 * time.Millisecond
+		default:
+			t.Fatalf("IDEM_RAFT_SOAK_TIMEOUTS=%q: want default, test, medium or fast", mode)
 		}
 	}
 	var shards []string
@@ -44,17 +71,16 @@ func TestElectionStabilitySoak(t *testing.T) {
 	}
 	elections := func() (n int) {
 		for _, node := range c.nodes {
-			for _, g := range node.host.Groups() {
-				mfs, _ := node.reg.Gather()
-				for _, mf := range mfs {
-					if mf.GetName() != "idem_raft_leader_changes_total" {
-						continue
-					}
-					for _, m := range mf.GetMetric() {
-						if m.GetLabel()[0].GetValue() == g.ID() {
-							n += int(m.GetCounter().GetValue())
-						}
-					}
+			mfs, err := node.reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mf := range mfs {
+				if mf.GetName() != "idem_raft_leader_changes_total" {
+					continue
+				}
+				for _, m := range mf.GetMetric() {
+					n += int(m.GetCounter().GetValue())
 				}
 			}
 		}
@@ -63,7 +89,9 @@ func TestElectionStabilitySoak(t *testing.T) {
 	base := elections()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var failures sync.Map
+	var applied, leadershipErrs atomic.Int64
+	var mu sync.Mutex
+	var otherErrs []string
 	for w := range 24 {
 		wg.Go(func() {
 			shard := shards[w%len(shards)]
@@ -78,11 +106,21 @@ func TestElectionStabilitySoak(t *testing.T) {
 					if !g.IsLeader() {
 						continue
 					}
-					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-					if _, err := g.Apply(ctx, fmt.Appendf(nil, "w%d-%d=x", w, seq)); err != nil {
-						failures.Store(err.Error(), true)
-					}
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					_, err := g.Apply(ctx, fmt.Appendf(nil, "w%d-%d=x", w, seq))
 					cancel()
+					switch {
+					case err == nil:
+						applied.Add(1)
+					case errors.Is(err, ErrNotLeader), errors.Is(err, ErrUnknownOutcome):
+						// The leader changed between IsLeader and Apply, or under
+						// the proposal: counted by the leader-change budget.
+						leadershipErrs.Add(1)
+					default:
+						mu.Lock()
+						otherErrs = append(otherErrs, fmt.Sprintf("shard %s on %s: %v", shard, node.id, err))
+						mu.Unlock()
+					}
 				}
 			}
 		})
@@ -92,8 +130,21 @@ func TestElectionStabilitySoak(t *testing.T) {
 	wg.Wait()
 	// Each leader change is observed by 3 nodes.
 	changes := float64(elections()-base) / 3
-	var errs []string
-	failures.Range(func(k, _ any) bool { errs = append(errs, k.(string)); return len(errs) < 5 })
-	t.Logf("timeouts=%q duration=%v groups=%d leader changes after startup=%.1f (%.2f per group-minute); sample errors: %s",
-		mode, d, len(shards), changes, changes/float64(len(shards))/d.Minutes(), strings.Join(errs, " | "))
+	perGroupMinute := changes / float64(len(shards)) / d.Minutes()
+	t.Logf("timeouts=%s duration=%v groups=%d writes applied=%d leader changes after startup=%.1f (%.2f per group-minute), writes lost to a leader change=%d",
+		mode, d, len(shards), applied.Load(), changes, perGroupMinute, leadershipErrs.Load())
+	if applied.Load() == 0 {
+		t.Fatal("no write was applied during the soak: the load never ran")
+	}
+	if len(otherErrs) > 0 {
+		t.Errorf("%d writes to a leader failed for another reason than a leader change; first: %s",
+			len(otherErrs), strings.Join(otherErrs[:min(5, len(otherErrs))], " | "))
+	}
+	if mode == "default" && perGroupMinute > maxChangesPerGroupMinute {
+		t.Errorf("leaders flapped with the production timeouts: %.1f leader changes in %v over %d groups (%.2f per group-minute, budget %.1f)",
+			changes, d, len(shards), perGroupMinute, maxChangesPerGroupMinute)
+	}
+	if mode == "default" && changes == 0 && leadershipErrs.Load() > 0 {
+		t.Errorf("%d writes failed with a leadership error although no leader changed", leadershipErrs.Load())
+	}
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -125,7 +127,7 @@ func (h *countingHandler) WithAttrs(as []slog.Attr) slog.Handler { return h }
 func (h *countingHandler) WithGroup(string) slog.Handler         { return h }
 
 func TestMuxRejectsBadConnections(t *testing.T) {
-	counter := &countingHandler{Handler: testLogger(t, slog.LevelInfo).Handler(), msg: "rejected raft connection"}
+	counter := &countingHandler{Handler: testutil.Logger(t, slog.LevelInfo).Handler(), msg: "rejected raft connection"}
 	cfg := testConfig()
 	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir = "n1", "127.0.0.1:0", t.TempDir()
 	cfg.Logger = slog.New(counter)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -20,7 +21,7 @@ import (
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/regionsim/naive"
 	"github.com/idem-dev/idem/regionsim/wan"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // simCluster is the simulated multi-region deployment: idemnode and
@@ -32,7 +33,7 @@ type simCluster struct {
 	log     *slog.Logger
 	dir     string
 	regions []string
-	topo    *router.Topology // real addresses
+	topo    *topology.Topology // real addresses
 	net     *wan.Network
 	views   map[string]string // region -> topology file
 
@@ -54,7 +55,7 @@ type simCluster struct {
 
 type simNode struct {
 	id, region string
-	real       router.Node
+	real       topology.Node
 	proc       *cluster.Process
 	baseArgs   []string
 
@@ -218,7 +219,7 @@ func (c *simCluster) writeViews() error {
 		view := *c.topo
 		view.Regions = nil
 		for _, r := range c.topo.Regions {
-			vr := router.Region{Name: r.Name}
+			vr := topology.Region{Name: r.Name}
 			for _, n := range r.Nodes {
 				if r.Name != from {
 					var err error
@@ -410,7 +411,7 @@ func (c *simCluster) busiestLeader(ctx context.Context, candidates []string) (st
 	}
 	best, most := "", -1
 	for _, id := range c.nodeIDs {
-		if len(candidates) > 0 && !contains(candidates, id) {
+		if len(candidates) > 0 && !slices.Contains(candidates, id) {
 			continue
 		}
 		if counts[id] > most {
@@ -418,15 +419,6 @@ func (c *simCluster) busiestLeader(ctx context.Context, candidates []string) (st
 		}
 	}
 	return best, most
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // transferLeadership asks the leader of every shard node id hosts to hand

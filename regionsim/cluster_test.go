@@ -10,8 +10,9 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/client"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/regionsim/wan"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // TestRaftCrossesTheWAN starts a region-survival cluster (every shard has a
@@ -26,7 +27,7 @@ func TestRaftCrossesTheWAN(t *testing.T) {
 	cfg.LatencyMin, cfg.LatencyMax = 20*time.Millisecond, 40*time.Millisecond
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	c, err := startCluster(ctx, cfg, t.TempDir(), bins, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	c, err := startCluster(ctx, cfg, t.TempDir(), bins, testutil.Logger(t, slog.LevelWarn))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func TestRaftCrossesTheWAN(t *testing.T) {
 			dumpLogs(t, c)
 		}
 	}()
-	ring, err := router.NewRing(c.topo)
+	ring, err := topology.NewRing(c.topo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,14 +114,18 @@ func TestInterruptStopsEverything(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	go func() {
-		// Cancel once the scenario is under way (a node was killed).
+		// Cancel once the scenario is under way: its first fault killed a
+		// node, so the number of processes under the work dir fell below the
+		// most seen (every process started) for the first time.
 		deadline := time.Now().Add(2 * time.Minute)
+		most := 0
 		for time.Now().Before(deadline) {
-			if len(processesUnder(cfg.WorkDir)) > 0 {
-				time.Sleep(10 * time.Second)
+			n := len(processesUnder(cfg.WorkDir))
+			if most > 0 && n < most {
 				cancel()
 				return
 			}
+			most = max(most, n)
 			time.Sleep(100 * time.Millisecond)
 		}
 	}()

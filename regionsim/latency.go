@@ -19,7 +19,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/regionsim/report"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // latencyNamespace is the namespace MeasureLatency's keys live in.
@@ -84,7 +84,7 @@ func MeasureLatency(ctx context.Context, cfg Config) (rep *report.Latency, err e
 			log.Warn("stopping the cluster", "err", cerr)
 		}
 	}()
-	ring, err := router.NewRing(c.topo)
+	ring, err := topology.NewRing(c.topo)
 	if err != nil {
 		return rep, err
 	}
@@ -236,7 +236,7 @@ func latencyCycle(ctx context.Context, cl *client.Client, cfg Config, key string
 }
 
 // keyHomedIn returns a fresh UUIDv7 key whose shard is homed in region.
-func keyHomedIn(ring *router.Ring, region string) (string, error) {
+func keyHomedIn(ring *topology.Ring, region string) (string, error) {
 	for range 100_000 {
 		k := client.NewKey()
 		if ring.Locate(latencyNamespace, k).HomeRegion == region {
@@ -264,12 +264,12 @@ func latencyStats(reserve, complete []float64, errs int) report.LatencyStats {
 // so waiting only for "some node of the home region" would let leadership
 // move while measuring; a shard still led by another node after 15 s is
 // asked to transfer to its preferred voter (again every 5 s).
-func (c *simCluster) settleLeadersHome(ctx context.Context, shards []router.Shard, timeout time.Duration) (map[string]string, error) {
+func (c *simCluster) settleLeadersHome(ctx context.Context, shards []topology.Shard, timeout time.Duration) (map[string]string, error) {
 	start := time.Now()
 	var lastAsk time.Time
 	for {
 		leaders := c.shardLeaders(ctx)
-		var away []router.Shard
+		var away []topology.Shard
 		for _, s := range shards {
 			if leaders[s.ID] != s.Voters[0] {
 				away = append(away, s)

@@ -7,20 +7,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/regionsim/report"
 )
 
 // TestMeasureLatency measures a few cycles per cell under zone survival and
-// checks the figures are there and physically plausible: a key homed in
-// another region costs at least one simulated WAN round trip more than a
-// key homed in the router's own region.
+// checks that every cell answered without errors and that the figures are
+// physically possible: a key homed in another region cannot answer faster
+// than one simulated WAN round trip, which proves the traffic crossed the
+// simulated WAN. How fast anything is stays a figure of `regionsim
+// --latency` (README), never an assertion here.
 func TestMeasureLatency(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.LatencyCycles, cfg.LatencyWarmup = 12, 2
 	cfg.LatencyBudget = 40 * time.Second
 	cfg.Binaries = bins
 	cfg.WorkDir = t.TempDir()
-	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg.Logger = testutil.Logger(t, slog.LevelWarn)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	started := time.Now()
@@ -58,10 +61,6 @@ func TestMeasureLatency(t *testing.T) {
 	if rep.LocalHome.Cycles != cfg.Regions*cfg.LatencyCycles || rep.RemoteHome.Cycles != cfg.Regions*(cfg.Regions-1)*cfg.LatencyCycles {
 		t.Errorf("pooled cycles local %d, remote %d", rep.LocalHome.Cycles, rep.RemoteHome.Cycles)
 	}
-	if rep.RemoteHome.ReserveP50Ms <= rep.LocalHome.ReserveP50Ms || rep.RemoteHome.CompleteP50Ms <= rep.LocalHome.CompleteP50Ms {
-		t.Errorf("zone survival: remote-home p50 (reserve %.1f, complete %.1f ms) not above local-home p50 (%.1f, %.1f ms)",
-			rep.RemoteHome.ReserveP50Ms, rep.RemoteHome.CompleteP50Ms, rep.LocalHome.ReserveP50Ms, rep.LocalHome.CompleteP50Ms)
-	}
 	if min := rtt(float64(cfg.LatencyMin) / 1e6); rep.RemoteHome.ReserveP50Ms < min {
 		t.Errorf("remote-home reserve p50 %.1f ms is below the smallest WAN round trip %.0f ms", rep.RemoteHome.ReserveP50Ms, min)
 	}
@@ -74,11 +73,12 @@ func TestMeasureLatency(t *testing.T) {
 	}
 }
 
-// plausible checks that s holds positive, ordered percentiles.
+// plausible checks that s holds positive, ordered percentiles (a bound on
+// their size would be a timed assertion: figures belong to regionsim --latency).
 func plausible(t *testing.T, what string, s report.LatencyStats) {
 	t.Helper()
 	if s.Cycles == 0 || s.ReserveP50Ms <= 0 || s.CompleteP50Ms <= 0 ||
-		s.ReserveP99Ms < s.ReserveP50Ms || s.CompleteP99Ms < s.CompleteP50Ms || s.ReserveP99Ms > 10_000 {
+		s.ReserveP99Ms < s.ReserveP50Ms || s.CompleteP99Ms < s.CompleteP50Ms {
 		t.Errorf("%s: implausible figures %+v", what, s)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/regionsim/check"
-	"github.com/idem-dev/idem/regionsim/history"
 	"github.com/idem-dev/idem/regionsim/ledger"
 	"github.com/idem-dev/idem/regionsim/report"
 )
@@ -223,20 +222,4 @@ func timeline(atts []attemptRec, regions []string) []report.Series {
 		out = append(out, s)
 	}
 	return out
-}
-
-// summarizeOps is a one-line count of reserve outcomes, for logs.
-func summarizeOps(ops []history.Op) string {
-	counts := map[string]int{}
-	for _, op := range ops {
-		if op.Kind == history.Reserve && op.Result == history.OK {
-			counts[op.Outcome]++
-		}
-	}
-	var parts []string
-	for k, v := range counts {
-		parts = append(parts, fmt.Sprintf("%s=%d", k, v))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, " ")
 }

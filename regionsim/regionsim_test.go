@@ -15,9 +15,10 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/regionsim/report"
 	"github.com/idem-dev/idem/regionsim/wan"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // -regionsim.long runs every scenario for its default duration, in both
@@ -116,7 +117,7 @@ func TestViewsPlaceKeysIdentically(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	real, err := router.NewRing(topo)
+	real, err := topology.NewRing(topo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,11 +130,11 @@ func TestViewsPlaceKeysIdentically(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, region := range sc.regions {
-		view, err := router.LoadFile(sc.views[region])
+		view, err := topology.LoadFile(sc.views[region])
 		if err != nil {
 			t.Fatal(err)
 		}
-		ring, err := router.NewRing(view)
+		ring, err := topology.NewRing(view)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,8 +158,11 @@ func shortConfig(t *testing.T) Config {
 	cfg := DefaultConfig()
 	cfg.Seed = uint64(time.Now().UnixNano()%1000 + 1)
 	if s := os.Getenv("REGIONSIM_SEED"); s != "" {
-		fmt.Sscan(s, &cfg.Seed)
+		if _, err := fmt.Sscan(s, &cfg.Seed); err != nil {
+			t.Fatalf("REGIONSIM_SEED=%q: want an unsigned integer", s)
+		}
 	}
+	t.Logf("seed %d; replay: REGIONSIM_SEED=%d go test ./regionsim -run '^%s$'", cfg.Seed, cfg.Seed, t.Name())
 	cfg.Duration = 4 * time.Second
 	cfg.DrainTimeout = 12 * time.Second
 	cfg.WorkersPerRegion = 2
@@ -169,15 +173,8 @@ func shortConfig(t *testing.T) Config {
 	cfg.RouterTimeout = 2 * time.Second
 	cfg.Binaries = bins
 	cfg.WorkDir = t.TempDir()
-	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg.Logger = testutil.Logger(t, slog.LevelWarn)
 	return cfg
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
 }
 
 // assertClean fails the test for every violation in rep, with the seed and
@@ -203,9 +200,12 @@ func assertClean(t *testing.T, cfg Config, rep *report.Report) {
 				t.Errorf("%s: %s checked nothing", sc.Name, c.Check)
 			}
 		}
+		// Liveness, not a figure: a scenario in which idem completed no
+		// payment checked nothing. How many complete is availability, which
+		// the report gives (README "regionsim"), not an assertion.
 		idem := sc.Systems[0]
-		if idem.Completed == 0 || idem.Completed < idem.Payments*3/4 {
-			t.Errorf("%s: idem completed %d of %d payments", sc.Name, idem.Completed, idem.Payments)
+		if idem.Completed == 0 {
+			t.Errorf("%s: idem completed none of %d payments", sc.Name, idem.Payments)
 		}
 		t.Logf("%s: %s; idem %d/%d payments, guard-off double charges %d, naive double charges %d, lost %d",
 			sc.Name, verdictWord(sc.Passed), idem.Completed, idem.Payments, sc.Systems[1].DoubleCharged,

@@ -235,7 +235,7 @@ func (env *runEnv) runScenario(ctx context.Context, sc *Scenario, idx, total int
 	faultEnvs := make([]*faultEnv, len(faults))
 	reported := make([]report.Fault, len(faults))
 	for i, f := range faults {
-		faultEnvs[i] = &faultEnv{c: env.c, cfg: cfg, rng: rand.New(rand.NewPCG(rng.Uint64(), uint64(i)))}
+		faultEnvs[i] = &faultEnv{c: env.c, rng: rand.New(rand.NewPCG(rng.Uint64(), uint64(i)))}
 		reported[i] = report.Fault{Name: f.Name, StartS: f.At.Seconds(), EndS: (f.At + f.For).Seconds()}
 	}
 	var events []schedEvent

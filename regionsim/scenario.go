@@ -50,11 +50,9 @@ type Fault struct {
 // faultEnv is what faults act on.
 type faultEnv struct {
 	c   *simCluster
-	cfg Config
 	rng *rand.Rand
-	// state shared between a fault's start and stop
-	nodes  []string
-	region string
+	// nodes a fault's start stopped or cut off, for its stop to restore
+	nodes []string
 }
 
 // Scenario is one failure mode regionsim demonstrates.

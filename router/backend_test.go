@@ -18,8 +18,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/topology"
 )
 
 // Tests of the router's Backend (and the Forwarder under it) against fake
@@ -30,8 +33,8 @@ import (
 // fakeCluster is the shared state of the fake nodes: which node leads each
 // shard, and each shard's state machine.
 type fakeCluster struct {
-	topo *Topology
-	ring *Ring
+	topo *topology.Topology
+	ring *topology.Ring
 	// maxResponseBytes is the nodes' --max-response-bytes (0: default).
 	maxResponseBytes int64
 
@@ -62,12 +65,12 @@ type fakeNode struct {
 // three nodes, one shard per region, three replicas) and starts every node.
 func newFakeCluster(t *testing.T, regions ...string) *fakeCluster {
 	t.Helper()
-	topo := &Topology{Cluster: "fake", ShardsPerRegion: 1, Replicas: 3, Survival: SurvivalZone}
+	topo := &topology.Topology{Cluster: "fake", ShardsPerRegion: 1, Replicas: 3, Survival: topology.SurvivalZone}
 	addrs := freeAddrs(t, 9*len(regions))
 	for _, r := range regions {
-		region := Region{Name: r}
+		region := topology.Region{Name: r}
 		for j := 1; j <= 3; j++ {
-			region.Nodes = append(region.Nodes, Node{ID: fmt.Sprintf("%s-%d", r, j),
+			region.Nodes = append(region.Nodes, topology.Node{ID: fmt.Sprintf("%s-%d", r, j),
 				RaftAddr: addrs[0], GRPCAddr: addrs[1], HTTPAddr: addrs[2], Region: r})
 			addrs = addrs[3:]
 		}
@@ -76,7 +79,7 @@ func newFakeCluster(t *testing.T, regions ...string) *fakeCluster {
 	if err := topo.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	c := &fakeCluster{topo: topo, ring: mustRing(t, topo), leaders: map[string]string{},
+	c := &fakeCluster{topo: topo, ring: newRing(t, topo), leaders: map[string]string{},
 		fsms: map[string]*fsm.FSM{}, index: map[string]uint64{}, nodes: map[string]*fakeNode{}}
 	for _, s := range c.ring.Shards() {
 		c.leaders[s.ID] = s.Voters[0]
@@ -155,42 +158,52 @@ func (n *fakeNode) wait(ctx context.Context) error {
 }
 
 func (n *fakeNode) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	res, _, err := n.ApplyRouted(ctx, cmd, 0)
+	return res, err
+}
+
+// ApplyRouted answers as a node does: the leader applies, a follower
+// refuses with the leader as a hint (data, which the server sends as the
+// LeaderHeader).
+func (n *fakeNode) ApplyRouted(ctx context.Context, cmd *fsm.Command, _ int) (fsm.Result, string, error) {
 	if err := n.wait(ctx); err != nil {
-		return fsm.Result{}, err
+		return fsm.Result{}, "", err
 	}
 	shard := n.c.ring.Locate(cmd.Namespace, cmd.Key)
 	n.c.mu.Lock()
 	leader := n.c.leaders[shard.ID]
 	if leader != n.id {
 		n.c.mu.Unlock()
-		SetLeaderHeader(ctx, leader)
-		return fsm.Result{}, &server.UnavailableError{Reason: "not the leader of " + shard.ID}
+		return fsm.Result{}, leader, &backend.NotLeaderError{Shard: shard.ID, Leader: leader}
 	}
 	stamped := *cmd
 	stamped.Now = time.Now().UnixNano()
 	n.c.index[shard.ID]++
 	res := n.c.fsms[shard.ID].Apply(n.c.index[shard.ID], &stamped)
 	n.c.mu.Unlock()
-	SetLeaderHeader(ctx, n.id)
 	if n.loseAnswers.Load() > 0 && n.loseAnswers.Add(-1) >= 0 {
-		return fsm.Result{}, &server.UnavailableError{Reason: "answer lost"}
+		return fsm.Result{}, n.id, &backend.UnavailableError{Reason: "answer lost"}
 	}
-	return res, nil
+	return res, n.id, nil
 }
 
 func (n *fakeNode) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {
+	rec, ok, _, err := n.GetRouted(ctx, namespace, key, 0)
+	return rec, ok, err
+}
+
+func (n *fakeNode) GetRouted(ctx context.Context, namespace, key string, _ int) (fsm.Record, bool, string, error) {
 	if err := n.wait(ctx); err != nil {
-		return fsm.Record{}, false, err
+		return fsm.Record{}, false, "", err
 	}
 	shard := n.c.ring.Locate(namespace, key)
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
 	if leader := n.c.leaders[shard.ID]; leader != n.id {
-		SetLeaderHeader(ctx, leader)
-		return fsm.Record{}, false, &server.UnavailableError{Reason: "not the leader"}
+		return fsm.Record{}, false, leader, &backend.NotLeaderError{Shard: shard.ID, Leader: leader}
 	}
 	rec, ok := n.c.fsms[shard.ID].Get(namespace, key, time.Now().UnixNano())
-	return rec, ok, nil
+	return rec, ok, "", nil
 }
 
 func (n *fakeNode) Ready(context.Context) error { return nil }
@@ -202,7 +215,7 @@ func (c *fakeCluster) setLeader(shardID, nodeID string) {
 }
 
 // keyIn returns a key of namespace ns whose shard is homed in region.
-func (c *fakeCluster) keyIn(t *testing.T, ns, region string) (string, Shard) {
+func (c *fakeCluster) keyIn(t *testing.T, ns, region string) (string, topology.Shard) {
 	t.Helper()
 	for i := 0; i < 10000; i++ {
 		key := fmt.Sprintf("key-%d", i)
@@ -211,7 +224,7 @@ func (c *fakeCluster) keyIn(t *testing.T, ns, region string) (string, Shard) {
 		}
 	}
 	t.Fatalf("no key homed in %s", region)
-	return "", Shard{}
+	return "", topology.Shard{}
 }
 
 // newTestBackend starts a Backend for region over c and an HTTP server for
@@ -221,7 +234,7 @@ func newTestBackend(t *testing.T, c *fakeCluster, region string, tweak func(*Bac
 	reg := prometheus.NewRegistry()
 	cfg := DefaultBackendConfig()
 	cfg.Topology, cfg.Ring, cfg.Region, cfg.Registry = c.topo, c.ring, region, reg
-	cfg.Logger = testLogger(t)
+	cfg.Logger = testutil.Logger(t, slog.LevelDebug)
 	if tweak != nil {
 		tweak(&cfg)
 	}
@@ -236,30 +249,8 @@ func newTestBackend(t *testing.T, c *fakeCluster, region string, tweak func(*Bac
 	}
 	hs := httptest.NewServer(api.HTTPHandler())
 	t.Cleanup(hs.Close)
-	waitUntil(t, 10*time.Second, "the backend to become ready", func() bool { return b.Ready(t.Context()) == nil })
+	testutil.Until(t, 10*time.Second, "the backend to become ready", func() bool { return b.Ready(t.Context()) == nil })
 	return b, hs, reg
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func reserve(ctx context.Context, b *Backend, ns, key, owner string) (fsm.Result, error) {
@@ -363,7 +354,7 @@ func TestBackendUnreachableRegionIs503(t *testing.T) {
 	}
 	start := time.Now()
 	_, err := reserve(ctx, b, "pay", lostKey, "owner-aaaaaaaaaaaaaaaa")
-	var ue *server.UnavailableError
+	var ue *backend.UnavailableError
 	if !errors.As(err, &ue) || ue.RetryAfter != 3*time.Second || !strings.Contains(ue.Reason, "r2") {
 		t.Fatalf("reserve of a key of the lost region: %v (%T), want an UnavailableError naming r2 with RetryAfter 3s", err, err)
 	}
@@ -391,7 +382,7 @@ func TestBackendUnreachableRegionIs503(t *testing.T) {
 	}
 	// Once the probes saw every voter down, the answer comes without a
 	// round of forwarding attempts.
-	waitUntil(t, 10*time.Second, "the probes to see r2 down", func() bool { return b.unreachable(lostShard) })
+	testutil.Until(t, 10*time.Second, "the probes to see r2 down", func() bool { return b.unreachable(lostShard) })
 	attempts := metricValue(t, reg, "idem_forward_requests_total", "region", "r2")
 	if _, err := reserve(ctx, b, "pay", lostKey, "owner-aaaaaaaaaaaaaaaa"); !errors.As(err, &ue) || !strings.Contains(ue.Reason, "can be connected to") {
 		t.Fatalf("reserve of a key of a region known down: %v", err)
@@ -409,7 +400,7 @@ func TestBackendUnreachableRegionIs503(t *testing.T) {
 	for _, r := range c.topo.Regions[1].Nodes {
 		c.nodes[r.ID].start(t)
 	}
-	waitUntil(t, 10*time.Second, "the region's keys to answer again", func() bool {
+	testutil.Until(t, 10*time.Second, "the region's keys to answer again", func() bool {
 		res, err := reserve(ctx, b, "pay", lostKey, "owner-bbbbbbbbbbbbbbbb")
 		return err == nil && res.Outcome == fsm.OutcomeInProgress
 	})
@@ -430,7 +421,7 @@ func TestBackendRequestTimeout(t *testing.T) {
 	start := time.Now()
 	_, err := reserve(t.Context(), b, "pay", key, "owner-aaaaaaaaaaaaaaaa")
 	d := time.Since(start)
-	if !errors.Is(err, server.ErrUnavailable) {
+	if !errors.Is(err, backend.ErrUnavailable) {
 		t.Fatalf("reserve against swallowing nodes: %v, want UNAVAILABLE", err)
 	}
 	if d < 350*time.Millisecond || d > 1500*time.Millisecond {
@@ -502,9 +493,9 @@ func TestBackendReadiness(t *testing.T) {
 	}
 	// One node of the remote region is enough.
 	c.nodes["r2-3"].start(t)
-	waitUntil(t, 10*time.Second, "ready once one node listens", func() bool { return b.Ready(t.Context()) == nil })
+	testutil.Until(t, 10*time.Second, "ready once one node listens", func() bool { return b.Ready(t.Context()) == nil })
 	c.nodes["r2-3"].stop()
-	waitUntil(t, 10*time.Second, "not ready once no node listens", func() bool { return b.Ready(t.Context()) != nil })
+	testutil.Until(t, 10*time.Second, "not ready once no node listens", func() bool { return b.Ready(t.Context()) != nil })
 	if st := b.Stats(); st.Nodes != 6 || st.ReachableNodes != 0 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -512,7 +503,7 @@ func TestBackendReadiness(t *testing.T) {
 
 func TestBackendConfigValidate(t *testing.T) {
 	c := newFakeCluster(t, "r1")
-	other := genTopology([]string{"x"}, 3, 1, 3, SurvivalZone)
+	other := c.topo.Clone()
 	other.Cluster = "other"
 	for _, tc := range []struct {
 		name string
@@ -523,7 +514,7 @@ func TestBackendConfigValidate(t *testing.T) {
 		{"no topology", BackendConfig{Region: "r1"}, []string{"a topology is required"}},
 		{"no region", BackendConfig{Topology: c.topo}, []string{"a region is required"}},
 		{"unknown region", BackendConfig{Topology: c.topo, Region: "mars"}, []string{`region "mars" is not in the topology`}},
-		{"foreign ring", BackendConfig{Topology: c.topo, Region: "r1", Ring: mustRing(t, other)}, []string{`ring is of cluster "other"`}},
+		{"foreign ring", BackendConfig{Topology: c.topo, Region: "r1", Ring: newRing(t, other)}, []string{`ring is of cluster "other"`}},
 		{"negatives", BackendConfig{Topology: c.topo, Region: "r1", RequestTimeout: -1, AttemptTimeout: -1, RetryAfter: -1, MaxMessageBytes: -1},
 			[]string{"request timeout", "attempt timeout", "retry-after", "max message bytes"}},
 	} {
@@ -621,4 +612,13 @@ func TestBackendLargeReplay(t *testing.T) {
 	if err != nil || !found || len(rec.Response.Body) != len(body) {
 		t.Fatalf("get of a 5 MiB body: found=%v, %v", found, err)
 	}
+}
+
+func newRing(t *testing.T, topo *topology.Topology) *topology.Ring {
+	t.Helper()
+	r, err := topology.NewRing(topo)
+	if err != nil {
+		t.Fatalf("NewRing: %v", err)
+	}
+	return r
 }

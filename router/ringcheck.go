@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+
+	"github.com/idem-dev/idem/topology"
 )
 
 // ErrRingMismatch: a node of the cluster was created with another cluster
@@ -19,15 +21,15 @@ var ErrRingMismatch = errors.New("router: topology does not match the cluster's 
 
 // RingCheck asks the cluster's nodes which ring they were created with.
 type RingCheck struct {
-	topology *Topology
-	ring     *Ring
+	topology *topology.Topology
+	ring     *topology.Ring
 	self     string
 	dial     func(nodeID string) (*grpc.ClientConn, error)
 }
 
 // NewRingCheck checks ring (built from t) against t's nodes other than
 // self, dialling them with dial (which may cache connections).
-func NewRingCheck(t *Topology, ring *Ring, self string, dial func(nodeID string) (*grpc.ClientConn, error)) *RingCheck {
+func NewRingCheck(t *topology.Topology, ring *topology.Ring, self string, dial func(nodeID string) (*grpc.ClientConn, error)) *RingCheck {
 	return &RingCheck{topology: t, ring: ring, self: self, dial: dial}
 }
 

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // Tests in this file run idemctl against real idemnode and idemrouter
@@ -94,7 +94,7 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := c.TopologyPath
-	ring, err := router.NewRing(topo)
+	ring, err := topology.NewRing(topo)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cli"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -157,7 +157,7 @@ func printCommandUsage(w io.Writer, c *command, fs *flag.FlagSet) {
 type env struct {
 	g      globals
 	o      cmdOptions
-	topo   *router.Topology // nil when --config was not given
+	topo   *topology.Topology // nil when --config was not given
 	stdout io.Writer
 }
 
@@ -218,7 +218,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	e.g = g
 	if g.config != "" {
-		if e.topo, err = router.LoadFile(g.config); err != nil {
+		if e.topo, err = topology.LoadFile(g.config); err != nil {
 			return err
 		}
 	}
@@ -257,7 +257,7 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // needTopology returns the topology or the error a command without one gets.
-func (e *env) needTopology(what string) (*router.Topology, error) {
+func (e *env) needTopology(what string) (*topology.Topology, error) {
 	if e.topo == nil {
 		return nil, fmt.Errorf("%s needs the topology: pass --config FILE", what)
 	}

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // Health of a node as status reports it.
@@ -86,7 +86,7 @@ func dial(addr string) (*grpc.ClientConn, error) {
 }
 
 // askNodes asks the given nodes for their status concurrently.
-func askNodes(ctx context.Context, e *env, nodes []router.Node) []nodeView {
+func askNodes(ctx context.Context, e *env, nodes []topology.Node) []nodeView {
 	views := make([]nodeView, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
@@ -125,7 +125,7 @@ func askNodes(ctx context.Context, e *env, nodes []router.Node) []nodeView {
 }
 
 // shardViews combines the nodes' answers into one view per shard.
-func shardViews(shards []router.Shard, nodes []nodeView) []shardView {
+func shardViews(shards []topology.Shard, nodes []nodeView) []shardView {
 	byNode := map[string]*nodeView{}
 	for i := range nodes {
 		byNode[nodes[i].ID] = &nodes[i]
@@ -271,12 +271,12 @@ func writeJSON(w io.Writer, v any) error {
 
 // findLeader asks the voters of shard for their view and returns it, with
 // the leader ("" when none is known).
-func findLeader(ctx context.Context, e *env, shard router.Shard) shardView {
-	var voters []router.Node
+func findLeader(ctx context.Context, e *env, shard topology.Shard) shardView {
+	var voters []topology.Node
 	for _, id := range shard.Voters {
 		if n, ok := e.topo.NodeByID(id); ok {
 			voters = append(voters, n)
 		}
 	}
-	return shardViews([]router.Shard{shard}, askNodes(ctx, e, voters))[0]
+	return shardViews([]topology.Shard{shard}, askNodes(ctx, e, voters))[0]
 }

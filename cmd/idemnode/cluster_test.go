@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // Tests in this file run real idemnode processes on loopback.
@@ -85,18 +85,28 @@ func want(t *testing.T, status int) func(cluster.Reply, error) cluster.Reply {
 	}
 }
 
-// TestConcurrentReservesOneOwner: 48 concurrent reserves of the same key,
+// TestSharedCluster runs the tests that leave the cluster as they found it
+// (no kills, no restarts) on one three-node cluster, which they share to
+// save its start-up. The skew margin is short for the lease test; the other
+// test's leases are long enough never to expire.
+func TestSharedCluster(t *testing.T) {
+	c := startCluster(t, cluster.Spec{}, "--clock-skew-margin", "300ms")
+	t.Run("ConcurrentReservesOneOwner", func(t *testing.T) { testConcurrentReservesOneOwner(t, c) })
+	t.Run("LeaseExpiryAndReclaim", func(t *testing.T) { testLeaseExpiryAndReclaim(t, c) })
+}
+
+// testConcurrentReservesOneOwner: 48 concurrent reserves of the same key,
 // spread over all three nodes, give exactly one ACQUIRED; over many keys.
-func TestConcurrentReservesOneOwner(t *testing.T) {
-	c := startCluster(t, cluster.Spec{})
+func testConcurrentReservesOneOwner(t *testing.T, c *cluster.Cluster) {
 	ids := nodeIDs(c)
 	apis := make([]*cluster.API, len(ids))
 	for i, id := range ids {
 		apis[i] = cluster.NewAPI(c.HTTPAddr(id))
 	}
 	ctx := t.Context()
+	rng := cluster.Rand(cluster.Seed(t, "./cmd/idemnode"), 0)
 	for k := 0; k < 25; k++ {
-		key := fmt.Sprintf("charge-%d-%d", k, rand.Int())
+		key := fmt.Sprintf("charge-%d-%d", k, rng.Uint64())
 		var acquired, inProgress atomic.Int32
 		var wg sync.WaitGroup
 		errs := make(chan error, 48)
@@ -145,51 +155,83 @@ type completion struct {
 	fencing   string
 }
 
-// workload runs reserve+complete cycles on fresh keys through random nodes
-// until stop closes, and returns the acknowledged completions.
-func workload(ctx context.Context, c *cluster.Cluster, workers int, stop <-chan struct{}, acked chan<- completion, okAfter *atomic.Int64) {
+// workload runs reserve+complete cycles on fresh keys through rotating
+// nodes until stop closes, and reports the acknowledged completions on
+// acked. Each step is retried with the same owner token (and the same
+// response) on the next running node while the answer is undecided (a
+// transport error or 503), as the contract tells clients to. A decided answer
+// must be the contract's: ACQUIRED for a fresh key, 200 for its owner's
+// complete; anything else fails the test with the key and the answer.
+func workload(t *testing.T, c *cluster.Cluster, seed uint64, workers int, stop <-chan struct{}, acked chan<- completion, okAfter *atomic.Int64) {
+	ctx := t.Context()
 	ids := nodeIDs(c)
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
+			rng := cluster.Rand(seed, uint64(w))
 			api := cluster.NewAPI(c.HTTPAddr(ids[w%len(ids)]))
 			api.Client.Timeout = 3 * time.Second
+			// decided retries call on running nodes, rotating from start,
+			// until the answer is neither a transport error nor a 503, for at
+			// most 20 s (two elections and more). ok=false: stop closed or
+			// the budget ran out with the answer undecided.
+			decided := func(start int, call func() (cluster.Reply, error)) (r cluster.Reply, ok bool) {
+				deadline := time.Now().Add(20 * time.Second)
+				for attempt := start; time.Now().Before(deadline); attempt++ {
+					select {
+					case <-stop:
+						return r, false
+					default:
+					}
+					id := ids[attempt%len(ids)]
+					if !c.Nodes[id].Running() {
+						continue
+					}
+					api.Base = "http://" + c.HTTPAddr(id)
+					r, err := call()
+					if err == nil && r.Status != http.StatusServiceUnavailable {
+						return r, true
+					}
+					time.Sleep(20 * time.Millisecond) // backoff between retries, as a client would
+				}
+				return r, false
+			}
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				if !c.Nodes[ids[(w+i)%len(ids)]].Running() {
-					continue
+				key := fmt.Sprintf("w%d-%d-%d", w, i, rng.Uint64())
+				owner := "owner-token-" + key
+				r, ok := decided(w+i, func() (cluster.Reply, error) {
+					return api.Reserve(ctx, "ledger", key, map[string]any{"owner_token": owner})
+				})
+				if !ok {
+					continue // never decided: nothing was acknowledged
 				}
-				api.Base = "http://" + c.HTTPAddr(ids[(w+i)%len(ids)])
-				key := fmt.Sprintf("w%d-%d-%d", w, i, rand.Int())
-				r, err := api.Reserve(ctx, "ledger", key, map[string]any{"owner_token": "owner-token-" + key})
-				if err != nil || r.Status != http.StatusOK || r.Str("outcome") != "ACQUIRED" {
-					continue
+				if r.Status != http.StatusOK || r.Str("outcome") != "ACQUIRED" || r.Str("owner_token") != owner {
+					t.Errorf("reserve of fresh key %s with owner token %s (retried with it): %s; want ACQUIRED for that owner", key, owner, r)
+					return
 				}
 				body := fmt.Sprintf("charge %s", key)
-				owner := r.Str("owner_token")
-				var cr cluster.Reply
-				for attempt := 0; attempt < 5; attempt++ { // retry the same complete: it is idempotent
-					cr, err = api.Complete(ctx, "ledger", key, map[string]any{"owner_token": owner,
+				cr, ok := decided(w+i+1, func() (cluster.Reply, error) {
+					return api.Complete(ctx, "ledger", key, map[string]any{"owner_token": owner,
 						"response": map[string]any{"status": 201, "body": base64.StdEncoding.EncodeToString([]byte(body))}})
-					if err == nil && cr.Status == http.StatusOK {
-						break
-					}
-					api.Base = "http://" + c.HTTPAddr(ids[(w+i+attempt+1)%len(ids)])
+				})
+				if !ok {
+					continue
 				}
-				if err == nil && cr.Status == http.StatusOK {
-					acked <- completion{key: key, body: body, fencing: r.Str("fencing_token")}
-					if okAfter != nil {
-						okAfter.Add(1)
-					}
+				if cr.Status != http.StatusOK {
+					t.Errorf("complete of %s by its owner %s (retried with the same response): %s; want 200", key, owner, cr)
+					return
+				}
+				acked <- completion{key: key, body: body, fencing: r.Str("fencing_token")}
+				if okAfter != nil {
+					okAfter.Add(1)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 }
@@ -204,9 +246,10 @@ func TestLeaderKillLosesNothing(t *testing.T) {
 	stop := make(chan struct{})
 	var okCount atomic.Int64
 	done := make(chan struct{})
-	go func() { workload(ctx, c, 12, stop, acked, &okCount); close(done) }()
+	seed := cluster.Seed(t, "./cmd/idemnode")
+	go func() { workload(t, c, seed, 12, stop, acked, &okCount); close(done) }()
 
-	waitFor(t, 20*time.Second, "completions before the kill", func() bool { return okCount.Load() >= 200 })
+	testutil.Until(t, 20*time.Second, "completions before the kill", func() bool { return okCount.Load() >= 200 })
 	counts := map[string]int{}
 	for _, id := range shardLeaders(t, c) {
 		counts[id]++
@@ -220,7 +263,7 @@ func TestLeaderKillLosesNothing(t *testing.T) {
 	t.Logf("killing %s, leader of %d shards, after %d completions", victim, most, okCount.Load())
 	c.Nodes[victim].Kill()
 	before := okCount.Load()
-	waitFor(t, 30*time.Second, "completions after the kill", func() bool { return okCount.Load() >= before+200 })
+	testutil.Until(t, 30*time.Second, "completions after the kill", func() bool { return okCount.Load() >= before+200 })
 	close(stop)
 	<-done
 	close(acked)
@@ -262,17 +305,6 @@ func checkCompleted(t *testing.T, c *cluster.Cluster, all []completion) {
 	}
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestRestartKeepsEveryRecord: stop (or crash) all three nodes and restart
 // them on their data dirs: completed records replay byte for byte and
 // reservations keep their owner, fencing token and lease. The snapshot
@@ -291,21 +323,22 @@ func TestRestartKeepsEveryRecord(t *testing.T) {
 			c := startCluster(t, cluster.Spec{}, tc.args...)
 			ctx := t.Context()
 			ids := nodeIDs(c)
+			rng := cluster.Rand(cluster.Seed(t, "./cmd/idemnode"), 0)
 			type held struct{ key, owner, fencing, lease string }
 			var completed []completion
 			var reserved []held
 			for i := 0; i < 150; i++ {
 				api := cluster.NewAPI(c.HTTPAddr(ids[i%3]))
-				key := "order:" + strconv.Itoa(i) + "/" + strconv.Itoa(rand.IntN(1e9))
+				key := "order:" + strconv.Itoa(i) + "/" + strconv.Itoa(rng.IntN(1e9))
 				owner := fmt.Sprintf("owner-token-%06d", i)
 				r := want(t, 200)(api.Reserve(ctx, "ledger", key, map[string]any{"owner_token": owner, "lease_ms": 600000, "fingerprint": "fp-" + key}))
 				if i%5 == 4 {
 					reserved = append(reserved, held{key, owner, r.Str("fencing_token"), r.Str("lease_expires_at")})
 					continue
 				}
-				body := make([]byte, 64+rand.IntN(2048))
+				body := make([]byte, 64+rng.IntN(2048))
 				for j := range body {
-					body[j] = byte(rand.Uint32())
+					body[j] = byte(rng.Uint32())
 				}
 				want(t, 200)(api.Complete(ctx, "ledger", key, map[string]any{"owner_token": owner,
 					"response": map[string]any{"status": 200 + i%3, "headers": map[string]string{"X-Order": key}, "body": base64.StdEncoding.EncodeToString(body)}}))
@@ -350,18 +383,17 @@ func TestRestartKeepsEveryRecord(t *testing.T) {
 	}
 }
 
-// TestLeaseExpiryAndReclaim: an expired lease is reclaimed only after the
-// clock-skew margin, with a larger fencing token, and the stale owner is
-// fenced out of complete, heartbeat and release.
-func TestLeaseExpiryAndReclaim(t *testing.T) {
-	c := startCluster(t, cluster.Spec{}, "--clock-skew-margin", "300ms")
+// testLeaseExpiryAndReclaim: an expired lease is reclaimed only after the
+// clock-skew margin (300 ms, TestSharedCluster's), with a larger fencing
+// token, and the stale owner is fenced out of complete, heartbeat and release.
+func testLeaseExpiryAndReclaim(t *testing.T, c *cluster.Cluster) {
 	ctx := t.Context()
 	ids := nodeIDs(c)
 	a, b := cluster.NewAPI(c.HTTPAddr(ids[0])), cluster.NewAPI(c.HTTPAddr(ids[2]))
 	first := want(t, 200)(a.Reserve(ctx, "jobs", "job-1", map[string]any{"owner_token": "stale-owner-00001", "lease_ms": 200}))
 	oldLease, _ := time.Parse(time.RFC3339Nano, first.Str("lease_expires_at"))
 	var re cluster.Reply
-	waitFor(t, 10*time.Second, "RECLAIMED", func() bool {
+	testutil.Until(t, 10*time.Second, "RECLAIMED", func() bool {
 		re = want(t, 200)(b.Reserve(ctx, "jobs", "job-1", map[string]any{"owner_token": "new-owner-000001", "lease_ms": 5000}))
 		if o := re.Str("outcome"); o != "IN_PROGRESS" && o != "RECLAIMED" {
 			t.Fatalf("unexpected %s", re)

@@ -7,6 +7,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -24,7 +25,7 @@ import (
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/raftstore"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -126,7 +127,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return n.Serve(ctx)
+	return n.Run(ctx)
 }
 
 // nodeConfig turns flags into a node.Config, reporting every problem at once.
@@ -171,19 +172,19 @@ func nodeConfig(o *options) (node.Config, error) {
 		}
 		cfg.NodeID = "dev"
 		cfg.HTTPAddr, cfg.GRPCAddr, cfg.RaftAddr = "", "", ""
-		t := devTopology(cmpStr(o.raftAddr, "127.0.0.1:7000"), cmpStr(o.grpcAddr, "127.0.0.1:7070"), cmpStr(o.httpAddr, "127.0.0.1:8080"))
+		t := devTopology(cmp.Or(o.raftAddr, "127.0.0.1:7000"), cmp.Or(o.grpcAddr, "127.0.0.1:7070"), cmp.Or(o.httpAddr, "127.0.0.1:8080"))
 		if err := t.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("dev topology: %w", err))
 		}
 		cfg.Topology = t
-		cfg.DataDir = cmpStr(o.dataDir, filepath.Join("idem-data", "dev"))
+		cfg.DataDir = cmp.Or(o.dataDir, filepath.Join("idem-data", "dev"))
 	case o.config == "":
 		errs = append(errs, errors.New("either --dev or --config FILE is required (see --help)"))
 	default:
 		if o.id == "" {
 			errs = append(errs, errors.New("--id is required with --config"))
 		}
-		t, err := router.LoadFile(o.config)
+		t, err := topology.LoadFile(o.config)
 		if err != nil {
 			errs = append(errs, err)
 		} else {
@@ -193,7 +194,7 @@ func nodeConfig(o *options) (node.Config, error) {
 			}
 		}
 		cfg.NodeID = o.id
-		cfg.DataDir = cmpStr(o.dataDir, filepath.Join("idem-data", o.id))
+		cfg.DataDir = cmp.Or(o.dataDir, filepath.Join("idem-data", o.id))
 	}
 	if len(errs) > 0 {
 		return cfg, cli.OneLine(errs...)
@@ -203,22 +204,15 @@ func nodeConfig(o *options) (node.Config, error) {
 
 // devTopology is the embedded default: one region, one node, four shards,
 // no replication.
-func devTopology(raftAddr, grpcAddr, httpAddr string) *router.Topology {
-	return &router.Topology{
+func devTopology(raftAddr, grpcAddr, httpAddr string) *topology.Topology {
+	return &topology.Topology{
 		Cluster:         "dev",
 		ShardsPerRegion: 4,
 		Replicas:        1,
-		Survival:        router.SurvivalZone,
-		Regions: []router.Region{{
+		Survival:        topology.SurvivalZone,
+		Regions: []topology.Region{{
 			Name:  "local",
-			Nodes: []router.Node{{ID: "dev", RaftAddr: raftAddr, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Region: "local"}},
+			Nodes: []topology.Node{{ID: "dev", RaftAddr: raftAddr, GRPCAddr: grpcAddr, HTTPAddr: httpAddr, Region: "local"}},
 		}},
 	}
-}
-
-func cmpStr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

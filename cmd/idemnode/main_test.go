@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 func TestRunFlags(t *testing.T) {
@@ -145,7 +146,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 	}
 	// RECLAIMED after a short lease and the 100ms margin.
 	short := ok(api.Reserve(ctx, "payments", "order:3", map[string]any{"lease_ms": 100}))
-	waitFor(t, 5*time.Second, "RECLAIMED", func() bool {
+	testutil.Until(t, 5*time.Second, "RECLAIMED", func() bool {
 		r := ok(api.Reserve(ctx, "payments", "order:3", nil))
 		if r.Str("outcome") == "RECLAIMED" {
 			if r.Str("previous_fencing_token") != short.Str("fencing_token") {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // metricSum scrapes a node's /metrics and sums the samples of name.
@@ -60,7 +61,7 @@ func TestKilledNodesRestartWithoutRestore(t *testing.T) {
 			"response": map[string]any{"status": 200, "body": base64.StdEncoding.EncodeToString([]byte(body))}}))
 		completed = append(completed, completion{key: key, body: body, fencing: r.Str("fencing_token")})
 	}
-	waitFor(t, 30*time.Second, "a snapshot on every node", func() bool {
+	testutil.Until(t, 30*time.Second, "a snapshot on every node", func() bool {
 		for _, id := range ids {
 			snaps, _ := filepath.Glob(filepath.Join(c.Dir, "data", id, "raft", "shards", "*", "snapshots", "*", "state.bin"))
 			if len(snaps) == 0 {
@@ -171,7 +172,7 @@ func TestStateFullAnswers429(t *testing.T) {
 	}
 	// The records expire after 2 s; the leader's sweep (every 10 s) drops
 	// them and writes resume without anyone doing anything.
-	waitFor(t, 60*time.Second, "writes to resume after the sweep", func() bool {
+	testutil.Until(t, 60*time.Second, "writes to resume after the sweep", func() bool {
 		r, err := api.Reserve(ctx, "ledger", "after-sweep", map[string]any{"owner_token": "owner-token-after"})
 		return err == nil && r.Status == 200
 	})

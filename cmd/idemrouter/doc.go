@@ -27,7 +27,7 @@
 // # How a request is routed
 //
 // Every router computes key -> shard -> home region -> voters from the
-// topology file alone (package router's Ring), then forwards over gRPC to
+// topology file alone (package topology's Ring), then forwards over gRPC to
 // the shard's leader. It keeps a leader cache fed by the idem-leader header
 // that nodes put on their answers, tries the shard's other voters when the
 // cached leader fails (dropping it from the cache), and marks each forwarded
@@ -73,5 +73,13 @@
 // # Proxy mode
 //
 // With --upstream the router also runs as an idempotency proxy in front of
-// an HTTP API (see API-v1.md, "Proxy mode"); that mode is wired in run().
+// an HTTP API (see API-v1.md, "Proxy mode"), over the same in-process
+// backend, served and drained with the API.
+//
+// # Layout
+//
+// This command only maps flags onto a router.ProcessConfig; the process
+// itself (backend, ring check, listeners, proxy mode, drain) is
+// router.Process, and its graceful stop is internal/serving, shared with
+// idemnode.
 package main

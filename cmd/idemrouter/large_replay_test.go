@@ -21,8 +21,14 @@ func TestNodeForwardsLargeReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.StopAll() })
-	c.StartAll()
+	t.Cleanup(func() {
+		if err := c.StopAll(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+	})
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	if err := c.WaitReady(ctx); err != nil {

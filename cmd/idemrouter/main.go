@@ -6,9 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,19 +14,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"google.golang.org/grpc"
 
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/topology"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "v0.1.0-dev"
-
-// drainTimeout bounds the drain after SIGTERM, inside the contract's 15 s.
-const drainTimeout = 12 * time.Second
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -132,7 +127,7 @@ func backendConfig(o *options) (router.BackendConfig, error) {
 		}
 	}
 	if o.config != "" {
-		t, err := router.LoadFile(o.config)
+		t, err := topology.LoadFile(o.config)
 		if err != nil {
 			errs = append(errs, err)
 		} else {
@@ -168,49 +163,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := backendConfig(o)
+	cfg, err := processConfig(o)
 	if err != nil {
 		return err
 	}
-	logger = logger.With("region", o.region)
-	registry := prometheus.NewRegistry()
-	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Logger, cfg.Registry = logger, registry
-	backend, err := router.NewBackend(cfg)
+	cfg.Logger = logger.With("region", o.region)
+	cfg.Registry = prometheus.NewRegistry()
+	cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	p, err := router.NewProcess(cfg)
 	if err != nil {
 		return cli.OneLine(err)
 	}
-	defer backend.Close()
-	// Refuse to start against a cluster created with another ring: routing
-	// by the wrong ring would send keys to shards that do not hold them.
-	// When no node answers yet (the cluster is starting too), the check
-	// goes on in the background and the router stays unready on a mismatch.
-	checkCtx, cancelCheck := context.WithTimeout(ctx, 3*time.Second)
-	err = backend.RingError(checkCtx)
-	cancelCheck()
-	if err != nil {
-		return cli.OneLine(err)
-	}
-	api, err := server.New(server.Config{Backend: backend, Logger: logger, Registry: registry, Version: version, MaxResponseBytes: o.maxResponse})
-	if err != nil {
-		return cli.OneLine(err)
-	}
+	return processError(p.Run(ctx))
+}
 
-	var servers []servable
-	httpLn, err := net.Listen("tcp", o.httpAddr)
-	if err != nil {
-		return fmt.Errorf("--http-addr: %w", err)
+// processConfig turns flags into a router.ProcessConfig, reporting every
+// problem at once on one line.
+func processConfig(o *options) (router.ProcessConfig, error) {
+	bcfg, err := backendConfig(o)
+	cfg := router.ProcessConfig{
+		Backend: bcfg, HTTPAddr: o.httpAddr, GRPCAddr: o.grpcAddr, MaxResponseBytes: o.maxResponse, Version: version,
 	}
-	servers = append(servers, &httpServable{name: "http", ln: httpLn, srv: &http.Server{
-		Handler: api.HTTPHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}})
-	grpcLn, err := net.Listen("tcp", o.grpcAddr)
-	if err != nil {
-		httpLn.Close()
-		return fmt.Errorf("--grpc-addr: %w", err)
-	}
-	servers = append(servers, &grpcServable{ln: grpcLn, srv: api.NewGRPCServer()})
-
 	// Proxy mode: the proxy runs over the same in-process backend, and is
 	// served and drained with the API.
 	if o.upstream != "" {
@@ -219,123 +192,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		pcfg.NamespaceHeader, pcfg.MaxRequestBytes = o.namespaceHeader, o.maxRequestBytes
 		pcfg.UpstreamTimeout = o.upstreamTimeout
 		pcfg.MaxStoredBodyBytes = o.maxResponse
-		pcfg.Store = proxy.BackendStore(backend)
 		pcfg.StoreTimeout = o.requestTimeout
-		pcfg.Logger, pcfg.Registry = logger.With("component", "proxy"), registry
-		px, err := proxy.New(pcfg)
-		if err != nil {
-			closeAll(servers)
-			return cli.OneLine(err)
-		}
-		proxyLn, err := net.Listen("tcp", o.proxyAddr)
-		if err != nil {
-			closeAll(servers)
-			return fmt.Errorf("--proxy-addr: %w", err)
-		}
-		servers = append(servers, &httpServable{name: "proxy", ln: proxyLn, srv: &http.Server{
-			Handler: px, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-		}})
-		logger.Info("proxy mode", "proxy", proxyLn.Addr().String(), "upstream", o.upstream, "require_key", o.requireKey,
-			"namespace_header", o.namespaceHeader)
+		cfg.Proxy, cfg.ProxyAddr = &pcfg, o.proxyAddr
 	}
-
-	logger.Info("idemrouter serving", "cluster", cfg.Topology.Cluster, "http", httpLn.Addr().String(),
-		"grpc", grpcLn.Addr().String(), "nodes", len(cfg.Topology.Nodes()), "request_timeout", cfg.RequestTimeout, "version", version)
-	return serveAndDrain(ctx, logger, servers)
+	return cfg, err
 }
 
-// servable is one listener and its server.
-type servable interface {
-	serve() error
-	drain(ctx context.Context) error
-	close()
-}
-
-// closeAll releases the listeners of servers that never served.
-func closeAll(servers []servable) {
-	for _, s := range servers {
-		s.close()
+// processError puts the process's error on one line, naming the flag of a
+// listener that could not be bound.
+func processError(err error) error {
+	if le, ok := errors.AsType[*router.ListenError](err); ok {
+		return fmt.Errorf("--%s-addr: %w", le.Listener, le.Err)
 	}
-}
-
-type httpServable struct {
-	name string
-	ln   net.Listener
-	srv  *http.Server
-}
-
-func (h *httpServable) serve() error {
-	if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("%s: %w", h.name, err)
-	}
-	return nil
-}
-
-func (h *httpServable) close() { h.ln.Close() }
-
-func (h *httpServable) drain(ctx context.Context) error {
-	if err := h.srv.Shutdown(ctx); err != nil {
-		h.srv.Close()
-		return fmt.Errorf("%s: drain: %w", h.name, err)
-	}
-	return nil
-}
-
-type grpcServable struct {
-	ln  net.Listener
-	srv *grpc.Server
-}
-
-func (g *grpcServable) serve() error {
-	if err := g.srv.Serve(g.ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-		return fmt.Errorf("grpc: %w", err)
-	}
-	return nil
-}
-
-func (g *grpcServable) close() { g.ln.Close() }
-
-func (g *grpcServable) drain(ctx context.Context) error {
-	stopped := make(chan struct{})
-	go func() { g.srv.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-		return nil
-	case <-ctx.Done():
-		g.srv.Stop()
-		return errors.New("grpc: drain: in-flight requests did not finish in time; cut off")
-	}
-}
-
-// serveAndDrain serves until ctx ends or a server fails, then stops taking
-// requests and lets in-flight ones finish (each is bounded by
-// --request-timeout), within drainTimeout. A clean drain returns nil.
-func serveAndDrain(ctx context.Context, logger *slog.Logger, servers []servable) error {
-	errc := make(chan error, len(servers))
-	for _, s := range servers {
-		go func() {
-			if err := s.serve(); err != nil {
-				errc <- err
-			}
-		}()
-	}
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-errc:
-		logger.Error("server failed", "error", serveErr)
-	}
-	logger.Info("draining")
-	drainCtx, cancel := context.WithTimeout(context.Background(), drainTimeout)
-	defer cancel()
-	errs := make(chan error, len(servers))
-	for _, s := range servers {
-		go func() { errs <- s.drain(drainCtx) }()
-	}
-	var drainErr []error
-	for range servers {
-		drainErr = append(drainErr, <-errs)
-	}
-	logger.Info("stopped")
-	return cli.OneLine(append([]error{serveErr}, drainErr...)...)
+	return cli.OneLine(err)
 }

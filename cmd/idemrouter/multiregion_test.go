@@ -16,7 +16,8 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/internal/testutil"
+	"github.com/idem-dev/idem/topology"
 )
 
 // Multi-region tests (issue 3, "What must be shown") on real processes:
@@ -34,8 +35,11 @@ var regions = []string{"us-east", "eu-west", "ap-south"}
 type multiRegion struct {
 	t       *testing.T
 	c       *cluster.Cluster
-	ring    *router.Ring
+	ring    *topology.Ring
 	routers []*cluster.Router // routers[i] runs in regions[i]
+	seed    uint64            // of every random choice the test makes (logged)
+	rng     *rand.Rand        // from seed, for the test's own goroutine
+	runs    uint64            // workloads started: each draws its own streams
 }
 
 func startMultiRegion(t *testing.T, survival string) *multiRegion {
@@ -48,11 +52,12 @@ func startMultiRegion(t *testing.T, survival string) *multiRegion {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ring, err := router.NewRing(topo)
+	ring, err := topology.NewRing(topo)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &multiRegion{t: t, c: c, ring: ring}
+	seed := cluster.Seed(t, "./cmd/idemrouter")
+	m := &multiRegion{t: t, c: c, ring: ring, seed: seed, rng: cluster.Rand(seed, 0)}
 	for _, r := range regions {
 		rt, err := c.NewRouter(binaries["idemrouter"], "router-"+r, r)
 		if err != nil {
@@ -133,7 +138,7 @@ func (m *multiRegion) nodeAPIs() []*cluster.API {
 func (m *multiRegion) keysIn(ns, region, prefix string, n int) []string {
 	var keys []string
 	for i := 0; len(keys) < n; i++ {
-		key := fmt.Sprintf("%s:%d:%d", prefix, i, rand.IntN(1e9))
+		key := fmt.Sprintf("%s:%d:%d", prefix, i, m.rng.IntN(1e9))
 		if m.ring.Locate(ns, key).HomeRegion == region {
 			keys = append(keys, key)
 		}
@@ -197,20 +202,22 @@ func retrying(ctx context.Context, apis []*cluster.API, start int, timeout time.
 // response) across endpoints, as the contract tells clients to, so a
 // router or node lost mid-request must never turn a retry into anything
 // but the same reservation or completion. It reports every acknowledged
-// completion on acked and every contract violation on violations.
-func workload(ctx context.Context, ns string, apis []*cluster.API, workers int, stop <-chan struct{}, acked *ackLog, violations chan<- string) {
+// completion on acked and every contract violation to violation (which must
+// not block: a burst of violations must fail the test, not hang it).
+func workload(ctx context.Context, seed, run uint64, ns string, apis []*cluster.API, workers int, stop <-chan struct{}, acked *ackLog, violation func(string)) {
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			rng := cluster.Rand(seed, run<<32|uint64(w)) // stream 0 is the test's own
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				key := fmt.Sprintf("wl:%d:%d:%d", w, i, rand.Int())
+				key := fmt.Sprintf("wl:%d:%d:%d", w, i, rng.Uint64())
 				owner := "owner-" + strconv.Itoa(w) + "-" + strconv.Itoa(i) + "-abcdefghijk"
 				start := w + i
 				r, err := retrying(ctx, apis, start, 20*time.Second, func(a *cluster.API) (cluster.Reply, error) {
@@ -220,7 +227,7 @@ func workload(ctx context.Context, ns string, apis []*cluster.API, workers int, 
 					continue // never acknowledged: nothing to check
 				}
 				if r.Status != http.StatusOK || r.Str("outcome") != "ACQUIRED" {
-					violations <- fmt.Sprintf("reserve of fresh key %s (retried with its owner token): %s; want ACQUIRED", key, r)
+					violation(fmt.Sprintf("reserve of fresh key %s (retried with its owner token): %s; want ACQUIRED", key, r))
 					continue
 				}
 				body := "done " + key
@@ -231,7 +238,7 @@ func workload(ctx context.Context, ns string, apis []*cluster.API, workers int, 
 					continue
 				}
 				if c.Status != http.StatusOK {
-					violations <- fmt.Sprintf("complete of %s by its owner (retried with the same response): %s; want 200", key, c)
+					violation(fmt.Sprintf("complete of %s by its owner (retried with the same response): %s; want 200", key, c))
 					continue
 				}
 				acked.add(completedKey{key: key, body: body, fencing: r.Str("fencing_token"), fingerprint: "fp"})
@@ -260,30 +267,31 @@ func (a *ackLog) all() []completedKey {
 	return append([]completedKey(nil), a.keys...)
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // runWorkload starts a workload and returns a function that stops it and
 // fails the test on any violation.
-func runWorkload(t *testing.T, ns string, apis []*cluster.API, workers int, acked *ackLog) (stop func()) {
+func (m *multiRegion) runWorkload(t *testing.T, ns string, apis []*cluster.API, workers int, acked *ackLog) (stop func()) {
 	stopc := make(chan struct{})
-	violations := make(chan string, 1000)
+	var mu sync.Mutex
+	var violations []string
+	violation := func(v string) {
+		mu.Lock()
+		violations = append(violations, v)
+		mu.Unlock()
+	}
 	done := make(chan struct{})
-	go func() { workload(t.Context(), ns, apis, workers, stopc, acked, violations); close(done) }()
+	m.runs++
+	go func() { workload(t.Context(), m.seed, m.runs, ns, apis, workers, stopc, acked, violation); close(done) }()
 	return func() {
 		t.Helper()
 		close(stopc)
 		<-done
-		close(violations)
-		for v := range violations {
+		mu.Lock()
+		defer mu.Unlock()
+		for i, v := range violations {
+			if i == 20 {
+				t.Errorf("... and %d more violations", len(violations)-i)
+				break
+			}
 			t.Error(v)
 		}
 	}
@@ -420,8 +428,8 @@ func TestMultiRegionZone(t *testing.T) {
 
 	var acked ackLog
 	t.Run("routers restarted mid-workload lose nothing", func(t *testing.T) {
-		stop := runWorkload(t, ns, m.routerAPIs(), 6, &acked)
-		waitFor(t, 30*time.Second, "completions before the restarts", func() bool { return acked.n.Load() >= 60 })
+		stop := m.runWorkload(t, ns, m.routerAPIs(), 6, &acked)
+		testutil.Until(t, 30*time.Second, "completions before the restarts", func() bool { return acked.n.Load() >= 60 })
 		for i, rt := range m.routers {
 			if i == 0 {
 				rt.Kill() // a crash
@@ -442,7 +450,7 @@ func TestMultiRegionZone(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 30*time.Second, "completions after restarting "+rt.Name, func() bool { return acked.n.Load() >= before+20 })
+			testutil.Until(t, 30*time.Second, "completions after restarting "+rt.Name, func() bool { return acked.n.Load() >= before+20 })
 		}
 		stop()
 		all := acked.all()
@@ -456,7 +464,7 @@ func TestMultiRegionZone(t *testing.T) {
 		for _, r := range regions {
 			count := map[string]int{}
 			for shard, id := range leaders {
-				if home, _, _ := router.ParseShardID(shard); home == r {
+				if home, _, _ := topology.ParseShardID(shard); home == r {
 					count[id]++
 				}
 			}
@@ -470,8 +478,8 @@ func TestMultiRegionZone(t *testing.T) {
 		}
 		var killAcked ackLog
 		apis := append(m.routerAPIs(), m.nodeAPIs()...)
-		stop := runWorkload(t, ns, apis, 6, &killAcked)
-		waitFor(t, 30*time.Second, "completions before the kills", func() bool { return killAcked.n.Load() >= 60 })
+		stop := m.runWorkload(t, ns, apis, 6, &killAcked)
+		testutil.Until(t, 30*time.Second, "completions before the kills", func() bool { return killAcked.n.Load() >= 60 })
 		t.Logf("killing %v (leaders: %v)", victims, leaders)
 		for _, id := range victims {
 			m.c.Nodes[id].Kill()
@@ -497,7 +505,7 @@ func TestMultiRegionZone(t *testing.T) {
 				}
 			}
 		}
-		waitFor(t, 30*time.Second, "workload completions after the kills", func() bool { return killAcked.n.Load() >= before+60 })
+		testutil.Until(t, 30*time.Second, "workload completions after the kills", func() bool { return killAcked.n.Load() >= before+60 })
 		stop()
 		all := killAcked.all()
 		t.Logf("%d acknowledged completions across the kills", len(all))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // TestProxyModeEndToEnd runs idemrouter --upstream in front of a real
@@ -163,7 +164,7 @@ func TestProxyModeEndToEnd(t *testing.T) {
 			statuses <- resp.StatusCode
 		}()
 	}
-	waitUntil(t, 20*time.Second, func() bool { return runs("slow-1") == 1 && len(statuses) == 29 })
+	testutil.Until(t, 20*time.Second, "one upstream run and 29 answers", func() bool { return runs("slow-1") == 1 && len(statuses) == 29 })
 	release <- struct{}{}
 	wg.Wait()
 	close(statuses)
@@ -173,16 +174,5 @@ func TestProxyModeEndToEnd(t *testing.T) {
 	}
 	if count[201] != 1 || count[409] != 29 || runs("slow-1") != 1 {
 		t.Fatalf("concurrent identical requests: statuses %v, upstream runs %d", count, runs("slow-1"))
-	}
-}
-
-func waitUntil(t *testing.T, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -24,7 +24,11 @@ func TestRouterRefusesAnotherRing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.StopAll() })
+	t.Cleanup(func() {
+		if err := c.StopAll(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+	})
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,22 +27,29 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 
-	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/topology"
 )
 
 // Build compiles the repo's commands (e.g. "idemnode", "idemrouter") into
-// dir and returns their paths by name. It must run inside the module.
+// dir and returns their paths by name. It must run inside the module. When
+// the calling test binary runs under the race detector (go test -race), the
+// commands are built with -race too, so the code that only runs inside the
+// processes (node wiring, forwarding, draining) is checked as well.
 func Build(dir string, commands ...string) (map[string]string, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return nil, err
 	}
+	args, env := []string{"build"}, append(os.Environ(), "CGO_ENABLED=0")
+	if raceEnabled {
+		args, env = append(args, "-race"), append(os.Environ(), "CGO_ENABLED=1")
+	}
 	out := map[string]string{}
 	for _, name := range commands {
 		bin := filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
+		cmd := exec.Command("go", append(args, "-o", bin, "./cmd/"+name)...)
 		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		cmd.Env = env
 		if b, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("cluster: go build ./cmd/%s: %v\n%s", name, err, b)
 		}
@@ -137,7 +145,7 @@ type Spec struct {
 }
 
 // Topology generates a topology for spec with free loopback ports.
-func Topology(spec Spec) (*router.Topology, error) {
+func Topology(spec Spec) (*topology.Topology, error) {
 	if spec.Cluster == "" {
 		spec.Cluster = "test"
 	}
@@ -160,16 +168,16 @@ func Topology(spec Spec) (*router.Topology, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &router.Topology{
+	t := &topology.Topology{
 		Cluster: spec.Cluster, ShardsPerRegion: spec.ShardsPerRegion, Replicas: spec.Replicas,
-		Survival: router.Survival(spec.Survival), WANRTTMs: spec.WANRTTMs,
+		Survival: topology.Survival(spec.Survival), WANRTTMs: spec.WANRTTMs,
 	}
 	i := 0
 	addr := func() string { i++; return "127.0.0.1:" + strconv.Itoa(ports[i-1]) }
 	for _, r := range spec.Regions {
-		region := router.Region{Name: r}
+		region := topology.Region{Name: r}
 		for j := 1; j <= spec.NodesPerRegion; j++ {
-			region.Nodes = append(region.Nodes, router.Node{ID: r + "-" + strconv.Itoa(j), RaftAddr: addr(), GRPCAddr: addr(), HTTPAddr: addr()})
+			region.Nodes = append(region.Nodes, topology.Node{ID: r + "-" + strconv.Itoa(j), RaftAddr: addr(), GRPCAddr: addr(), HTTPAddr: addr()})
 		}
 		t.Regions = append(t.Regions, region)
 	}
@@ -180,7 +188,7 @@ func Topology(spec Spec) (*router.Topology, error) {
 }
 
 // WriteTopology writes t as YAML to path.
-func WriteTopology(t *router.Topology, path string) error {
+func WriteTopology(t *topology.Topology, path string) error {
 	data, err := yaml.Marshal(t)
 	if err != nil {
 		return err
@@ -317,7 +325,7 @@ func WaitHTTP(ctx context.Context, url string) error {
 
 // Cluster is a set of idemnode processes (and routers) from one topology.
 type Cluster struct {
-	Topology     *router.Topology
+	Topology     *topology.Topology
 	TopologyPath string
 	Dir          string
 	Nodes        map[string]*Process
@@ -326,7 +334,7 @@ type Cluster struct {
 
 // NewNodes lays out (but does not start) one idemnode process per node of
 // t under dir, each with extraArgs.
-func NewNodes(t *router.Topology, dir, idemnode string, extraArgs ...string) (*Cluster, error) {
+func NewNodes(t *topology.Topology, dir, idemnode string, extraArgs ...string) (*Cluster, error) {
 	c := &Cluster{Topology: t, Dir: dir, TopologyPath: filepath.Join(dir, "topology.yaml"),
 		Nodes: map[string]*Process{}, Routers: map[string]*Process{}}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -368,16 +376,40 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 	return nil
 }
 
-// StopAll stops every process gracefully (SIGTERM) and reports failures.
+// StopAll stops every process gracefully (SIGTERM) and reports failures,
+// including a data race any process reported in its log (also one that was
+// killed, and so never exited with the race detector's status).
 func (c *Cluster) StopAll() error {
 	var errs []error
 	for _, p := range c.Routers {
-		errs = append(errs, p.Stop(20*time.Second))
+		errs = append(errs, p.Stop(20*time.Second), p.RaceReport())
 	}
 	for _, p := range c.Nodes {
-		errs = append(errs, p.Stop(20*time.Second))
+		errs = append(errs, p.Stop(20*time.Second), p.RaceReport())
 	}
 	return errors.Join(errs...)
+}
+
+// raceMarker starts every report of the race detector.
+const raceMarker = "WARNING: DATA RACE"
+
+// RaceReport returns an error quoting the first data race the process
+// reported in its log (processes are built with -race when the tests run
+// with it), or nil.
+func (p *Process) RaceReport() error {
+	data, err := os.ReadFile(p.Log)
+	if err != nil {
+		return nil // never started: nothing to report
+	}
+	i := bytes.Index(data, []byte(raceMarker))
+	if i < 0 {
+		return nil
+	}
+	report := data[i:]
+	if len(report) > 4000 {
+		report = report[:4000]
+	}
+	return fmt.Errorf("cluster: %s reported a data race (log %s):\n%s", p.Name, p.Log, report)
 }
 
 // HTTPAddr returns the JSON API address of node id.

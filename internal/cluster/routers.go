@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
-	"time"
 )
 
 // Router is an idemrouter process of a Cluster and the loopback addresses it
@@ -80,16 +79,6 @@ func (c *Cluster) StartRegion(region string) error {
 		if p := c.Nodes[id]; !p.Running() {
 			errs = append(errs, p.Start())
 		}
-	}
-	return errors.Join(errs...)
-}
-
-// StopRouters stops every router gracefully and reports failures (a
-// router that did not exit 0 within timeout).
-func (c *Cluster) StopRouters(timeout time.Duration) error {
-	var errs []error
-	for _, p := range c.Routers {
-		errs = append(errs, p.Stop(timeout))
 	}
 	return errors.Join(errs...)
 }

@@ -1033,7 +1033,7 @@ type StatusResponse struct {
 	Ready   bool                   `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
 	Shards  []*ShardStatus         `protobuf:"bytes,5,rep,name=shards,proto3" json:"shards,omitempty"`
 	Version string                 `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
-	// The fingerprint of the ring this node was created with (router.Ring):
+	// The fingerprint of the ring this node was created with (topology.Ring):
 	// routers and peers refuse to work with a node whose ring differs.
 	RingFingerprint string `protobuf:"bytes,7,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
 	unknownFields   protoimpl.UnknownFields

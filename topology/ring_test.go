@@ -1,4 +1,4 @@
-package router
+package topology
 
 import (
 	"bytes"
@@ -27,7 +27,7 @@ func testSeed(t *testing.T) uint64 {
 	if seed == 0 {
 		seed = rand.Uint64() | 1
 	}
-	t.Logf("seed %d; replay: go test ./router -run '^%s$' -seed %d", seed, t.Name(), seed)
+	t.Logf("seed %d; replay: go test ./topology -run '^%s$' -seed %d", seed, t.Name(), seed)
 	return seed
 }
 
@@ -335,7 +335,7 @@ func TestGoldenVectors(t *testing.T) {
 	path := filepath.Join("testdata", "golden.json")
 	topologies := []string{"three-node.yaml", "three-region.yaml"}
 	if *update {
-		g := golden{Comment: "key -> shard lookups that every release must reproduce; regenerate only on a deliberate, documented ring change (go test ./router -run TestGoldenVectors -update)"}
+		g := golden{Comment: "key -> shard lookups that every release must reproduce; regenerate only on a deliberate, documented ring change (go test ./topology -run TestGoldenVectors -update)"}
 		for _, name := range topologies {
 			ring := mustRing(t, loadTestdata(t, name))
 			ref := goldenTopoRef{Topology: name, Fingerprint: ring.Fingerprint()}

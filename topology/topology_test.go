@@ -1,4 +1,4 @@
-package router
+package topology
 
 import (
 	"errors"
@@ -251,7 +251,7 @@ func TestValidate(t *testing.T) {
 					t.Errorf("message %q lacks problem %q", err, got[i])
 				}
 			}
-			if strings.Contains(err.Error(), "\n") || !strings.HasPrefix(err.Error(), "router: invalid topology: ") {
+			if strings.Contains(err.Error(), "\n") || !strings.HasPrefix(err.Error(), "topology: invalid topology: ") {
 				t.Errorf("message %q is not one line with the package prefix", err)
 			}
 		})

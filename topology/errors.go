@@ -1,22 +1,22 @@
-package router
+package topology
 
 import (
 	"errors"
 	"strings"
 )
 
-// Sentinel errors of package router. Test for them with errors.Is.
+// Sentinel errors of package topology. Test for them with errors.Is.
 var (
 	// ErrInvalidTopology is wrapped by every error that Parse, LoadFile,
 	// Validate and NewRing return for a topology that cannot be read or
 	// that breaks a rule: fix the file and restart.
-	ErrInvalidTopology = errors.New("router: invalid topology")
+	ErrInvalidTopology = errors.New("topology: invalid topology")
 
 	// ErrRing is wrapped when the consistent-hash library refuses the ring
 	// parameters of an otherwise valid topology (it should not happen for
 	// parameters that pass Validate; the message carries the library's
 	// complaint).
-	ErrRing = errors.New("router: cannot build ring")
+	ErrRing = errors.New("topology: cannot build ring")
 )
 
 // FieldError is one problem found by Validate, located by a field path in the

@@ -1,0 +1,7 @@
+//go:build race
+
+package cluster
+
+// raceEnabled: this test binary runs under the race detector, so the
+// processes it starts are built with it too.
+const raceEnabled = true

@@ -1,0 +1,135 @@
+package node
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/topology"
+)
+
+// Defaults of the Config fields whose zero value means "the default".
+const (
+	DefaultSweepInterval         = 10 * time.Second
+	DefaultMaxSweep              = 10000
+	DefaultAbandonAfter          = 7 * 24 * time.Hour
+	DefaultLeaderBalanceInterval = 5 * time.Second
+)
+
+// Config configures a storage node.
+type Config struct {
+	// Topology is the cluster topology; required.
+	Topology *topology.Topology
+	// NodeID is this node's id in Topology; required.
+	NodeID string
+	// DataDir holds Raft logs, snapshots and the identity file; required.
+	DataDir string
+	// HTTPAddr, GRPCAddr and RaftAddr are where this process listens; empty
+	// means the topology's address. Other processes always dial the
+	// topology's addresses.
+	HTTPAddr, GRPCAddr, RaftAddr string
+	// MaxResponseBytes is the largest stored response body (decoded bytes);
+	// 0 means 1 MiB.
+	MaxResponseBytes int64
+	// MaxStateBytes is the node's stored state (statedb.DB.StateBytes) at
+	// which requests that would add data get 429 RESOURCE_EXHAUSTED; 0
+	// means 80% of the free space of DataDir's filesystem at start.
+	MaxStateBytes int64
+	// ClockSkewMargin is how long past a lease's end before another caller
+	// may reclaim the key. Zero means no margin (not recommended).
+	ClockSkewMargin time.Duration
+	// SweepInterval is how often a shard's leader proposes a sweep of
+	// expired records; 0 means 10s.
+	SweepInterval time.Duration
+	// MaxSweep bounds the records one sweep drops; 0 means 10000.
+	MaxSweep int
+	// AbandonAfter: an in-progress record whose lease ended this long ago
+	// and that nobody reclaimed is dropped by the sweep; 0 means 7 days.
+	AbandonAfter time.Duration
+	// LeaderBalanceInterval is how often the node checks the shards it leads
+	// and hands each one whose preferred voter (Voters[0], in the home
+	// region) is another node back to it; 0 means 5s, negative disables.
+	LeaderBalanceInterval time.Duration
+	// ForwardAttemptTimeout bounds one attempt to forward a request to
+	// another node; 0 means 2s.
+	ForwardAttemptTimeout time.Duration
+	// Raft tunes the Raft groups; NodeID, addresses and DataDir are filled
+	// in from the fields above. Zero value: raftstore.DefaultConfig().
+	Raft raftstore.Config
+	// ClockOffset is added to this node's wall clock when it stamps
+	// commands. For fault testing (regionsim's clock skew) only.
+	ClockOffset time.Duration
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Registry receives every metric of the node and is what /metrics
+	// serves; nil creates a private one.
+	Registry *prometheus.Registry
+	// Version is reported by status and the start-up line.
+	Version string
+}
+
+// DefaultConfig returns a Config with every default spelled out; set
+// Topology, NodeID and DataDir before use. A zero field means the same
+// default, so a Config built by hand works as well.
+func DefaultConfig() Config {
+	return Config{
+		SweepInterval:         DefaultSweepInterval,
+		MaxSweep:              DefaultMaxSweep,
+		AbandonAfter:          DefaultAbandonAfter,
+		LeaderBalanceInterval: DefaultLeaderBalanceInterval,
+		Raft:                  raftstore.DefaultConfig(),
+	}
+}
+
+// Validate reports every problem of c at once.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if c.Topology == nil {
+		bad("a topology is required")
+	} else if _, ok := c.Topology.NodeByID(c.NodeID); !ok {
+		bad("node id %q is not in the topology of cluster %q", c.NodeID, c.Topology.Cluster)
+	}
+	if c.DataDir == "" {
+		bad("a data dir is required")
+	}
+	if c.MaxStateBytes < 0 {
+		bad("max state bytes %d is negative", c.MaxStateBytes)
+	}
+	if c.MaxResponseBytes < 0 {
+		bad("max response bytes %d is negative", c.MaxResponseBytes)
+	}
+	if c.ClockSkewMargin < 0 {
+		bad("clock skew margin %s is negative", c.ClockSkewMargin)
+	}
+	if c.SweepInterval < 0 || c.MaxSweep < 0 || c.AbandonAfter < 0 || c.ForwardAttemptTimeout < 0 {
+		bad("sweep interval, max sweep, abandon-after and forward attempt timeout must not be negative")
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults returns c with every zero field that has a default filled in.
+func (c Config) withDefaults() Config {
+	c.SweepInterval = cmp.Or(c.SweepInterval, DefaultSweepInterval)
+	c.LeaderBalanceInterval = cmp.Or(c.LeaderBalanceInterval, DefaultLeaderBalanceInterval)
+	c.MaxSweep = cmp.Or(c.MaxSweep, DefaultMaxSweep)
+	c.AbandonAfter = cmp.Or(c.AbandonAfter, DefaultAbandonAfter)
+	if reflect.ValueOf(c.Raft).IsZero() { // not ==: the config holds a callback
+		c.Raft = raftstore.DefaultConfig()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	return c
+}

@@ -1,0 +1,43 @@
+// Package node is one idem storage node (the idemnode process): the Raft
+// groups of the shards it hosts with their state machines, the JSON and gRPC
+// API over them, forwarding for every key it does not lead, and the
+// background work that keeps the shards healthy.
+//
+// # Use
+//
+//	n, err := node.New(cfg) // validates cfg, builds the ring and API; no I/O yet
+//	err = n.Run(ctx)        // Start, then Serve until ctx ends, then drain
+//
+// or, to learn the bound addresses first, n.Start() and later n.Serve(ctx).
+// New reads neither disk nor network and starts no goroutine, so a bad
+// Config fails before anything is opened. Start opens the data dir (and
+// refuses one created for another cluster, node or ring: ErrDataDirMismatch),
+// starts the Raft groups, binds the listeners and starts the loops. Serve
+// answers until ctx ends or Close is called, then drains within 12 s
+// (internal/serving's DrainTimeout): no new requests, in-flight ones
+// finish, leaderships are handed over, Raft groups close.
+//
+// # Files
+//
+//   - config.go: Config, DefaultConfig, Validate.
+//   - process.go: New, Start, Run, Serve and the drain; the listeners are
+//     served with internal/serving, the graceful stop idemrouter shares.
+//   - node.go: the Node and its server.Backend methods (Apply, Get, Ready):
+//     a key this node leads is proposed to its Raft group, any other is
+//     forwarded to the leader with router.Forwarder.
+//   - loops.go: the background loops, each with its own stop: the sweep of
+//     expired records (leaders only), the ring check against peers, and
+//     leader balancing.
+//   - balance.go: the leader-balancing decision, a pure function of what the
+//     node sees at each tick (who leads, the preferred voter, whether it is
+//     reachable), table-tested.
+//   - metrics.go: the idem_fsm_* collector; admin.go: the Admin gRPC service
+//     idemctl talks to; identity.go: the data dir's identity file.
+//
+// # Guarantees
+//
+// A node serves a key only through its shard's Raft group: reads on the
+// leader after a read barrier, writes through the log, so every node gives
+// the same answer for a key. Time enters commands as the leader's stamp
+// (plus Config.ClockOffset in fault tests only), never inside the FSM.
+package node

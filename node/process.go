@@ -1,0 +1,226 @@
+package node
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/internal/serving"
+	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/statedb"
+	"github.com/idem-dev/idem/topology"
+)
+
+// New validates cfg and builds the node: its ring, forwarder and API. It
+// touches neither the disk nor the network and starts no goroutine; Start
+// does, and Run does both and serves.
+func New(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	self, _ := cfg.Topology.NodeByID(cfg.NodeID)
+	ring, err := topology.NewRing(cfg.Topology)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{
+		cfg:    cfg,
+		log:    cfg.Logger.With("node", cfg.NodeID, "region", self.Region),
+		self:   self,
+		ring:   ring,
+		shards: map[string]*shard{},
+		closed: make(chan struct{}),
+	}
+	// Forwarded replays carry whole stored responses: allow messages as
+	// large as the API accepts, not gRPC's 4 MiB default.
+	msgBytes := server.Config{MaxResponseBytes: cfg.MaxResponseBytes}.GRPCMaxMessageBytes()
+	if n.fwd, err = router.NewForwarder(router.ForwarderConfig{
+		Topology: cfg.Topology, Self: cfg.NodeID, AttemptTimeout: cfg.ForwardAttemptTimeout,
+		Logger: n.log, Registry: cfg.Registry,
+		DialOptions: append(router.DefaultDialOptions(), grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(msgBytes), grpc.MaxCallSendMsgSize(msgBytes))),
+	}); err != nil {
+		return nil, err
+	}
+	if n.api, err = server.New(server.Config{
+		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
+	}); err != nil {
+		n.fwd.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// Start opens the data dir (refusing one that belongs to another cluster,
+// node or ring), starts the Raft groups of every shard this node hosts
+// (bootstrapping them on first start), binds the API listeners and starts
+// the background loops. Serve then answers. On error everything Start
+// opened is closed again.
+func (n *Node) Start() (err error) {
+	if !n.started.CompareAndSwap(false, true) {
+		return errors.New("node: already started")
+	}
+	defer func() {
+		if err != nil {
+			n.closeAll(context.Background())
+		}
+	}()
+	cfg := n.cfg
+	if err := checkIdentity(cfg.DataDir, identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.ring.Fingerprint()}); err != nil {
+		return err
+	}
+	rcfg := cfg.Raft
+	rcfg.NodeID = cfg.NodeID
+	rcfg.RaftListenAddr = cmp.Or(cfg.RaftAddr, n.self.RaftAddr)
+	rcfg.RaftAdvertiseAddr = n.self.RaftAddr
+	rcfg.DataDir = filepath.Join(cfg.DataDir, "raft")
+	rcfg.Logger = n.log
+	rcfg.Registry = cfg.Registry
+	maxState := cfg.MaxStateBytes
+	if maxState == 0 {
+		if maxState, err = statedb.DefaultMaxStateBytes(cfg.DataDir); err != nil {
+			return err
+		}
+	}
+	stateDir := filepath.Join(cfg.DataDir, "state")
+	if n.state, err = statedb.Open(statedb.Config{Dir: stateDir, MaxStateBytes: maxState, Registry: cfg.Registry}); err != nil {
+		return err
+	}
+	n.log.Info("state engine open", "dir", stateDir, "max_state_bytes", maxState, "state_bytes", n.state.StateBytes())
+	if n.host, err = raftstore.NewHost(rcfg); err != nil {
+		return err
+	}
+	for _, info := range cfg.Topology.ShardsOnNode(cfg.NodeID) {
+		peers := make([]raftstore.Peer, 0, len(info.Voters))
+		for _, v := range info.Voters {
+			vn, _ := cfg.Topology.NodeByID(v)
+			peers = append(peers, raftstore.Peer{ID: v, Addr: vn.RaftAddr})
+		}
+		gc := raftstore.GroupConfig{ID: info.ID, Voters: peers}
+		if spansRegions(cfg.Topology, info) && cfg.Topology.WANRTTMs > 0 {
+			gc.Timing = raftstore.WANTiming(rcfg, time.Duration(cfg.Topology.WANRTTMs)*time.Millisecond)
+		}
+		sm, err := n.state.Shard(info.ID)
+		if err != nil {
+			return err
+		}
+		s := &shard{info: info, sm: sm, fsm: sm.FSM()}
+		if s.group, err = n.host.AddGroup(gc, sm); err != nil {
+			return err
+		}
+		n.shards[info.ID] = s
+	}
+	// Registered once the shards are in place: the collector reads them.
+	if err := cfg.Registry.Register(&fsmCollector{n: n}); err != nil {
+		return fmt.Errorf("node: register metrics: %w", err)
+	}
+
+	if n.httpLn, err = net.Listen("tcp", cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
+		return fmt.Errorf("node: http listener: %w", err)
+	}
+	n.servers = append(n.servers, serving.HTTP("node: http", n.httpLn, n.api.HTTPHandler(), n.log))
+	if n.grpcLn, err = net.Listen("tcp", cmp.Or(cfg.GRPCAddr, n.self.GRPCAddr)); err != nil {
+		return fmt.Errorf("node: grpc listener: %w", err)
+	}
+	grpcSrv := n.api.NewGRPCServer()
+	idemv1.RegisterAdminServer(grpcSrv, &admin{n: n})
+	n.servers = append(n.servers, serving.GRPC("node: grpc", n.grpcLn, grpcSrv))
+	n.startLoops()
+	return nil
+}
+
+// HTTPAddr and GRPCAddr are the bound listener addresses (after Start).
+func (n *Node) HTTPAddr() string { return n.httpLn.Addr().String() }
+func (n *Node) GRPCAddr() string { return n.grpcLn.Addr().String() }
+
+// Run starts the node and serves until ctx ends, then drains (see Serve).
+func (n *Node) Run(ctx context.Context) error {
+	if err := n.Start(); err != nil {
+		return err
+	}
+	return n.Serve(ctx)
+}
+
+// Serve answers API requests on the listeners Start bound until ctx ends,
+// then drains: it stops taking requests, lets in-flight ones finish, hands
+// over the leadership of the shards it leads, and closes the Raft groups.
+// It returns nil after a clean drain.
+func (n *Node) Serve(ctx context.Context) error {
+	if n.servers == nil || !n.served.CompareAndSwap(false, true) {
+		return ErrNotStarted
+	}
+	n.log.Info("idemnode serving", "cluster", n.cfg.Topology.Cluster, "http", n.HTTPAddr(), "grpc", n.GRPCAddr(),
+		"raft", cmp.Or(n.cfg.RaftAddr, n.self.RaftAddr), "data_dir", n.cfg.DataDir, "shards", len(n.shards), "version", n.cfg.Version)
+	// Close, from another goroutine, ends serving as ctx does.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-n.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	serveErr := serving.Serve(ctx, n.log, n.servers)
+	drainCtx, cancel := context.WithTimeout(context.Background(), serving.DrainTimeout)
+	defer cancel()
+	n.log.Info("draining")
+	return errors.Join(serveErr, n.closeAll(drainCtx))
+}
+
+// Close stops the node at once, as Serve does on its way out. It is safe to
+// call more than once, and after a failed Start.
+func (n *Node) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), serving.DrainTimeout)
+	defer cancel()
+	return n.closeAll(ctx)
+}
+
+// closeAll stops the loops, drains the API servers (or releases listeners
+// that never served), shuts the Raft groups down and closes the forwarder,
+// once.
+func (n *Node) closeAll(ctx context.Context) error {
+	n.closeOnce.Do(func() {
+		var errs []error
+		n.stopLoops()
+		if n.served.Load() {
+			errs = append(errs, serving.Drain(ctx, n.servers))
+		} else {
+			serving.Close(n.servers)
+		}
+		if n.host != nil {
+			errs = append(errs, n.host.Shutdown(ctx))
+		}
+		if n.state != nil { // after every Raft group has stopped applying
+			errs = append(errs, n.state.Close())
+		}
+		n.fwd.Close()
+		if n.started.Load() {
+			n.log.Info("stopped")
+		}
+		n.closeErr = errors.Join(errs...)
+		close(n.closed)
+	})
+	return n.closeErr
+}
+
+// spansRegions reports whether the shard's voters live in more than one
+// region (region survival): its Raft timeouts must allow for WAN round trips.
+func spansRegions(t *topology.Topology, s topology.Shard) bool {
+	for _, v := range s.Voters {
+		if r, _ := t.RegionOf(v); r != s.HomeRegion {
+			return true
+		}
+	}
+	return false
+}
