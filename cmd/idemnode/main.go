@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/node"
@@ -40,6 +41,7 @@ type options struct {
 	grpcAddr         string
 	raftAddr         string
 	maxResponseBytes int64
+	maxStateBytes    int64
 	clockSkewMargin  time.Duration
 	logLevel         string
 	logFormat        string
@@ -47,6 +49,8 @@ type options struct {
 	snapshotInterval time.Duration
 	trailingLogs     uint64
 	testClockOffset  time.Duration
+	pprofAddr        string
+	packCommands     bool
 	showVersion      bool
 	sec              secure.Flags
 	maxRaftConns     int
@@ -77,6 +81,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.grpcAddr, "grpc-addr", "", "`HOST:PORT` for the gRPC API (dev default 127.0.0.1:7070; else the topology's)")
 	fs.StringVar(&o.raftAddr, "raft-addr", "", "`HOST:PORT` for Raft traffic of all shards of this node (dev default 127.0.0.1:7000; else the topology's)")
 	fs.Int64Var(&o.maxResponseBytes, "max-response-bytes", 1<<20, "largest stored response body in decoded `BYTES`")
+	fs.Int64Var(&o.maxStateBytes, "max-state-bytes", 0, "stored state in `BYTES` at which requests that add data (a reserve of a new key, a complete) get 429 RESOURCE_EXHAUSTED until sweeps free space (0: 80% of the data dir's free space at start)")
 	fs.DurationVar(&o.clockSkewMargin, "clock-skew-margin", time.Second, "how long past a lease's end before another caller may reclaim the key")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
@@ -84,6 +89,8 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.DurationVar(&o.snapshotInterval, "snapshot-interval", 0, "how often each shard checks whether to snapshot (0: the default, 2m)")
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
 	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY: shift this node's clock by `D` (fault injection for clock-skew scenarios)")
+	fs.BoolVar(&o.packCommands, "raft-pack-commands", false, "pack commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load; turn on only once every node runs a version that has this flag)")
+	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `HOST:PORT`, e.g. 127.0.0.1:6060 (default: off)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.sec.AddFlags(fs)
 	fs.IntVar(&o.maxRaftConns, "max-raft-conns", raftstore.DefaultMaxInboundConns, "cap on the inbound Raft connections open at once; past it new ones are closed and counted")
@@ -128,6 +135,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.pprofAddr != "" {
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		if _, err := cli.ServePprof(pctx, o.pprofAddr, logger); err != nil {
+			return err
+		}
+	}
 	return n.Run(ctx)
 }
 
@@ -140,10 +154,14 @@ func nodeConfig(o *options) (node.Config, error) {
 		RaftAddr:         o.raftAddr,
 		DataDir:          o.dataDir,
 		MaxResponseBytes: o.maxResponseBytes,
+		MaxStateBytes:    o.maxStateBytes,
 		ClockSkewMargin:  o.clockSkewMargin,
 		ClockOffset:      o.testClockOffset,
 		Version:          version,
 		Raft:             raftstore.DefaultConfig(),
+	}
+	if o.packCommands {
+		cfg.Raft.Packer = fsm.Packer{}
 	}
 	if o.snapshotEvery > 0 {
 		cfg.Raft.SnapshotThreshold = o.snapshotEvery
@@ -161,8 +179,16 @@ func nodeConfig(o *options) (node.Config, error) {
 	if o.sec.MaxConns <= 0 {
 		errs = append(errs, fmt.Errorf("--max-conns must be positive, got %d", o.sec.MaxConns))
 	}
+	if o.pprofAddr != "" {
+		if err := cli.CheckLoopback("--pprof-addr", o.pprofAddr); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if o.maxResponseBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-response-bytes must be positive, got %d", o.maxResponseBytes))
+	}
+	if o.maxStateBytes < 0 {
+		errs = append(errs, fmt.Errorf("--max-state-bytes must not be negative, got %d", o.maxStateBytes))
 	}
 	if o.clockSkewMargin < 0 {
 		errs = append(errs, fmt.Errorf("--clock-skew-margin must not be negative, got %s", o.clockSkewMargin))

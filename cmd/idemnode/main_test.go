@@ -35,6 +35,8 @@ func TestRunFlags(t *testing.T) {
 		{Name: "invalid topology", Args: []string{"--config", badTopo, "--id", "a"}, WantErr: "shards_per_region"},
 		{Name: "bad margin", Args: []string{"--dev", "--clock-skew-margin", "-1s"}, WantErr: "--clock-skew-margin must not be negative"},
 		{Name: "bad max response", Args: []string{"--dev", "--max-response-bytes", "0"}, WantErr: "--max-response-bytes must be positive"},
+		{Name: "pprof not loopback", Args: []string{"--dev", "--pprof-addr", "0.0.0.0:6060"}, WantErr: "--pprof-addr \"0.0.0.0:6060\": only a loopback address"},
+		{Name: "pprof not host:port", Args: []string{"--dev", "--pprof-addr", "6060"}, WantErr: "--pprof-addr \"6060\" is not HOST:PORT"},
 		{Name: "bad log level", Args: []string{"--dev", "--log-level", "loud"}, WantErr: "--log-level"},
 	})
 }

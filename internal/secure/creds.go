@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
+	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/security/pki"
 )
 
@@ -42,19 +43,9 @@ func (c *nodeCreds) Clone() credentials.TransportCredentials { return &nodeCreds
 func (c *nodeCreds) OverrideServerName(string) error { return nil }
 
 // Loopback reports whether the listen address addr (HOST:PORT) binds only
-// loopback: 127.0.0.0/8, ::1 or "localhost". An empty host or 0.0.0.0
-// binds every interface and is not loopback.
-func Loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
+// loopback (127.0.0.0/8, ::1 or localhost; cli.CheckLoopback's rule). An
+// empty host or 0.0.0.0 binds every interface and is not loopback.
+func Loopback(addr string) bool { return cli.CheckLoopback("", addr) == nil }
 
 // CheckExposure is the contract's secure-by-default rule: a process whose
 // listen addresses are not all loopback refuses to start without a certs
