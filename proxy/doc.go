@@ -45,10 +45,20 @@
 // and /metrics stay on --http-addr. Set pcfg.MaxStoredBodyBytes when the
 // nodes run with a --max-response-bytes other than the default 1 MiB (a
 // larger body is stored without it either way; the setting only saves a
-// refused round trip). For namespaces from mTLS client certificates, serve
-// proxyServer with a tls.Config whose ClientAuth verifies them
-// (tls.RequireAndVerifyClientCert); the contract names no TLS flags, so that
-// is a deployment's own addition.
+// refused round trip).
+//
+// # Identity (the contract's "Proxy mode identity")
+//
+// The namespace of a keyed request comes from, in this order: NamespaceHeader
+// (setting it declares that every caller reaches the proxy through a gateway
+// that sets or overwrites that header: the proxy trusts it as sent); the
+// verified TLS client certificate (idemrouter --certs-dir serves the proxy
+// listener with TLS, client certificates optional and verified against the
+// CA; an idem client certificate's namespace is its NAME); a keyed hash of
+// the Authorization header (AuthorizationKey: "auth-" + 40 hex digits of
+// HMAC-SHA256), so callers with different credentials never share a
+// response; and only callers sending no Authorization at all share
+// DefaultNamespace.
 //
 // # Forwarding
 //
@@ -60,8 +70,8 @@
 // headers are dropped both ways, as RFC 9110 requires of a proxy. Other
 // methods and key-less requests pass through untouched otherwise: their
 // bodies stream, they have no size bound and no deadline but the caller's,
-// and an Idempotency-Fencing-Token they carry reaches the upstream as sent
-// (only keyed requests get the proxy's own). A keyed request's body is read
+// and an Idempotency-Fencing-Token they carry is removed, as on every
+// request (only keyed requests get one: the proxy's own). A keyed request's body is read
 // in full first (its fingerprint covers it): in memory up to
 // SpoolThresholdBytes, in an unlinked temporary file beyond it; the upstream
 // then gets it with a Content-Length.

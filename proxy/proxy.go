@@ -83,7 +83,14 @@ func New(cfg Config) (*Proxy, error) {
 }
 
 // ServeHTTP serves one proxied request.
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.ServeHTTP(w, r) }
+//
+// A client-sent Idempotency-Fencing-Token is removed from every request
+// first, keyed or not: only the proxy's own (on keyed requests) reaches the
+// upstream, so a caller cannot poison the upstream's fencing guard.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r.Header.Del(httpidem.HeaderFencingToken)
+	p.handler.ServeHTTP(w, r)
+}
 
 // forward sends r upstream and copies the answer to w.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {

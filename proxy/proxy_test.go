@@ -755,3 +755,65 @@ func TestForwardingHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestNamespacesFromAuthorization: without a namespace header or a client
+// certificate, callers are named by a keyed hash of their Authorization, so
+// alice's replay never reaches mallory; only callers with no Authorization
+// share "default".
+func TestNamespacesFromAuthorization(t *testing.T) {
+	up := newUpstream(t)
+	be := newBackend(time.Second)
+	key := []byte("0123456789abcdef0123456789abcdef")
+	srv, _ := startProxy(t, up.srv.URL, proxy.BackendStore(be), func(c *proxy.Config) { c.AuthorizationKey = key })
+
+	alice1 := send(t, srv.URL, "POST", "/ok", "", "Idempotency-Key", "abc", "Authorization", "Bearer alice")
+	mallory := send(t, srv.URL, "POST", "/ok", "", "Idempotency-Key", "abc", "Authorization", "Bearer mallory")
+	alice2 := send(t, srv.URL, "POST", "/ok", "", "Idempotency-Key", "abc", "Authorization", "Bearer alice")
+	if alice1.Status != 201 || mallory.Status != 201 || mallory.Header.Get("Idempotent-Replayed") == "true" || mallory.Body == alice1.Body {
+		t.Fatalf("mallory got alice's response: alice %v, mallory %v", alice1, mallory)
+	}
+	if alice2.Body != alice1.Body || alice2.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("alice's retry did not replay her response: %v then %v", alice1, alice2)
+	}
+	anon1 := send(t, srv.URL, "POST", "/ok", "", "Idempotency-Key", "abc")
+	anon2 := send(t, srv.URL, "POST", "/ok", "", "Idempotency-Key", "abc")
+	if anon2.Body != anon1.Body || anon2.Header.Get("Idempotent-Replayed") != "true" || anon1.Body == alice1.Body || anon1.Body == mallory.Body {
+		t.Fatalf("callers without Authorization: %v then %v", anon1, anon2)
+	}
+	ns := httpidem.AuthorizationNamespace(key, []string{"Bearer alice"})
+	if !httpidem.ValidNamespace(ns) || strings.Contains(ns, "alice") {
+		t.Fatalf("namespace %q", ns)
+	}
+	for _, n := range []string{ns, httpidem.AuthorizationNamespace(key, []string{"Bearer mallory"}), "default"} {
+		if _, ok := be.record(t, n, "abc"); !ok {
+			t.Errorf("no record in namespace %s", n)
+		}
+	}
+	if other := httpidem.AuthorizationNamespace([]byte("another key of thirty-two bytes!"), []string{"Bearer alice"}); other == ns {
+		t.Error("the namespace does not depend on the key")
+	}
+}
+
+// TestClientFencingTokenNeverReachesUpstream: the proxy removes a
+// client-sent Idempotency-Fencing-Token from key-less requests and replaces
+// it with its own on keyed ones.
+func TestClientFencingTokenNeverReachesUpstream(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	target := startUpstreamHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, strings.Join(r.Header.Values("Idempotency-Fencing-Token"), ","))
+		mu.Unlock()
+		w.WriteHeader(200)
+	}))
+	srv, _ := startProxy(t, target, proxy.BackendStore(newBackend(time.Second)))
+	forged := "18446744073709551615"
+	send(t, srv.URL, "POST", "/x", "", "Idempotency-Fencing-Token", forged)
+	send(t, srv.URL, "GET", "/x", "", "Idempotency-Fencing-Token", forged)
+	send(t, srv.URL, "POST", "/x", "", "Idempotency-Key", "k1", "Idempotency-Fencing-Token", forged)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 3 || seen[0] != "" || seen[1] != "" || seen[2] == "" || seen[2] == forged || strings.Contains(seen[2], ",") {
+		t.Fatalf("fencing tokens the upstream saw: %q (want none, none, the proxy's own)", seen)
+	}
+}

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +46,8 @@ type options struct {
 	namespaceHeader string
 	maxRequestBytes int64
 	upstreamTimeout time.Duration
+	proxyKeyFile    string
+	proxyKeyRandom  bool // no key file: a random key for this process
 
 	sec secure.Flags
 }
@@ -84,7 +89,8 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.upstream, "upstream", "", "proxy mode: the `URL` of the service to put idem in front of")
 	fs.StringVar(&o.proxyAddr, "proxy-addr", "127.0.0.1:8088", "proxy mode: `HOST:PORT` where clients send their API traffic")
 	fs.BoolVar(&o.requireKey, "require-key", false, "proxy mode: a POST or PATCH without Idempotency-Key gets 400")
-	fs.StringVar(&o.namespaceHeader, "namespace-header", "", "proxy mode: the request header `NAME` naming the caller (its namespace); when set and missing, 401")
+	fs.StringVar(&o.namespaceHeader, "namespace-header", "", "proxy mode: the request header `NAME` naming the caller (its namespace); when set and missing, 401. Setting it declares that every caller reaches the proxy through a gateway that sets or overwrites this header: the proxy trusts it as sent")
+	fs.StringVar(&o.proxyKeyFile, "proxy-key-file", "", "proxy mode: `FILE` with the secret (at least 32 bytes) keying the hash of Authorization that names callers without a namespace header or client certificate; every router must have the same (default: proxy.key in --certs-dir when present, else a random key per process, so replays do not survive a restart)")
 	fs.Int64Var(&o.maxRequestBytes, "max-request-bytes", proxy.DefaultMaxRequestBytes, "proxy mode: largest body of a keyed request in `BYTES`; larger gets 413")
 	fs.DurationVar(&o.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "proxy mode: ceiling `D` of one keyed upstream request; past it the caller gets 504 and the key is released")
 	o.sec.AddFlags(fs)
@@ -174,6 +180,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg.Logger = logger.With("region", o.region)
 	cfg.Registry = prometheus.NewRegistry()
 	cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if o.proxyKeyRandom {
+		cfg.Logger.Warn("proxy: no --proxy-key-file (nor proxy.key in --certs-dir): callers named by their Authorization header get namespaces that change with every restart and differ between routers, so their replays do not survive either")
+	}
 	if cfg.Security, err = o.sec.Kit("", cfg.Logger, cfg.Registry); err != nil {
 		return err
 	}
@@ -201,9 +210,43 @@ func processConfig(o *options) (router.ProcessConfig, error) {
 		pcfg.UpstreamTimeout = o.upstreamTimeout
 		pcfg.MaxStoredBodyBytes = o.maxResponse
 		pcfg.StoreTimeout = o.requestTimeout
+		key, kerr := proxyKey(o)
+		if kerr != nil {
+			err = errors.Join(err, kerr)
+		}
+		pcfg.AuthorizationKey = key
 		cfg.Proxy, cfg.ProxyAddr = &pcfg, o.proxyAddr
 	}
 	return cfg, err
+}
+
+// proxyKeyFileName is the proxy's Authorization-hash key in a certs dir.
+const proxyKeyFileName = "proxy.key"
+
+// proxyKey reads the key of the proxy's Authorization hash: --proxy-key-file,
+// else proxy.key in --certs-dir when present, else a random one (logged at
+// start by the proxy as per-process).
+func proxyKey(o *options) ([]byte, error) {
+	path := o.proxyKeyFile
+	if path == "" && o.sec.CertsDir != "" {
+		if _, err := os.Stat(filepath.Join(o.sec.CertsDir, proxyKeyFileName)); err == nil {
+			path = filepath.Join(o.sec.CertsDir, proxyKeyFileName)
+		}
+	}
+	if path == "" {
+		o.proxyKeyRandom = true
+		key := make([]byte, 32)
+		_, err := rand.Read(key)
+		return key, err
+	}
+	key, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--proxy-key-file: %w", err)
+	}
+	if len(key) < 32 {
+		return nil, fmt.Errorf("--proxy-key-file %s: %d bytes, need at least 32 (head -c 32 /dev/urandom > %s)", path, len(key), path)
+	}
+	return key, nil
 }
 
 // processError puts the process's error on one line, naming the flag of a

@@ -97,6 +97,15 @@ type Policy struct {
 	// else "spki-" and 40 hex digits of the SHA-256 of the public key. Only
 	// certificates the TLS listener verified count. An error gives 401.
 	CertNamespace func(cert *x509.Certificate) (string, error)
+	// AuthorizationKey, when set, names a request that has none of the
+	// identities above but an Authorization header: its namespace is "auth-"
+	// and 40 hex digits of HMAC-SHA256(AuthorizationKey, the header's
+	// values), so two callers with different credentials never share a
+	// key's response and the namespace reveals nothing about the
+	// credential to whoever can read it. Every process that serves the same
+	// callers needs the same key (or their replays differ). Nil leaves such
+	// requests in DefaultNamespace.
+	AuthorizationKey []byte
 	// DefaultNamespace is the namespace of a request without another
 	// identity. Empty means DefaultNamespace ("default").
 	DefaultNamespace string

@@ -2,12 +2,16 @@ package httpidem
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idem-dev/idem/contract"
@@ -245,6 +249,8 @@ func (e *Engine) namespace(r *http.Request) (string, *Problem) {
 			return unauthenticated("no namespace for the client certificate: " + err.Error())
 		}
 		ns = v
+	case len(e.cfg.AuthorizationKey) > 0 && len(r.Header.Values("Authorization")) > 0:
+		ns = AuthorizationNamespace(e.cfg.AuthorizationKey, r.Header.Values("Authorization"))
 	default:
 		ns = e.cfg.DefaultNamespace
 	}
@@ -258,6 +264,15 @@ func (e *Engine) namespace(r *http.Request) (string, *Problem) {
 		return "", &p
 	}
 	return ns, nil
+}
+
+// AuthorizationNamespace is the namespace of a caller known only by its
+// Authorization header values: "auth-" and the first 40 hex digits of
+// HMAC-SHA256(key, the values joined by newlines).
+func AuthorizationNamespace(key []byte, values []string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(strings.Join(values, "\n")))
+	return "auth-" + hex.EncodeToString(m.Sum(nil))[:40]
 }
 
 // storeContext bounds a store call by StoreTimeout, detached from the
