@@ -130,7 +130,7 @@ func (n *Node) Start() (err error) {
 	if n.httpLn, err = cfg.Security.ListenHTTP(cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
 		return fmt.Errorf("node: http listener: %w", err)
 	}
-	n.servers = append(n.servers, serving.HTTP("node: http", n.httpLn, cfg.Security.HTTPHandler(n.api.HTTPHandler()), n.log))
+	n.servers = append(n.servers, serving.HTTPWithTimeouts("node: http", n.httpLn, cfg.Security.HTTPHandler(n.api.HTTPHandler()), n.log, cfg.Security.HTTPTimeouts()))
 	if n.grpcLn, err = cfg.Security.ListenGRPC(cmp.Or(cfg.GRPCAddr, n.self.GRPCAddr)); err != nil {
 		return fmt.Errorf("node: grpc listener: %w", err)
 	}

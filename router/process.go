@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -173,7 +174,7 @@ func (p *Process) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	p.servers = append(p.servers, serving.HTTP("http", httpLn, cfg.Security.HTTPHandler(api.HTTPHandler()), p.log))
+	p.servers = append(p.servers, serving.HTTPWithTimeouts("http", httpLn, cfg.Security.HTTPHandler(api.HTTPHandler()), p.log, cfg.Security.HTTPTimeouts()))
 	grpcLn, err := p.listen("grpc", cfg.GRPCAddr)
 	if err != nil {
 		return err
@@ -197,7 +198,11 @@ func (p *Process) Start(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
-		p.servers = append(p.servers, serving.HTTP("proxy", proxyLn, px, p.log))
+		// A keyed request may run upstream for UpstreamTimeout before the
+		// proxy answers: the write timeout allows for it.
+		pt := cfg.Security.HTTPTimeouts()
+		pt.WriteTimeout = cmp.Or(pt.WriteTimeout, serving.DefaultWriteTimeout) + cmp.Or(pcfg.UpstreamTimeout, proxy.DefaultUpstreamTimeout)
+		p.servers = append(p.servers, serving.HTTPWithTimeouts("proxy", proxyLn, px, p.log, pt))
 		p.log.Info("proxy mode", "proxy", p.addrs["proxy"], "upstream", pcfg.Upstream, "require_key", pcfg.RequireKey,
 			"namespace_header", pcfg.NamespaceHeader)
 	}

@@ -176,9 +176,6 @@ func nodeConfig(o *options) (node.Config, error) {
 		errs = append(errs, fmt.Errorf("--max-raft-conns must be positive, got %d", o.maxRaftConns))
 	}
 	cfg.Raft.MaxInboundConns = o.maxRaftConns
-	if o.sec.MaxConns <= 0 {
-		errs = append(errs, fmt.Errorf("--max-conns must be positive, got %d", o.sec.MaxConns))
-	}
 	if o.pprofAddr != "" {
 		if err := cli.CheckLoopback("--pprof-addr", o.pprofAddr); err != nil {
 			errs = append(errs, err)

@@ -148,9 +148,6 @@ func backendConfig(o *options) (router.BackendConfig, error) {
 	if err := o.sec.Check(addrs); err != nil {
 		errs = append(errs, err)
 	}
-	if o.sec.MaxConns <= 0 {
-		errs = append(errs, fmt.Errorf("--max-conns must be positive, got %d", o.sec.MaxConns))
-	}
 	if len(errs) > 0 {
 		return cfg, cli.OneLine(errs...)
 	}

@@ -1,10 +1,14 @@
 package secure
 
 import (
+	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idem-dev/idem/internal/serving"
 )
 
 // Flags are the trust-boundary flags idemnode and idemrouter share; the
@@ -14,6 +18,7 @@ type Flags struct {
 	AuthFile string
 	Insecure bool
 	MaxConns int
+	HTTP     serving.HTTPTimeouts
 }
 
 // AddFlags registers --certs-dir, --auth-file, --insecure and --max-conns
@@ -23,17 +28,28 @@ func (f *Flags) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&f.AuthFile, "auth-file", "", "principals, namespaces, roles and rates (`FILE`, YAML or JSON); without it every caller is root. Reloaded on SIGHUP (with the certificates)")
 	fs.BoolVar(&f.Insecure, "insecure", false, "allow listening beyond loopback without --certs-dir: plaintext and unauthenticated; for trusted networks only")
 	fs.IntVar(&f.MaxConns, "max-conns", DefaultMaxConns, "cap on the connections open at once per listener (JSON, gRPC, proxy); past it new ones wait")
+	fs.DurationVar(&f.HTTP.ReadTimeout, "http-read-timeout", serving.DefaultReadTimeout, "HTTP listeners: longest time `D` to read one request, body included; a slower client is cut off")
+	fs.DurationVar(&f.HTTP.WriteTimeout, "http-write-timeout", serving.DefaultWriteTimeout, "HTTP listeners: longest time `D` from a request's headers to the end of its answer (the proxy adds --upstream-timeout)")
+	fs.DurationVar(&f.HTTP.IdleTimeout, "http-idle-timeout", serving.DefaultIdleTimeout, "HTTP listeners: keep-alive connections idle for `D` are closed")
 }
 
 // Check applies the secure-by-default rule to the process's listen
-// addresses (flag name -> HOST:PORT), see CheckExposure.
+// addresses (flag name -> HOST:PORT), see CheckExposure, and checks the
+// limits.
 func (f *Flags) Check(addrs map[string]string) error {
-	return CheckExposure(addrs, f.CertsDir, f.Insecure)
+	var errs []error
+	if f.MaxConns <= 0 {
+		errs = append(errs, fmt.Errorf("--max-conns must be positive, got %d", f.MaxConns))
+	}
+	if f.HTTP.ReadTimeout <= 0 || f.HTTP.WriteTimeout <= 0 || f.HTTP.IdleTimeout <= 0 {
+		errs = append(errs, errors.New("--http-read-timeout, --http-write-timeout and --http-idle-timeout must be positive"))
+	}
+	return errors.Join(append(errs, CheckExposure(addrs, f.CertsDir, f.Insecure))...)
 }
 
 // Kit builds the process's Kit from the flags; nodeID is the node id
 // node.crt must carry ("" for routers).
 func (f *Flags) Kit(nodeID string, log *slog.Logger, reg *prometheus.Registry) (*Kit, error) {
 	return New(Config{CertsDir: f.CertsDir, AuthFile: f.AuthFile, NodeID: nodeID,
-		Limits: Limits{MaxConns: f.MaxConns}, Logger: log, Registry: reg})
+		Limits: Limits{MaxConns: f.MaxConns, HTTP: f.HTTP}, Logger: log, Registry: reg})
 }

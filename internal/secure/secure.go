@@ -45,6 +45,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/security/auth"
 	"github.com/idem-dev/idem/security/pki"
@@ -68,6 +69,9 @@ type Limits struct {
 	// MaxConcurrentStreams caps the concurrent RPCs of one gRPC connection;
 	// 0 means DefaultMaxConcurrentStreams.
 	MaxConcurrentStreams uint32
+	// HTTP are the HTTP servers' read, write and idle timeouts (zero fields:
+	// internal/serving's defaults).
+	HTTP serving.HTTPTimeouts
 }
 
 // Config configures a Kit.
@@ -188,6 +192,9 @@ func (k *Kit) ListenHTTP(addr string) (net.Listener, error) {
 	}
 	return tls.NewListener(ln, k.certs.PublicServerTLS()), nil
 }
+
+// HTTPTimeouts are the timeouts of the process's HTTP servers.
+func (k *Kit) HTTPTimeouts() serving.HTTPTimeouts { return k.cfg.Limits.HTTP }
 
 // ListenGRPC binds a gRPC listener: capped; its TLS is in
 // GRPCServerOptions (gRPC must do the handshake to see the peer).

@@ -42,11 +42,53 @@ type Server interface {
 	Close()
 }
 
+// Defaults of HTTPTimeouts.
+const (
+	// DefaultReadTimeout bounds reading a whole request, body included: a
+	// client that trickles its body is cut off (the API's largest body, a
+	// stored response of 1 MiB in base64, takes far less on any link).
+	DefaultReadTimeout = 30 * time.Second
+	// DefaultWriteTimeout bounds a request from the end of its headers to
+	// the end of its answer: above the contract's longest wait (wait_ms
+	// 30 s) plus a forwarded request's deadline.
+	DefaultWriteTimeout = 60 * time.Second
+	// DefaultIdleTimeout closes keep-alive connections idle that long.
+	DefaultIdleTimeout = 120 * time.Second
+)
+
+// HTTPTimeouts bound how long one connection may hold an HTTP server
+// (net/http's fields of the same names); zero takes the default above.
+type HTTPTimeouts struct {
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+}
+
+func (t HTTPTimeouts) withDefaults() HTTPTimeouts {
+	if t.ReadTimeout == 0 {
+		t.ReadTimeout = DefaultReadTimeout
+	}
+	if t.WriteTimeout == 0 {
+		t.WriteTimeout = DefaultWriteTimeout
+	}
+	if t.IdleTimeout == 0 {
+		t.IdleTimeout = DefaultIdleTimeout
+	}
+	return t
+}
+
 // HTTP returns a Server for handler h on ln, named name in errors ("http",
-// "proxy"), logging the server's own complaints to log at warn level.
+// "proxy"), logging the server's own complaints to log at warn level, with
+// the default timeouts.
 func HTTP(name string, ln net.Listener, h http.Handler, log *slog.Logger) Server {
+	return HTTPWithTimeouts(name, ln, h, log, HTTPTimeouts{})
+}
+
+// HTTPWithTimeouts is HTTP with timeouts t (zero fields: the defaults).
+func HTTPWithTimeouts(name string, ln net.Listener, h http.Handler, log *slog.Logger, t HTTPTimeouts) Server {
+	t = t.withDefaults()
 	return &httpServer{name: name, ln: ln, srv: &http.Server{
-		Handler: h, ReadHeaderTimeout: ReadHeaderTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		Handler: h, ReadHeaderTimeout: min(ReadHeaderTimeout, t.ReadTimeout), ReadTimeout: t.ReadTimeout,
+		WriteTimeout: t.WriteTimeout, IdleTimeout: t.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}}
 }
 
