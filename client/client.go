@@ -12,6 +12,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
@@ -35,7 +36,14 @@ func New(cfg Config) (*Client, error) {
 	}
 	cfg = cfg.withDefaults()
 	// Options given later win, so the caller's credentials replace plaintext.
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS)))
+	}
+	if cfg.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(BearerToken(cfg.Token)))
+	}
+	opts = append(opts, cfg.DialOptions...)
 	c := &Client{cfg: cfg, log: cfg.Logger}
 	for _, ep := range cfg.Endpoints {
 		conn, err := grpc.NewClient(ep, opts...)

@@ -158,7 +158,7 @@ func runGet(ctx context.Context, e *env, args []string) error {
 	var resp *idemv1.GetResponse
 	var tried []string
 	for _, addr := range addrs {
-		conn, err := dial(addr)
+		conn, err := e.dial(addr)
 		if err != nil {
 			return err
 		}
@@ -258,9 +258,9 @@ func shardArg(topo *topology.Topology, id string) (topology.Shard, error) {
 	return s, nil
 }
 
-func adminClient(topo *topology.Topology, nodeID string) (idemv1.AdminClient, func(), error) {
+func adminClient(e *env, topo *topology.Topology, nodeID string) (idemv1.AdminClient, func(), error) {
 	n, _ := topo.NodeByID(nodeID)
-	conn, err := dial(n.GRPCAddr)
+	conn, err := e.dial(n.GRPCAddr)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -298,7 +298,7 @@ func runTransferLeader(ctx context.Context, e *env, args []string) error {
 	if target == before.Leader {
 		v.Leader, v.Term = before.Leader, before.Term
 	} else {
-		client, closeConn, err := adminClient(topo, before.Leader)
+		client, closeConn, err := adminClient(e, topo, before.Leader)
 		if err != nil {
 			return err
 		}
@@ -360,7 +360,7 @@ func runSnapshot(ctx context.Context, e *env, args []string) error {
 			return fmt.Errorf("shard %s has no leader; name a voter with --node", shard.ID)
 		}
 	}
-	client, closeConn, err := adminClient(topo, node)
+	client, closeConn, err := adminClient(e, topo, node)
 	if err != nil {
 		return err
 	}

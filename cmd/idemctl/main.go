@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/security/pki"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -20,15 +22,21 @@ func main() { cli.Main("idemctl", run) }
 
 // globals are the flags every command takes, before or after its name.
 type globals struct {
-	config  string
-	json    bool
-	timeout time.Duration
+	config   string
+	json     bool
+	timeout  time.Duration
+	certsDir string
+	user     string
+	token    string
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.config, "config", g.config, "cluster topology `FILE` (YAML or JSON), the same file as the nodes'")
 	fs.BoolVar(&g.json, "json", g.json, "print JSON for scripts instead of tables")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "deadline `D` for each call to a node")
+	fs.StringVar(&g.certsDir, "certs-dir", g.certsDir, "secure cluster: `DIR` with ca.crt and client.NAME.crt/.key of --user (idemctl cert create-client)")
+	fs.StringVar(&g.user, "user", g.user, "secure cluster: the principal `NAME` whose client certificate to present (with --certs-dir; not with --token)")
+	fs.StringVar(&g.token, "token", g.token, "secure cluster: authenticate with bearer `TOKEN` instead of a client certificate (the server is verified against --certs-dir's ca.crt, else the system's CAs)")
 }
 
 // command is one subcommand.
@@ -146,13 +154,14 @@ func printCommandUsage(w io.Writer, c *command, fs *flag.FlagSet) {
 // env is what a command runs with.
 type env struct {
 	g      globals
+	tls    *tls.Config // nil: plaintext
 	o      cmdOptions
 	topo   *topology.Topology // nil when --config was not given
 	stdout io.Writer
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	g := globals{timeout: 5 * time.Second}
+	g := globals{timeout: 5 * time.Second, user: "root"}
 	fs := flag.NewFlagSet("idemctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	g.register(fs)
@@ -210,6 +219,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--timeout must be positive, got %s", g.timeout)
 	}
 	e.g = g
+	if e.tls, err = clientTLS(g); err != nil {
+		return err
+	}
 	if g.config != "" {
 		if e.topo, err = topology.LoadFile(g.config); err != nil {
 			return err
@@ -255,4 +267,20 @@ func (e *env) needTopology(what string) (*topology.Topology, error) {
 		return nil, fmt.Errorf("%s needs the topology: pass --config FILE", what)
 	}
 	return e.topo, nil
+}
+
+// clientTLS is the TLS config of --certs-dir, --user and --token: nil
+// (plaintext) without either; with --certs-dir, its ca.crt and (without
+// --token) the client certificate of --user; with --token alone, the
+// system's CAs.
+func clientTLS(g globals) (*tls.Config, error) {
+	switch {
+	case g.certsDir == "" && g.token == "":
+		return nil, nil
+	case g.certsDir == "":
+		return &tls.Config{MinVersion: tls.VersionTLS12}, nil
+	case g.token != "":
+		return pki.ClientTLS(g.certsDir, "")
+	}
+	return pki.ClientTLS(g.certsDir, g.user)
 }

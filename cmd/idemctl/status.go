@@ -11,9 +11,11 @@ import (
 	"text/tabwriter"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -79,10 +81,19 @@ type clusterView struct {
 	Shards  []shardView  `json:"shards"`
 }
 
-// dial returns a gRPC connection to addr; calls on it fail fast when the
-// address refuses connections.
-func dial(addr string) (*grpc.ClientConn, error) {
-	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// dial returns a gRPC connection to addr, secured by --certs-dir or
+// --token when given; calls on it fail fast when the address refuses
+// connections.
+func (e *env) dial(addr string) (*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if e.tls != nil {
+		creds = credentials.NewTLS(e.tls)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if e.g.token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(client.BearerToken(e.g.token)))
+	}
+	return grpc.NewClient(addr, opts...)
 }
 
 // askNodes asks the given nodes for their status concurrently.
@@ -95,7 +106,7 @@ func askNodes(ctx context.Context, e *env, nodes []topology.Node) []nodeView {
 			defer wg.Done()
 			v := nodeView{ID: n.ID, Region: n.Region, GRPCAddr: n.GRPCAddr, Health: healthUnreachable}
 			defer func() { views[i] = v }()
-			conn, err := dial(n.GRPCAddr)
+			conn, err := e.dial(n.GRPCAddr)
 			if err != nil {
 				v.Error = err.Error()
 				return

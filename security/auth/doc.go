@@ -45,7 +45,7 @@
 //	http.Handler:  a.Middleware(apiHandler, auth.JSONAPITarget, nil)
 //	gRPC server:   grpc.ChainUnaryInterceptor(a.UnaryServerInterceptor(nil)), grpc.ChainStreamInterceptor(a.StreamServerInterceptor(nil))
 //	gRPC forward:  grpc.WithUnaryInterceptor(auth.ForwardUnaryClientInterceptor())
-//	client token:  grpc.WithPerRPCCredentials(auth.BearerCredentials(token))
+//	client token:  client.Config.Token (client.BearerToken)
 //	SIGHUP:        if err := a.Reload(); err != nil { /* logged; the old principals stay */ }
 //
 // The handler finds the principal with PrincipalFrom (operator actions log

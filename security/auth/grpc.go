@@ -100,16 +100,3 @@ func forwardContext(ctx context.Context) context.Context {
 	}
 	return metadata.NewOutgoingContext(ctx, md)
 }
-
-// BearerCredentials is a grpc.PerRPCCredentials sending "authorization:
-// Bearer TOKEN" (for idemctl and the Go client); it requires transport
-// security, so a token never crosses a plaintext link.
-type BearerCredentials string
-
-// GetRequestMetadata implements credentials.PerRPCCredentials.
-func (b BearerCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-
-// RequireTransportSecurity implements credentials.PerRPCCredentials.
-func (BearerCredentials) RequireTransportSecurity() bool { return true }

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/security/pki"
 )
 
@@ -231,7 +232,7 @@ func TestGRPCInterceptors(t *testing.T) {
 		return cc
 	}
 	anon := dial(certs.clientTLS(t, ""))
-	billing := dial(certs.clientTLS(t, ""), grpc.WithPerRPCCredentials(BearerCredentials("tok-billing")))
+	billing := dial(certs.clientTLS(t, ""), grpc.WithPerRPCCredentials(client.BearerToken("tok-billing")))
 	byCert := dial(certs.clientTLS(t, "cert-only"))
 	byNode := dial(certs.n2.NodeClientTLS("127.0.0.1", "h2"), grpc.WithUnaryInterceptor(ForwardUnaryClientInterceptor()))
 
@@ -289,8 +290,8 @@ func TestGRPCInterceptors(t *testing.T) {
 		t.Fatalf("node calling Admin.Status: %v, want it past authorization (Unimplemented)", err)
 	}
 	// A token never crosses a plaintext link.
-	if !BearerCredentials("x").RequireTransportSecurity() {
-		t.Fatal("BearerCredentials allows plaintext")
+	if !client.BearerToken("x").RequireTransportSecurity() {
+		t.Fatal("BearerToken allows plaintext")
 	}
 	var e *Error
 	if _, err := a.Authorize(Credentials{}, Target{"billing", VerbGet}); !errors.As(err, &e) || status.Code(e.GRPCStatus().Err()) != codes.Unauthenticated {
