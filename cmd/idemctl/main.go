@@ -34,7 +34,9 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.config, "config", g.config, "cluster topology `FILE` (YAML or JSON), the same file as the nodes'")
 	fs.BoolVar(&g.json, "json", g.json, "print JSON for scripts instead of tables")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "deadline `D` for each call to a node")
-	fs.StringVar(&g.certsDir, "certs-dir", g.certsDir, "secure cluster: `DIR` with ca.crt and client.NAME.crt/.key of --user (idemctl cert create-client)")
+	if fs.Lookup("certs-dir") == nil { // idemctl cert has its own (the dir it writes)
+		fs.StringVar(&g.certsDir, "certs-dir", g.certsDir, "secure cluster: `DIR` with ca.crt and client.NAME.crt/.key of --user (idemctl cert create-client)")
+	}
 	fs.StringVar(&g.user, "user", g.user, "secure cluster: the principal `NAME` whose client certificate to present (with --certs-dir; not with --token)")
 	fs.StringVar(&g.token, "token", g.token, "secure cluster: authenticate with bearer `TOKEN` instead of a client certificate (the server is verified against --certs-dir's ca.crt, else the system's CAs)")
 }
@@ -193,6 +195,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	if name == certCommandName {
+		if g.certsDir != "" { // given before the command name
+			rest = append([]string{"--certs-dir", g.certsDir}, rest...)
+		}
 		return runCert(ctx, rest, stdout)
 	}
 	c := findCommand(name)

@@ -14,7 +14,9 @@
 # take the same variables (IDEM_NODE1_HTTP_PORT ... IDEM_ROUTER_GRPC_PORT).
 # IDEM_SMOKE_SKIP_BUILD=1 uses the existing image; IDEM_SMOKE_TIMEOUT (seconds,
 # default 300) bounds the whole run. Needs docker and docker compose (v2) or
-# docker-compose (v1), curl; nothing is pulled.
+# docker-compose (v1), curl; nothing is pulled. The cluster runs in secure
+# mode: make-certs.sh makes its certificates in a temporary dir, every curl
+# uses --cacert and the root client certificate.
 set -euo pipefail
 cd "$(dirname "$0")"
 compose_dir=$(pwd)
@@ -25,7 +27,13 @@ export IDEM_NODE1_HTTP_PORT=${IDEM_NODE1_HTTP_PORT:-8101}
 export IDEM_NODE2_HTTP_PORT=${IDEM_NODE2_HTTP_PORT:-8102}
 export IDEM_NODE3_HTTP_PORT=${IDEM_NODE3_HTTP_PORT:-8103}
 export IDEM_ROUTER_HTTP_PORT=${IDEM_ROUTER_HTTP_PORT:-8090}
-router="127.0.0.1:$IDEM_ROUTER_HTTP_PORT"
+router="https://127.0.0.1:$IDEM_ROUTER_HTTP_PORT"
+# Secure mode: certificates made by make-certs.sh into a directory of this
+# run (removed by cleanup), never the user's deploy/compose/certs.
+certs=$(mktemp -d "${TMPDIR:-/tmp}/idem-smoke-certs.XXXXXX")
+export IDEM_CERTS_DIR="$certs"
+tls=(--cacert "$certs/client/ca.crt" --cert "$certs/client/client.root.crt" --key "$certs/client/client.root.key")
+ctl=(idemctl --certs-dir /client --config /etc/idem/topology.yaml)
 
 if docker compose version >/dev/null 2>&1; then
   compose() { docker compose -p "$project" -f "$compose_dir/docker-compose.yml" "$@"; }
@@ -57,6 +65,7 @@ cleanup() {
     step "cleanup: down -v (containers, network, volumes of project $project)"
     compose down -v --remove-orphans -t 20 >/dev/null 2>&1 || compose down -v >/dev/null 2>&1 || true
   fi
+  rm -rf "$certs"
   exit "$status"
 }
 trap cleanup EXIT
@@ -77,13 +86,13 @@ watchdog=$!
 json_field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p" | head -n 1; }
 
 # post URL BODY: prints the HTTP status and the body on one line each.
-post() { curl -s -m 10 -w '\n%{http_code}' -X POST "$1" -d "$2"; }
+post() { curl "${tls[@]}" -s -m 10 -w '\n%{http_code}' -X POST "$1" -d "$2"; }
 
 # wait_ready NAME ADDR SECONDS: polls GET ADDR/readyz until 200.
 wait_ready() {
   local name=$1 addr=$2 deadline=$((SECONDS + $3)) last=
   while [ "$SECONDS" -lt "$deadline" ]; do
-    if last=$(curl -s -m 2 -w ' %{http_code}' "$addr/readyz" 2>&1) && [ "${last##* }" = 200 ]; then
+    if last=$(curl "${tls[@]}" -s -m 2 -w ' %{http_code}' "$addr/readyz" 2>&1) && [ "${last##* }" = 200 ]; then
       echo "$name ready ($addr)"
       return 0
     fi
@@ -116,6 +125,9 @@ if [ "${IDEM_SMOKE_SKIP_BUILD:-0}" != 1 ]; then
   ../docker/build.sh
 fi
 
+step "certificates (make-certs.sh into $certs)"
+"$compose_dir/make-certs.sh" "$certs"
+
 step "up: three nodes and a router (project $project)"
 started=1
 compose down -v --remove-orphans >/dev/null 2>&1 || true
@@ -129,10 +141,18 @@ for svc in idem-1:8080 idem-2:8080 idem-3:8080 router:8090; do
 done
 
 step "wait for /readyz"
-wait_ready idem-1 "127.0.0.1:$IDEM_NODE1_HTTP_PORT" 90
-wait_ready idem-2 "127.0.0.1:$IDEM_NODE2_HTTP_PORT" 90
-wait_ready idem-3 "127.0.0.1:$IDEM_NODE3_HTTP_PORT" 90
+wait_ready idem-1 "https://127.0.0.1:$IDEM_NODE1_HTTP_PORT" 90
+wait_ready idem-2 "https://127.0.0.1:$IDEM_NODE2_HTTP_PORT" 90
+wait_ready idem-3 "https://127.0.0.1:$IDEM_NODE3_HTTP_PORT" 90
 wait_ready router "$router" 60
+
+step "secure mode: plaintext and certificate-less requests are refused"
+if curl -s -m 5 "http://127.0.0.1:$IDEM_ROUTER_HTTP_PORT/readyz" -o /dev/null -w '%{http_code}' | grep -q '^2'; then
+  fail "the router answered plaintext HTTP"
+fi
+code=$(curl --cacert "$certs/client/ca.crt" -s -m 5 -o /dev/null -w '%{http_code}' -X POST "$router/v1/namespaces/smoke/keys/x:reserve" -d '{}')
+[ "$code" = 401 ] || fail "a reserve without a client certificate: want 401, got $code"
+echo "plaintext refused; no client certificate: 401"
 
 ns=smoke
 key="order-$(date +%s)-$$"
@@ -157,8 +177,8 @@ echo "replay:   $out"
 [ "$(json_field fencing_token <<<"$out")" = "$fencing" ] || fail "replay: want fencing token $fencing, got $out"
 
 step "find the leader of the key's shard (idemctl inside the router's container)"
-compose exec -T router idemctl --config /etc/idem/topology.yaml locate "$ns" "$key"
-located=$(compose exec -T router idemctl --config /etc/idem/topology.yaml --json locate "$ns" "$key")
+compose exec -T router "${ctl[@]}" locate "$ns" "$key"
+located=$(compose exec -T router "${ctl[@]}" --json locate "$ns" "$key")
 leader=$(json_field leader <<<"$(tr -d ' \n' <<<"$located")")
 shard=$(json_field shard <<<"$(tr -d ' \n' <<<"$located")")
 case "$leader" in
@@ -169,7 +189,7 @@ esac
 same=
 for i in $(seq 1 40); do
   k="$key-$shard-$i"
-  l=$(compose exec -T router idemctl --config /etc/idem/topology.yaml --json locate "$ns" "$k" | tr -d ' \n')
+  l=$(compose exec -T router "${ctl[@]}" --json locate "$ns" "$k" | tr -d ' \n')
   if [ "$(json_field shard <<<"$l")" = "$shard" ]; then
     same=$k
     break
@@ -202,7 +222,7 @@ r=$(until_ok 30 "$keys/$same:reserve" "{\"owner_token\":\"$o\"}")
 [ "$(json_field outcome <<<"$r")" = ACQUIRED ] || fail "reserve $same on shard $shard with $leader down: want ACQUIRED, got $r"
 until_ok 30 "$keys/$same:complete" "{\"owner_token\":\"$o\",\"response\":{\"status\":200,\"body\":\"$body\"}}" >/dev/null
 echo "$same (shard $shard, whose leader was killed) reserved and completed"
-compose exec -T router idemctl --config /etc/idem/topology.yaml --timeout 2s locate "$ns" "$same" || true
+compose exec -T router "${ctl[@]}" --timeout 2s locate "$ns" "$same" || true
 if state=$(docker inspect -f '{{.State.Status}}' "$(compose ps -a -q "$leader")") && [ "$state" != exited ]; then
   fail "$leader was restarted behind the test's back (state $state): the writes above did not run without it"
 fi
@@ -214,8 +234,8 @@ idem-1) port=$IDEM_NODE1_HTTP_PORT ;;
 idem-2) port=$IDEM_NODE2_HTTP_PORT ;;
 idem-3) port=$IDEM_NODE3_HTTP_PORT ;;
 esac
-wait_ready "$leader" "127.0.0.1:$port" 60
-got=$(curl -s -m 10 "127.0.0.1:$port/v1/namespaces/$ns/keys/$same")
+wait_ready "$leader" "https://127.0.0.1:$port" 60
+got=$(curl "${tls[@]}" -s -m 10 "https://127.0.0.1:$port/v1/namespaces/$ns/keys/$same")
 echo "GET $same from $leader: $got"
 [ "$(json_field state <<<"$got")" = COMPLETED ] || fail "GET $same from $leader: want COMPLETED, got $got"
 
