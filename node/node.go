@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sort"
@@ -12,11 +11,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -34,6 +36,7 @@ var (
 type shard struct {
 	info  topology.Shard
 	group *raftstore.Group
+	sm    *statedb.StateMachine
 	fsm   *fsm.FSM
 }
 
@@ -51,6 +54,7 @@ type Node struct {
 
 	// Set by Start.
 	host           *raftstore.Host
+	state          *statedb.DB // every hosted shard's records, on disk
 	shards         map[string]*shard
 	httpLn, grpcLn net.Listener
 	servers        []serving.Server
@@ -87,6 +91,11 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 		stamped := *cmd
 		stamped.Now = n.now()
 		stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
+		if s.group.IsLeader() {
+			if err := s.sm.Admit(&stamped); err != nil { // --max-state-bytes reached
+				return fsm.Result{}, n.cfg.NodeID, &backend.Error{Code: contract.CodeResourceExhausted, Message: err.Error(), RetryAfter: n.cfg.SweepInterval}
+			}
+		}
 		v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
 		if err == nil {
 			res, ok := v.(fsm.Result)
@@ -183,23 +192,3 @@ func (n *Node) shardIDs() []string {
 	sort.Strings(ids)
 	return ids
 }
-
-// stateMachine adapts an *fsm.FSM to raftstore.StateMachine.
-type stateMachine struct{ f *fsm.FSM }
-
-func (m stateMachine) Apply(index uint64, data []byte) any {
-	if fsm.IsPacked(data) {
-		// raftstore's proposal buffer wants one result per packed command.
-		rs := m.f.ApplyPackedEntry(index, data)
-		out := make([]any, len(rs))
-		for i, r := range rs {
-			out[i] = r
-		}
-		return out
-	}
-	return m.f.ApplyEntry(index, data)
-}
-func (m stateMachine) Snapshot() (raftstore.SnapshotWriter, error) {
-	return m.f.Snapshot(), nil
-}
-func (m stateMachine) Restore(r io.Reader) error { return m.f.Restore(r) }
