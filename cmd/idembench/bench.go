@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,7 +23,10 @@ type benchConfig struct {
 	Lease          time.Duration `json:"lease_ns"`
 	RequestTimeout time.Duration `json:"request_timeout_ns"`
 	MaxAttempts    int           `json:"max_attempts"`
-	JSON           bool          `json:"-"`
+	// TLS is set with --certs-dir (a secure cluster); Secure reports it.
+	TLS    *tls.Config `json:"-"`
+	Secure bool        `json:"tls"`
+	JSON   bool        `json:"-"`
 }
 
 // target is one API under load. Both methods are called concurrently.

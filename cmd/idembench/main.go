@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/security/pki"
 )
 
 func main() { cli.Main("idembench", run) }
@@ -52,6 +53,9 @@ func parseFlags(args []string, stderr io.Writer) (benchConfig, error) {
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", 10*time.Second, "deadline of one request")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 1, "grpc only: attempts per request, with the client's backoff (1: no retries, every failure counts)")
 	fs.BoolVar(&cfg.JSON, "json", false, "print the figures as one JSON object instead of text")
+	var certsDir, user string
+	fs.StringVar(&certsDir, "certs-dir", "", "secure cluster: `DIR` with ca.crt and client.NAME.crt/.key of --user (TLS on every request)")
+	fs.StringVar(&user, "user", "root", "secure cluster: the principal `NAME` whose client certificate to present")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stderr, usageHeader)
@@ -67,6 +71,13 @@ func parseFlags(args []string, stderr io.Writer) (benchConfig, error) {
 	fs.Visit(func(f *flag.Flag) { durationSet = durationSet || f.Name == "duration" })
 	if cfg.Cycles > 0 && !durationSet {
 		cfg.Duration = 0
+	}
+	if certsDir != "" {
+		tlsCfg, err := pki.ClientTLS(certsDir, user)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.TLS, cfg.Secure = tlsCfg, true
 	}
 	if addrs == "" {
 		addrs = defaultJSONAddr

@@ -41,6 +41,7 @@ func newGRPCTarget(cfg benchConfig, body []byte) (*grpcTarget, error) {
 	ccfg := client.DefaultConfig(cfg.Addrs...)
 	ccfg.MaxAttempts = cfg.MaxAttempts
 	ccfg.RequestTimeout = cfg.RequestTimeout
+	ccfg.TLS = cfg.TLS
 	c, err := client.New(ccfg)
 	if err != nil {
 		return nil, err
@@ -105,6 +106,7 @@ func newJSONTarget(cfg benchConfig, body []byte) *jsonTarget {
 		IdleConnTimeout:     0,
 		DisableCompression:  true,
 		ForceAttemptHTTP2:   false,
+		TLSClientConfig:     cfg.TLS,
 	}
 	resp, _ := json.Marshal(struct {
 		Status  int               `json:"status"`
@@ -121,7 +123,11 @@ func newJSONTarget(cfg benchConfig, body []byte) *jsonTarget {
 
 func (j *jsonTarget) url(key, verb string) string {
 	addr := j.cfg.Addrs[int(j.next.Add(1)%uint64(len(j.cfg.Addrs)))]
-	return "http://" + addr + "/v1/namespaces/" + url.PathEscape(j.cfg.Namespace) + "/keys/" + url.PathEscape(key) + ":" + verb
+	scheme := "http://"
+	if j.cfg.TLS != nil {
+		scheme = "https://"
+	}
+	return scheme + addr + "/v1/namespaces/" + url.PathEscape(j.cfg.Namespace) + "/keys/" + url.PathEscape(key) + ":" + verb
 }
 
 func (j *jsonTarget) reserve(ctx context.Context, key string) (string, error) {
