@@ -4,7 +4,8 @@
 // routers can run per region and be restarted at will.
 //
 //	idemrouter --config cluster.yaml --region us-east
-//	idemrouter --config cluster.yaml --region eu-west --http-addr 0.0.0.0:8090 --grpc-addr 0.0.0.0:7090
+//	idemrouter --config cluster.yaml --region eu-west --http-addr 0.0.0.0:8090 --grpc-addr 0.0.0.0:7090 \
+//	    --certs-dir certs/router --auth-file auth.yaml
 //
 // # Flags
 //
@@ -18,6 +19,15 @@
 //	                       accepts and relays what they store
 //	--log-level LEVEL      debug, info, warn or error (default info)
 //	--log-format FORMAT    text or json (default text)
+//	--certs-dir DIR        secure mode: ca.crt, node.crt, node.key (TLS on every listener,
+//	                       mTLS to the nodes); without it, non-loopback listen addresses
+//	                       refuse to start unless --insecure
+//	--auth-file FILE       principals, namespaces, roles, rates (reloaded on SIGHUP)
+//	--insecure             allow plaintext beyond loopback
+//	--max-conns N          connections per listener (default 4096)
+//	--http-read-timeout D, --http-write-timeout D, --http-idle-timeout D (30s, 60s, 120s)
+//	--proxy-key-file FILE  proxy mode: key of the Authorization hash (default proxy.key in
+//	                       --certs-dir, else random per process)
 //	--help, --version
 //
 // A bad flag or topology exits 1 with one line on stderr. On SIGTERM (or
