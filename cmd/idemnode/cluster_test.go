@@ -102,6 +102,9 @@ func testConcurrentReservesOneOwner(t *testing.T, c *cluster.Cluster) {
 	apis := make([]*cluster.API, len(ids))
 	for i, id := range ids {
 		apis[i] = cluster.NewAPI(c.HTTPAddr(id))
+		// A retried reserve keeps its owner token, so it cannot make a
+		// second owner: exactly one ACQUIRED still holds.
+		apis[i].RetryUnavailable = 30 * time.Second
 	}
 	ctx := t.Context()
 	rng := cluster.Rand(cluster.Seed(t, "./cmd/idemnode"), 0)
@@ -399,6 +402,7 @@ func testLeaseExpiryAndReclaim(t *testing.T, c *cluster.Cluster) {
 	ctx := t.Context()
 	ids := nodeIDs(c)
 	a, b := cluster.NewAPI(c.HTTPAddr(ids[0])), cluster.NewAPI(c.HTTPAddr(ids[2]))
+	a.RetryUnavailable, b.RetryUnavailable = 30*time.Second, 30*time.Second
 	first := want(t, 200)(a.Reserve(ctx, "jobs", "job-1", map[string]any{"owner_token": "stale-owner-00001", "lease_ms": 200}))
 	oldLease, _ := time.Parse(time.RFC3339Nano, first.Str("lease_expires_at"))
 	var re cluster.Reply
