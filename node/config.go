@@ -61,6 +61,11 @@ type Config struct {
 	// ClockOffset is added to this node's wall clock when it stamps
 	// commands. For fault testing (regionsim's clock skew) only.
 	ClockOffset time.Duration
+	// FaultInjection names the fault-injection settings in force (the
+	// --testing-* flags, which cmd/idemnode allows only with
+	// IDEM_ENABLE_FAULT_INJECTION=1); the node logs a warning naming them at
+	// start and every minute. Empty in production.
+	FaultInjection []string
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Registry receives every metric of the node and is what /metrics

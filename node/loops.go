@@ -54,7 +54,8 @@ func every(ctx context.Context, interval time.Duration, fn func(ctx context.Cont
 func (n *Node) startLoops() {
 	n.loops = append(n.loops,
 		startLoop("sweep", func(ctx context.Context) { every(ctx, n.cfg.SweepInterval, n.sweep) }),
-		startLoop("ring check", n.checkRing))
+		startLoop("ring check", n.checkRing),
+		startLoop("rejoin", n.watchRejoin))
 	if n.cfg.LeaderBalanceInterval > 0 {
 		b := newBalancer()
 		n.loops = append(n.loops, startLoop("leader balance", func(ctx context.Context) {

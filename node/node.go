@@ -28,6 +28,10 @@ var (
 	ErrInvalidConfig = errors.New("node: invalid config")
 	// ErrDataDirMismatch: the data dir belongs to another cluster, node or ring.
 	ErrDataDirMismatch = errors.New("node: data dir does not match this node")
+	// ErrStateLost: the data dir held this node's Raft state (it has an
+	// identity file) but the state is missing, truncated or unreadable; the
+	// node refuses to start (idemctl replace-node brings it back).
+	ErrStateLost = errors.New("node: Raft state lost")
 	// ErrNotStarted: Serve or Ready was called before Start.
 	ErrNotStarted = errors.New("node: not started (call Start, or Run)")
 )
@@ -61,7 +65,13 @@ type Node struct {
 	started, served atomic.Bool
 	// ringErr is set when a peer reports another cluster or ring: this
 	// node's topology file is not the one the cluster was created with.
-	ringErr   atomic.Pointer[error]
+	ringErr  atomic.Pointer[error]
+	identity identity // as read (or written) by Start
+	// failure is set once the Raft log failed stop; failed is then closed
+	// and Serve returns the error.
+	failure   atomic.Pointer[error]
+	failOnce  sync.Once
+	failed    chan struct{}
 	closeOnce sync.Once
 	closeErr  error
 	closed    chan struct{} // closed by closeAll: Serve returns

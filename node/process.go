@@ -40,6 +40,7 @@ func New(cfg Config) (*Node, error) {
 		ring:   ring,
 		shards: map[string]*shard{},
 		closed: make(chan struct{}),
+		failed: make(chan struct{}),
 	}
 	// Forwarded replays carry whole stored responses: allow messages as
 	// large as the API accepts, not gRPC's 4 MiB default.
@@ -76,10 +77,26 @@ func (n *Node) Start() (err error) {
 		}
 	}()
 	cfg := n.cfg
-	if err := checkIdentity(cfg.DataDir, identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.ring.Fingerprint()}); err != nil {
+	id, existed, err := checkIdentity(cfg.DataDir, identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.ring.Fingerprint()})
+	if err != nil {
 		return err
 	}
+	n.identity = id
+	// A dir with an identity held Raft state: state missing now was lost,
+	// and bootstrapping over it would make fencing tokens go back (and
+	// forget this node's votes). Only a dir idemctl replace-node prepared
+	// joins empty.
+	start := raftstore.StartBootstrap
+	switch {
+	case id.Rejoining:
+		start = raftstore.StartJoin
+		n.log.Warn("data dir was emptied by idemctl replace-node: joining every shard as a fresh replica", "data_dir", cfg.DataDir)
+	case existed:
+		start = raftstore.StartRequireState
+	}
+	n.warnFaultInjection()
 	rcfg := cfg.Raft
+	rcfg.OnStorageFailure = n.storageFailed
 	rcfg.NodeID = cfg.NodeID
 	rcfg.RaftListenAddr = cmp.Or(cfg.RaftAddr, n.self.RaftAddr)
 	rcfg.RaftAdvertiseAddr = n.self.RaftAddr
@@ -87,7 +104,7 @@ func (n *Node) Start() (err error) {
 	rcfg.Logger = n.log
 	rcfg.Registry = cfg.Registry
 	if n.host, err = raftstore.NewHost(rcfg); err != nil {
-		return err
+		return n.startError("", err)
 	}
 	for _, info := range cfg.Topology.ShardsOnNode(cfg.NodeID) {
 		peers := make([]raftstore.Peer, 0, len(info.Voters))
@@ -95,13 +112,13 @@ func (n *Node) Start() (err error) {
 			vn, _ := cfg.Topology.NodeByID(v)
 			peers = append(peers, raftstore.Peer{ID: v, Addr: vn.RaftAddr})
 		}
-		gc := raftstore.GroupConfig{ID: info.ID, Voters: peers}
+		gc := raftstore.GroupConfig{ID: info.ID, Voters: peers, Start: start}
 		if spansRegions(cfg.Topology, info) && cfg.Topology.WANRTTMs > 0 {
 			gc.Timing = raftstore.WANTiming(rcfg, time.Duration(cfg.Topology.WANRTTMs)*time.Millisecond)
 		}
 		s := &shard{info: info, fsm: fsm.New()}
 		if s.group, err = n.host.AddGroup(gc, stateMachine{s.fsm}); err != nil {
-			return err
+			return n.startError(info.ID, err)
 		}
 		n.shards[info.ID] = s
 	}
@@ -153,10 +170,15 @@ func (n *Node) Serve(ctx context.Context) error {
 		select {
 		case <-n.closed:
 			cancel()
+		case <-n.failed:
+			cancel()
 		case <-ctx.Done():
 		}
 	}()
 	serveErr := serving.Serve(ctx, n.log, n.servers)
+	if p := n.failure.Load(); p != nil {
+		serveErr = errors.Join(serveErr, fmt.Errorf("node: stopped after a storage failure: %w", *p))
+	}
 	drainCtx, cancel := context.WithTimeout(context.Background(), serving.DrainTimeout)
 	defer cancel()
 	n.log.Info("draining")

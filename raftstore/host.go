@@ -364,16 +364,21 @@ func (h *Host) openSharedLog(create bool) (*sharedLog, error) {
 	if err != nil {
 		return nil, err
 	}
+	if n := h.cfg.TestingFailCommitsAfter; n > 0 {
+		sl.failCommitsAfter(n)
+	}
 	h.sharedLog = sl
 	return sl, nil
 }
 
 // storageFailed is told once that the shared log failed stop.
+// The callback, when set, says it (one line from whoever acts on it).
 func (h *Host) storageFailed(err error) {
-	h.logger.Error("raft log storage failed: this node takes no more writes", "error", err)
 	if h.cfg.OnStorageFailure != nil {
 		h.cfg.OnStorageFailure(err)
+		return
 	}
+	h.logger.Error("raft log storage failed: this node takes no more writes", "error", err)
 }
 
 // StorageFailure returns the error that made this node's Raft log fail stop

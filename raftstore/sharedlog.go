@@ -247,6 +247,19 @@ func (s *sharedLog) commit(batch []*logWrite) {
 	answer(nil)
 }
 
+// failCommitsAfter makes every commit after the first n fail as a failed
+// fsync would (Config.TestingFailCommitsAfter: fault injection for tests).
+func (s *sharedLog) failCommitsAfter(n uint64) {
+	var done atomic.Uint64
+	s.commitTx = func(tx *bbolt.Tx) error {
+		if done.Add(1) > n {
+			tx.Rollback()
+			return fmt.Errorf("injected fault: commit %d failed (--testing-fail-log-commits-after %d)", done.Load(), n)
+		}
+		return tx.Commit()
+	}
+}
+
 // fail makes the log fail stop with cause (the first cause wins) and
 // returns the sticky error every write gets from now on.
 func (s *sharedLog) fail(cause error) error {

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -35,7 +36,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "idemnode:", err)
+		fmt.Fprintln(os.Stderr, "idemnode:", strings.ReplaceAll(err.Error(), "\n", "; "))
 		os.Exit(1)
 	}
 }
@@ -56,6 +57,11 @@ type options struct {
 	snapshotInterval time.Duration
 	trailingLogs     uint64
 	testClockOffset  time.Duration
+	testFailCommits  uint64
+	// testingFlags are the --testing-* flags given; faultInjection is
+	// whether the environment allows them (IDEM_ENABLE_FAULT_INJECTION=1).
+	testingFlags   []string
+	faultInjection bool
 	showVersion      bool
 }
 
@@ -90,11 +96,17 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.Uint64Var(&o.snapshotEvery, "snapshot-threshold", 0, "take a Raft snapshot of a shard after this many new log `ENTRIES` (0: the default, 8192)")
 	fs.DurationVar(&o.snapshotInterval, "snapshot-interval", 0, "how often each shard checks whether to snapshot (0: the default, 2m)")
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
-	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY: shift this node's clock by `D` (fault injection for clock-skew scenarios)")
+	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): shift this node's clock by `D` (fault injection for clock-skew scenarios)")
+	fs.Uint64Var(&o.testFailCommits, "testing-fail-log-commits-after", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): make every Raft log commit after the first `N` fail as a failed fsync would")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
 		return nil, err
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Name, "testing-") {
+			o.testingFlags = append(o.testingFlags, "--"+f.Name+"="+f.Value.String())
+		}
+	})
 	return &o, nil
 }
 
@@ -106,6 +118,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	o.faultInjection = os.Getenv(faultInjectionEnv) == "1"
 	if o.showVersion {
 		fmt.Fprintln(stdout, "idemnode", version)
 		return nil
@@ -128,6 +141,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return n.Run(ctx)
 }
 
+// faultInjectionEnv must be "1" in the environment for any --testing-* flag.
+const faultInjectionEnv = "IDEM_ENABLE_FAULT_INJECTION"
+
 // nodeConfig turns flags into a node.Config, reporting every problem at once.
 func nodeConfig(o *options) (node.Config, error) {
 	var errs []error
@@ -141,6 +157,14 @@ func nodeConfig(o *options) (node.Config, error) {
 		ClockOffset:      o.testClockOffset,
 		Version:          version,
 		Raft:             raftstore.DefaultConfig(),
+	}
+	cfg.Raft.TestingFailCommitsAfter = o.testFailCommits
+	if len(o.testingFlags) > 0 {
+		if !o.faultInjection {
+			return cfg, fmt.Errorf("%s: fault injection for tests only; it works only with %s=1 in the environment, never set it in production",
+				strings.Join(o.testingFlags, ", "), faultInjectionEnv)
+		}
+		cfg.FaultInjection = o.testingFlags
 	}
 	if o.snapshotEvery > 0 {
 		cfg.Raft.SnapshotThreshold = o.snapshotEvery

@@ -37,6 +37,7 @@ func TestRunFlags(t *testing.T) {
 		{name: "invalid topology", args: []string{"--config", badTopo, "--id", "a"}, wantErr: "shards_per_region"},
 		{name: "bad margin", args: []string{"--dev", "--clock-skew-margin", "-1s"}, wantErr: "--clock-skew-margin must not be negative"},
 		{name: "bad max response", args: []string{"--dev", "--max-response-bytes", "0"}, wantErr: "--max-response-bytes must be positive"},
+		{name: "testing flag without the environment", args: []string{"--dev", "--testing-fail-log-commits-after", "3"}, wantErr: "IDEM_ENABLE_FAULT_INJECTION=1"},
 		{name: "bad log level", args: []string{"--dev", "--log-level", "loud"}, wantErr: "--log-level"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

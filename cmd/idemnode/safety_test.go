@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/internal/cluster"
+)
+
+// devProcess lays out (does not start) a dev node on free loopback ports.
+func devProcess(t *testing.T, dir string, extra ...string) (*cluster.Process, *cluster.API, string) {
+	t.Helper()
+	ports, err := cluster.FreePorts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	p := &cluster.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Args: append([]string{
+		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
+		"--grpc-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:" + strconv.Itoa(ports[2]),
+	}, extra...)}
+	t.Cleanup(func() { p.Kill() })
+	return p, cluster.NewAPI(httpAddr), httpAddr
+}
+
+func startReady(t *testing.T, p *cluster.Process, httpAddr string) {
+	t.Helper()
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := cluster.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
+		data, _ := os.ReadFile(p.Log)
+		t.Fatalf("%v\n%s", err, data)
+	}
+}
+
+// exitLine starts p, which must exit non-zero by itself, and returns what
+// it wrote after the offset of its log.
+func mustRefuse(t *testing.T, p *cluster.Process) string {
+	t.Helper()
+	before, _ := os.ReadFile(p.Log)
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	err := p.Wait(ctx)
+	after, _ := os.ReadFile(p.Log)
+	out := string(after[len(before):])
+	if err == nil || strings.Contains(err.Error(), "still running") {
+		t.Fatalf("node did not refuse to start (%v); output:\n%s", err, out)
+	}
+	if strings.Contains(out, "goroutine ") || strings.Contains(out, "panic") {
+		t.Fatalf("refusal with a panic or stack trace:\n%s", out)
+	}
+	return out
+}
+
+// lastLine is the process's last non-empty output line: what main printed.
+func lastLine(out string) string {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return lines[len(lines)-1]
+}
+
+// TestLostStateIsRefused: a data dir that kept its identity file but lost
+// its Raft log (deleted, or emptied to zero bytes) makes the node exit
+// non-zero with one line naming the dir and idemctl replace-node, instead
+// of bootstrapping an empty state where fencing tokens would start over; a
+// damaged log file gives one line naming the file, never a panic.
+func TestLostStateIsRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p, api, httpAddr := devProcess(t, dir)
+	startReady(t, p, httpAddr)
+	ok := want(t, 200)
+	first := ok(api.Reserve(t.Context(), "payments", "lost-1", nil))
+	if err := p.Stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	logDB := filepath.Join(dir, "data", "raft", "log.db")
+	saved, err := os.ReadFile(logDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataDir := filepath.Join(dir, "data")
+	for _, tc := range []struct {
+		name    string
+		damage  func() error
+		mention []string
+	}{
+		{"log deleted", func() error { return os.Remove(logDB) }, []string{dataDir, "idemctl replace-node", "missing or truncated"}},
+		{"log truncated to nothing", func() error { return os.WriteFile(logDB, nil, 0o600) }, []string{dataDir, "idemctl replace-node"}},
+		{"log overwritten", func() error { return os.WriteFile(logDB, bytes.Repeat([]byte{0xA5}, 64<<10), 0o600) }, []string{logDB, "corrupt"}},
+	} {
+		if err := tc.damage(); err != nil {
+			t.Fatal(err)
+		}
+		line := lastLine(mustRefuse(t, p))
+		for _, m := range tc.mention {
+			if !strings.Contains(line, m) {
+				t.Errorf("%s: last line %q does not mention %q", tc.name, line, m)
+			}
+		}
+		if err := os.WriteFile(logDB, saved, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// With its log back the node starts and still holds the record.
+	startReady(t, p, httpAddr)
+	if g := ok(api.Get(t.Context(), "payments", "lost-1")); g.Str("fencing_token") != first.Str("fencing_token") {
+		t.Fatalf("record after restore: %s, reserved %s", g, first)
+	}
+}
+
+// TestFaultInjectionNeedsTheEnvironment: a --testing-* flag without
+// IDEM_ENABLE_FAULT_INJECTION=1 refuses to start with one line; with it the
+// node warns that fault injection is on.
+func TestFaultInjectionNeedsTheEnvironment(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p, _, httpAddr := devProcess(t, dir, "--testing-clock-offset", "1h")
+	line := lastLine(mustRefuse(t, p))
+	if !strings.Contains(line, "IDEM_ENABLE_FAULT_INJECTION=1") || !strings.Contains(line, "--testing-clock-offset=1h0m0s") {
+		t.Fatalf("refusal line %q", line)
+	}
+	p.Env = []string{cluster.FaultInjectionEnv}
+	startReady(t, p, httpAddr)
+	data, _ := os.ReadFile(p.Log)
+	if !bytes.Contains(data, []byte("FAULT INJECTION is on")) {
+		t.Fatalf("no fault-injection warning in the log:\n%s", data)
+	}
+}
+
+// TestStorageFailureFailsStop: with the Raft log's commits failing after N
+// (fault injection), the node never acknowledges a write it could not make
+// durable: it logs one line and exits non-zero by itself; restarted without
+// the fault it holds every completion it acknowledged.
+func TestStorageFailureFailsStop(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p, api, httpAddr := devProcess(t, dir, "--testing-fail-log-commits-after", "150")
+	p.Env = []string{cluster.FaultInjectionEnv}
+	startReady(t, p, httpAddr)
+
+	type done struct{ key, body string }
+	var acked []done
+	errs := 0
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	for i := 0; i < 2000 && p.Running(); i++ {
+		key := fmt.Sprintf("fs-%d", i)
+		r, err := api.Reserve(ctx, "payments", key, nil)
+		if err != nil || r.Status != 200 {
+			errs++
+			continue
+		}
+		body := base64.StdEncoding.EncodeToString([]byte("done " + key))
+		c, err := api.Complete(ctx, "payments", key, map[string]any{"owner_token": r.Str("owner_token"),
+			"response": map[string]any{"status": 200, "body": body}})
+		if err != nil || c.Status != 200 {
+			errs++
+			continue
+		}
+		acked = append(acked, done{key, body})
+	}
+	err := p.Wait(ctx)
+	if err == nil || strings.Contains(err.Error(), "still running") {
+		t.Fatalf("the node did not exit non-zero after the storage failure: %v", err)
+	}
+	data, _ := os.ReadFile(p.Log)
+	if n := bytes.Count(data, []byte("raft log storage failed")); n != 1 {
+		t.Fatalf("%d storage failure lines in the log, want 1:\n%s", n, data)
+	}
+	if len(acked) == 0 {
+		t.Fatal("nothing was acknowledged before the failure")
+	}
+	t.Logf("%d completions acknowledged, %d calls failed, then the node exited: %v", len(acked), errs, err)
+
+	// Restart without the fault: every acknowledged completion is there.
+	p.Args = slicesWithout(p.Args, "--testing-fail-log-commits-after", "150")
+	startReady(t, p, httpAddr)
+	for _, d := range acked {
+		r, err := api.Reserve(t.Context(), "payments", d.key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, _ := r.Body["response"].(map[string]any)
+		if r.Str("outcome") != "COMPLETED" || resp["body"] != d.body {
+			t.Fatalf("acknowledged completion of %s lost after the restart: %s", d.key, r)
+		}
+	}
+}
+
+// slicesWithout returns args without the flag and value pair.
+func slicesWithout(args []string, flag, value string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == flag && i+1 < len(args) && args[i+1] == value {
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
+}
