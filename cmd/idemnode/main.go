@@ -62,7 +62,7 @@ type options struct {
 	// whether the environment allows them (IDEM_ENABLE_FAULT_INJECTION=1).
 	testingFlags   []string
 	faultInjection bool
-	showVersion      bool
+	showVersion    bool
 }
 
 const usageHeader = `idemnode: a storage node of idem, the multi-region idempotency-key store.
