@@ -77,8 +77,12 @@ type Node struct {
 	closed    chan struct{} // closed by closeAll: Serve returns
 }
 
+// localNow is this node's own wall clock (shifted by Config.ClockOffset in
+// fault tests).
+func (n *Node) localNow() int64 { return time.Now().Add(n.cfg.ClockOffset).UnixNano() }
+
 // now is the clock this node stamps commands with.
-func (n *Node) now() int64 { return time.Now().Add(n.cfg.ClockOffset).UnixNano() }
+func (n *Node) now() int64 { return n.localNow() }
 
 // Apply implements server.Backend: it proposes cmd to the shard's Raft group
 // when this node leads it, and forwards it to the leader otherwise.

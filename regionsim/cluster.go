@@ -136,7 +136,10 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 		sn := &simNode{id: n.ID, region: n.Region, real: n}
 		sn.baseArgs = []string{"--config", c.views[n.Region], "--id", n.ID, "--data-dir", filepath.Join(dir, "data", n.ID),
 			"--log-level", "info", "--clock-skew-margin", cfg.ClockSkewMargin.String()}
-		sn.proc = &cluster.Process{Name: n.ID, Bin: bins["idemnode"], Args: sn.baseArgs, Log: filepath.Join(dir, "logs", n.ID+".log")}
+		// The clock-skew fault restarts nodes with --testing-clock-offset,
+		// which idemnode accepts only with fault injection enabled.
+		sn.proc = &cluster.Process{Name: n.ID, Bin: bins["idemnode"], Args: sn.baseArgs, Log: filepath.Join(dir, "logs", n.ID+".log"),
+			Env: []string{cluster.FaultInjectionEnv}}
 		c.nodes[n.ID] = sn
 		c.nodeIDs = append(c.nodeIDs, n.ID)
 	}

@@ -23,6 +23,9 @@
 //	transfer-leader SHARD [TARGET_NODE]  asks the shard's leader to hand over to TARGET_NODE (a voter), or to
 //	                                     the voter Raft picks, and waits until the new leader is seen
 //	snapshot SHARD [--node ID]           a Raft snapshot of the shard now, on its leader or on voter --node
+//	replace-node --id NODE [--data-dir D] a stopped node whose data dir was lost: empties the dir, marks it
+//	                                     to rejoin, and has each of its shards' leaders remove and re-add it
+//	                                     (Admin.ReplaceVoter); started again, it catches up from its peers
 //
 // Every command takes --config FILE (the topology file, the same as the
 // nodes'; required except for get with --addr), --json and --timeout D (the
