@@ -208,4 +208,3 @@ func retry(ctx context.Context, f func() bool) bool {
 	}
 	return false
 }
-
