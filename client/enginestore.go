@@ -33,17 +33,11 @@ func (s engineStore) Reserve(ctx context.Context, req httpidem.ReserveRequest) (
 		RetryAfter:           res.RetryAfter,
 	}
 	switch res.Outcome {
-	case OutcomeAcquired:
-		out.Outcome = httpidem.OutcomeAcquired
-	case OutcomeReclaimed:
-		out.Outcome = httpidem.OutcomeReclaimed
-	case OutcomeInProgress:
-		out.Outcome = httpidem.OutcomeInProgress
+	case OutcomeAcquired, OutcomeReclaimed, OutcomeInProgress, OutcomeFingerprintMismatch:
+		out.Outcome = res.Outcome
 	case OutcomeCompleted:
-		out.Outcome = httpidem.OutcomeCompleted
+		out.Outcome = res.Outcome
 		out.Response = &httpidem.Response{Status: res.Response.Status, Headers: res.Response.Headers, Body: res.Response.Body}
-	case OutcomeFingerprintMismatch:
-		out.Outcome = httpidem.OutcomeFingerprintMismatch
 	default:
 		return httpidem.Reservation{}, fmt.Errorf("client: reserve %s/%s: unexpected outcome %v", req.Namespace, req.Key, res.Outcome)
 	}

@@ -1,10 +1,9 @@
 package client
 
 import (
-	"crypto/rand"
-	"encoding/base64"
-
 	"github.com/google/uuid"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // NewKey returns a fresh idempotency key: a UUIDv7 in its canonical
@@ -19,8 +18,4 @@ func NewKey() string {
 // NewOwnerToken returns a fresh owner token: 128 random bits, base64url
 // without padding (22 characters). Reserve calls it when the caller gave no
 // token.
-func NewOwnerToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (it panics instead).
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
+func NewOwnerToken() string { return contract.NewOwnerToken() }

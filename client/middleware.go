@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,75 +16,33 @@ import (
 // idempotent, everything else passes through. A zero field takes the default
 // named in its comment.
 type MiddlewareConfig struct {
-	// RequireKey answers a POST or PATCH without Idempotency-Key with 400
-	// (problem+json); the handler does not run.
-	RequireKey bool
+	// MiddlewarePolicy: which requests are handled, how callers are named,
+	// the bounds, lease, retention and stored headers (the same struct as
+	// the proxy's). Its fields are set directly (m.RequireKey = true).
+	MiddlewarePolicy
+
 	// Namespace, when set, names the caller of a request (its namespace, so
 	// that two callers using the same key never see each other's responses);
 	// typically from the request's authenticated identity. An error gives
 	// 401, an invalid namespace 400. It takes precedence over
 	// NamespaceHeader and client certificates.
 	Namespace func(r *http.Request) (string, error)
-	// NamespaceHeader, when set, is the request header naming the caller:
-	// missing gives 401, invalid 400. Only trust it behind a gateway that
-	// sets it.
-	NamespaceHeader string
-	// CertNamespace derives the namespace from a verified TLS client
-	// certificate when neither of the above is set. Nil means the common
-	// name when it is a valid namespace (and does not start with "spki-"),
-	// else "spki-" and 40 hex digits of the SHA-256 of the public key.
-	CertNamespace func(cert *x509.Certificate) (string, error)
-	// DefaultNamespace is the namespace of a request without another
-	// identity. Empty means "default".
-	DefaultNamespace string
-	// Methods whose keyed requests are handled. Nil means POST and PATCH.
-	Methods []string
-
-	// MaxRequestBytes bounds the body of a keyed request (413 past it).
-	// Zero means 1 MiB.
-	MaxRequestBytes int64
-	// SpoolThresholdBytes: a keyed request body is held in memory up to
-	// this size, in an unlinked temporary file in SpoolDir (empty:
-	// os.TempDir()) beyond it. Zero means 1 MiB.
-	SpoolThresholdBytes int64
-	SpoolDir            string
-	// MaxStoredBodyBytes is the largest response body stored; set it to
-	// the store's --max-response-bytes. A larger body reaches the first
-	// caller and is stored without it (replays carry
-	// Idempotent-Body-Omitted: true). Zero means 1 MiB.
-	MaxStoredBodyBytes int64
-
-	// Lease is the reservation's lease, renewed every HeartbeatInterval
-	// (zero: Lease/3) while the handler runs. Zero means DefaultLease (30s).
-	Lease             time.Duration
-	HeartbeatInterval time.Duration
 	// Timeout is the deadline of the handler's context. That context is
 	// detached from the caller's: a caller who hangs up does not cancel
 	// work whose result its retry will want. Zero means 60s.
 	Timeout time.Duration
-	// StoreTimeout bounds each store call; a reserve that runs out gets 503.
-	// Zero means 10s.
-	StoreTimeout time.Duration
-	// Retention is how long a completed response is kept (1s..30 days,
-	// whole seconds). Zero means 24h.
-	Retention time.Duration
-	// ReleaseStatuses are the statuses that are not final: the response
-	// goes out and the key is released, so a retry runs the handler again.
-	// Comma-separated codes and classes; empty means "5xx,408,425,429".
-	ReleaseStatuses string
-
-	// FingerprintHeaders count in the request fingerprint besides method,
-	// path, query and body.
-	FingerprintHeaders []string
-	// StoredHeaderAllow (when not empty) and StoredHeaderDeny choose the
-	// stored and replayed response headers. Hop-by-hop headers, Set-Cookie,
-	// Content-Length and the replay markers are never stored.
-	StoredHeaderAllow []string
-	StoredHeaderDeny  []string
-
 	// Logger receives lease and store events. Nil means the Client's.
 	Logger *slog.Logger
 }
+
+// MiddlewarePolicy is the HTTP engine's policy, shared with
+// `idemrouter --upstream` (proxy.Policy): Methods, RequireKey,
+// NamespaceHeader, CertNamespace, DefaultNamespace, MaxRequestBytes,
+// SpoolThresholdBytes, SpoolDir, MaxStoredBodyBytes, Lease,
+// HeartbeatInterval, StoreTimeout, Retention, ReleaseStatuses,
+// FingerprintHeaders, StoredHeaderAllow and StoredHeaderDeny, each
+// documented on the type. A zero field takes its default.
+type MiddlewarePolicy = httpidem.Policy
 
 // MiddlewareOption adjusts a MiddlewareConfig. Any func(*MiddlewareConfig)
 // is one.
@@ -153,27 +110,11 @@ func NewMiddleware(c *Client, opts ...MiddlewareOption) (func(http.Handler) http
 		logger = c.log
 	}
 	cfg := httpidem.Config{
-		Store:               engineStore{c: c},
-		Methods:             m.Methods,
-		RequireKey:          m.RequireKey,
-		NamespaceFunc:       m.Namespace,
-		NamespaceHeader:     m.NamespaceHeader,
-		CertNamespace:       m.CertNamespace,
-		DefaultNamespace:    m.DefaultNamespace,
-		MaxRequestBytes:     m.MaxRequestBytes,
-		SpoolThresholdBytes: m.SpoolThresholdBytes,
-		SpoolDir:            m.SpoolDir,
-		MaxStoredBodyBytes:  m.MaxStoredBodyBytes,
-		Lease:               m.Lease,
-		HeartbeatInterval:   m.HeartbeatInterval,
-		Timeout:             m.Timeout,
-		StoreTimeout:        m.StoreTimeout,
-		Retention:           m.Retention,
-		ReleaseStatuses:     m.ReleaseStatuses,
-		FingerprintHeaders:  m.FingerprintHeaders,
-		StoredHeaderAllow:   m.StoredHeaderAllow,
-		StoredHeaderDeny:    m.StoredHeaderDeny,
-		Logger:              logger,
+		Store:         engineStore{c: c},
+		Policy:        m.MiddlewarePolicy,
+		NamespaceFunc: m.Namespace,
+		Timeout:       m.Timeout,
+		Logger:        logger,
 	}
 	if problems := cfg.Problems(); len(problems) > 0 {
 		errs := make([]error, len(problems))

@@ -53,7 +53,7 @@ func (c *Client) Reserve(ctx context.Context, req ReserveRequest) (Reservation, 
 		return Reservation{OwnerToken: token}, err
 	}
 	res := Reservation{
-		Outcome:              outcomeFromProto(resp.GetOutcome()),
+		Outcome:              idemv1.OutcomeFromProto(resp.GetOutcome()),
 		OwnerToken:           token,
 		FencingToken:         resp.GetFencingToken(),
 		PreviousFencingToken: resp.GetPreviousFencingToken(),

@@ -6,50 +6,33 @@ import (
 	"time"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/contract"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Outcome is what the store decided on a reserve.
-type Outcome int
+// Outcome is what the store decided on a reserve (defined in package
+// contract, shared with the HTTP middleware).
+type Outcome = contract.Outcome
 
 const (
 	// OutcomeUnknown is the zero value; the store never decides it.
-	OutcomeUnknown Outcome = iota
+	OutcomeUnknown = contract.OutcomeUnknown
 	// OutcomeAcquired: the caller now owns the key (fresh, released before,
 	// past retention, or a repeat by the same owner token).
-	OutcomeAcquired
+	OutcomeAcquired = contract.OutcomeAcquired
 	// OutcomeReclaimed: acquired after an earlier owner's lease ran out; the
 	// earlier attempt may have done part of the work.
 	// Reservation.PreviousFencingToken names it.
-	OutcomeReclaimed
+	OutcomeReclaimed = contract.OutcomeReclaimed
 	// OutcomeInProgress: another owner holds the key;
 	// Reservation.RetryAfter says when to ask again.
-	OutcomeInProgress
+	OutcomeInProgress = contract.OutcomeInProgress
 	// OutcomeCompleted: the key was completed; Reservation.Response is the
 	// response to replay.
-	OutcomeCompleted
+	OutcomeCompleted = contract.OutcomeCompleted
 	// OutcomeFingerprintMismatch: the key exists with another fingerprint.
-	OutcomeFingerprintMismatch
+	OutcomeFingerprintMismatch = contract.OutcomeFingerprintMismatch
 )
-
-func (o Outcome) String() string {
-	switch o {
-	case OutcomeAcquired:
-		return "ACQUIRED"
-	case OutcomeReclaimed:
-		return "RECLAIMED"
-	case OutcomeInProgress:
-		return "IN_PROGRESS"
-	case OutcomeCompleted:
-		return "COMPLETED"
-	case OutcomeFingerprintMismatch:
-		return "FINGERPRINT_MISMATCH"
-	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
-}
-
-// Owned reports whether the outcome made the caller the key's owner.
-func (o Outcome) Owned() bool { return o == OutcomeAcquired || o == OutcomeReclaimed }
 
 // State is the state of a stored record, as Get reports it.
 type State int
@@ -177,22 +160,6 @@ type Record struct {
 	CompletedAt time.Time
 	ExpiresAt   time.Time
 	Response    *Response
-}
-
-func outcomeFromProto(o idemv1.Outcome) Outcome {
-	switch o {
-	case idemv1.Outcome_ACQUIRED:
-		return OutcomeAcquired
-	case idemv1.Outcome_RECLAIMED:
-		return OutcomeReclaimed
-	case idemv1.Outcome_IN_PROGRESS:
-		return OutcomeInProgress
-	case idemv1.Outcome_COMPLETED:
-		return OutcomeCompleted
-	case idemv1.Outcome_FINGERPRINT_MISMATCH:
-		return OutcomeFingerprintMismatch
-	}
-	return OutcomeUnknown
 }
 
 func stateFromProto(s idemv1.State) State {

@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
@@ -84,9 +82,19 @@ func (n *Node) localNow() int64 { return time.Now().Add(n.cfg.ClockOffset).UnixN
 // now is the clock this node stamps commands with.
 func (n *Node) now() int64 { return n.localNow() }
 
-// Apply implements server.Backend: it proposes cmd to the shard's Raft group
-// when this node leads it, and forwards it to the leader otherwise.
+// Apply implements backend.Backend: ApplyRouted for a request that was not
+// forwarded.
 func (n *Node) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	res, _, err := n.ApplyRouted(ctx, cmd, 0)
+	return res, err
+}
+
+// ApplyRouted implements backend.Routed: it proposes cmd to the shard's Raft
+// group when this node leads it, and forwards it to the leader otherwise
+// (hops: how often the request was forwarded already). leader is the node
+// this node believes leads the shard; the gRPC service tells its caller
+// (other nodes' and routers' forwarders learn leaders from it).
+func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res fsm.Result, leader string, err error) {
 	info := n.ring.Locate(cmd.Namespace, cmd.Key)
 	prefer := ""
 	if s := n.shards[info.ID]; s != nil {
@@ -95,58 +103,54 @@ func (n *Node) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) 
 		stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
 		v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
 		if err == nil {
-			setLeaderHeader(ctx, n.cfg.NodeID)
 			res, ok := v.(fsm.Result)
 			if !ok {
-				return fsm.Result{}, fmt.Errorf("node: shard %s returned %T", info.ID, v)
+				return fsm.Result{}, n.cfg.NodeID, fmt.Errorf("node: shard %s returned %T", info.ID, v)
 			}
-			return res, nil
+			return res, n.cfg.NodeID, nil
 		}
 		var nle *raftstore.NotLeaderError
 		if !errors.As(err, &nle) {
-			return fsm.Result{}, unavailable(info, err)
+			return fsm.Result{}, "", unavailable(info, err)
 		}
 		prefer = nle.LeaderID
-		setLeaderHeader(ctx, prefer)
+		leader = prefer
 	}
-	res, err := n.fwd.Apply(ctx, info, cmd, prefer, router.HopsFromContext(ctx))
+	res, err = n.fwd.Apply(ctx, info, cmd, prefer, hops)
 	if err == nil {
 		if id, ok := n.fwd.Leader(info.ID); ok {
-			setLeaderHeader(ctx, id)
+			leader = id
 		}
 	}
-	return res, err
+	return res, leader, err
 }
 
-// Get implements server.Backend with a linearizable read: on the leader
-// after a read barrier, otherwise forwarded to the leader.
+// Get implements backend.Backend: GetRouted for a request that was not
+// forwarded.
 func (n *Node) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {
+	rec, found, _, err := n.GetRouted(ctx, namespace, key, 0)
+	return rec, found, err
+}
+
+// GetRouted implements backend.Routed with a linearizable read: on the
+// leader after a read barrier, otherwise forwarded to the leader.
+func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (fsm.Record, bool, string, error) {
 	info := n.ring.Locate(namespace, key)
 	prefer := ""
 	if s := n.shards[info.ID]; s != nil {
 		err := s.group.ReadBarrier(ctx)
 		if err == nil {
-			setLeaderHeader(ctx, n.cfg.NodeID)
 			rec, ok := s.fsm.Get(namespace, key, n.now())
-			return rec, ok, nil
+			return rec, ok, n.cfg.NodeID, nil
 		}
 		var nle *raftstore.NotLeaderError
 		if !errors.As(err, &nle) {
-			return fsm.Record{}, false, unavailable(info, err)
+			return fsm.Record{}, false, "", unavailable(info, err)
 		}
 		prefer = nle.LeaderID
 	}
-	return n.fwd.Get(ctx, info, namespace, key, prefer, router.HopsFromContext(ctx))
-}
-
-// setLeaderHeader tells a gRPC caller which node leads the shard (the
-// forwarders of other nodes and routers learn leaders from it). Outside a
-// gRPC handler (the JSON API) there is nobody to tell: the check skips
-// grpc.SetHeader's error, which formats the whole context, on every request.
-func setLeaderHeader(ctx context.Context, nodeID string) {
-	if grpc.ServerTransportStreamFromContext(ctx) != nil {
-		router.SetLeaderHeader(ctx, nodeID)
-	}
+	rec, found, err := n.fwd.Get(ctx, info, namespace, key, prefer, hops)
+	return rec, found, "", err
 }
 
 func unavailable(info topology.Shard, err error) error {

@@ -16,7 +16,7 @@ import (
 )
 
 // The proxy and client.Middleware run the same engine; the same requests
-// to the same service, once through the proxy (store: a server.Backend) and
+// to the same service, once through the proxy (store: a backend.Backend) and
 // once through the middleware (store: the Go client), get the same answers.
 func TestProxyAndMiddlewareAgree(t *testing.T) {
 	const maxRequest, maxStored = 1000, 500

@@ -9,11 +9,11 @@
 // that package's doc lists them in full. This package adds the upstream
 // forwarding (net/http/httputil.ReverseProxy), the 502 and 504 answers, the
 // metrics, and BackendStore, which lets the proxy keep its keys in the
-// router's own server.Backend.
+// router's own backend.Backend.
 //
 // # Wiring it into idemrouter
 //
-// In cmd/idemrouter's run(), once the router's server.Backend (the
+// In cmd/idemrouter's run(), once the router's backend.Backend (the
 // forwarding backend that the JSON and gRPC APIs serve) and the process's
 // Prometheus registry exist, and only when --upstream is set:
 //

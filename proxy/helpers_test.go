@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,62 +15,41 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/proxy"
-	"github.com/idem-dev/idem/server"
 )
 
-// fsmBackend is a server.Backend over the real state machine in memory, the
-// way a one-node store applies commands: it stamps the time and the
-// clock-skew margin. It can fail calls as a store that cannot decide, and
+// fsmBackend is the one in-memory Backend (backend.Mem) with the faults the
+// proxy's tests inject: it fails calls as a store that cannot decide, and
 // refuses bodies over maxBody as the API's validation does.
 type fsmBackend struct {
-	mu      sync.Mutex
-	f       *fsm.FSM
-	index   uint64
-	skew    time.Duration
+	*backend.Mem
 	maxBody int
-	calls   map[fsm.Op]int
 
 	failAll        atomic.Bool // every Apply: UNAVAILABLE
 	failHeartbeats atomic.Bool // heartbeats: UNAVAILABLE
 }
 
+// newBackend returns a Mem that stamps skew as the clock-skew margin (0:
+// none).
 func newBackend(skew time.Duration) *fsmBackend {
-	return &fsmBackend{f: fsm.New(), skew: skew, calls: make(map[fsm.Op]int)}
-}
-
-func (b *fsmBackend) Apply(_ context.Context, cmd *fsm.Command) (fsm.Result, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.calls[cmd.Op]++
-	if b.failAll.Load() || (cmd.Op == fsm.OpHeartbeat && b.failHeartbeats.Load()) {
-		return fsm.Result{}, &server.UnavailableError{Reason: "test: no leader"}
+	if skew == 0 {
+		skew = -1
 	}
-	if cmd.Op == fsm.OpComplete && b.maxBody > 0 && len(cmd.Response.Body) > b.maxBody {
-		return fsm.Result{}, &server.Error{Code: server.CodePayloadTooLarge, Message: "payload too large"}
-	}
-	c := *cmd
-	c.Now = time.Now().UnixNano()
-	c.SkewMargin = int64(b.skew)
-	b.index++
-	return b.f.Apply(b.index, &c), nil
-}
-
-func (b *fsmBackend) Get(_ context.Context, namespace, key string) (fsm.Record, bool, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	rec, ok := b.f.Get(namespace, key, time.Now().UnixNano())
-	return rec, ok, nil
-}
-
-func (b *fsmBackend) Ready(context.Context) error { return nil }
-
-func (b *fsmBackend) Calls(op fsm.Op) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.calls[op]
+	b := &fsmBackend{Mem: backend.NewMem(backend.MemConfig{SkewMargin: skew})}
+	b.SetApplyError(func(cmd *fsm.Command) error {
+		if b.failAll.Load() || (cmd.Op == fsm.OpHeartbeat && b.failHeartbeats.Load()) {
+			return &backend.UnavailableError{Reason: "test: no leader"}
+		}
+		if cmd.Op == fsm.OpComplete && b.maxBody > 0 && len(cmd.Response.Body) > b.maxBody {
+			return &backend.Error{Code: contract.CodePayloadTooLarge, Message: "payload too large"}
+		}
+		return nil
+	})
+	return b
 }
 
 func (b *fsmBackend) record(t *testing.T, namespace, key string) (fsm.Record, bool) {

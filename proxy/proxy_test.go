@@ -18,7 +18,6 @@ import (
 	"github.com/idem-dev/idem/internal/httpidem"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/proxy"
-	"github.com/idem-dev/idem/server"
 )
 
 // The rows of the contract's proxy-mode table, one subtest each.
@@ -697,11 +696,13 @@ func TestMetrics(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	err := proxy.Config{
-		Upstream:           "ftp://x",
-		Lease:              time.Hour,
-		UpstreamTimeout:    -1,
-		ReleaseStatuses:    "5xx,abc",
-		FingerprintHeaders: []string{"bad header"},
+		Upstream:        "ftp://x",
+		UpstreamTimeout: -1,
+		Policy: proxy.Policy{
+			Lease:              time.Hour,
+			ReleaseStatuses:    "5xx,abc",
+			FingerprintHeaders: []string{"bad header"},
+		},
 	}.Validate()
 	if !errors.Is(err, proxy.ErrInvalidConfig) {
 		t.Fatalf("Validate: %v", err)
@@ -722,15 +723,6 @@ func TestConfigValidate(t *testing.T) {
 	cfg.Upstream, cfg.Store = "https://api.internal:8443/v2", proxy.BackendStore(newBackend(0))
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("DefaultConfig: %v", err)
-	}
-}
-
-// The store's header bounds the engine keeps within are the server's.
-func TestHeaderBoundsMatchServer(t *testing.T) {
-	if httpidem.MaxStoredHeaders != server.MaxHeaders || httpidem.MaxHeaderNameBytes != server.MaxHeaderNameBytes ||
-		httpidem.MaxHeaderValueBytes != server.MaxHeaderValueBytes || httpidem.MaxHeadersTotalBytes != server.MaxHeadersTotalBytes ||
-		httpidem.MaxKeyBytes != server.MaxKeyBytes {
-		t.Error("httpidem's store bounds differ from package server's")
 	}
 }
 

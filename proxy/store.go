@@ -6,15 +6,15 @@ import (
 	"fmt"
 	"time"
 
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/httpidem"
-	"github.com/idem-dev/idem/server"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Store is the idempotency store the proxy reserves, heartbeats, completes
-// and releases keys in. BackendStore adapts the server.Backend of an
+// and releases keys in. BackendStore adapts the backend.Backend of an
 // idemrouter or idemnode process; any other implementation must map its
 // failures onto httpidem's errors (see httpidem.Store).
 type Store = httpidem.Store
@@ -30,7 +30,7 @@ type (
 	// Response is a stored response.
 	Response = httpidem.Response
 	// Outcome is a reserve's outcome.
-	Outcome = httpidem.Outcome
+	Outcome = contract.Outcome
 )
 
 // backendAttempts bounds how often BackendStore tries one call that failed
@@ -38,7 +38,7 @@ type (
 // voter of the shard within its own deadline.
 const backendAttempts = 3
 
-// BackendStore adapts a server.Backend (the router's forwarding backend, or
+// BackendStore adapts a backend.Backend (the router's forwarding backend, or
 // a node) to Store. Commands carry the proxy's owner token, lease and
 // retention in nanoseconds; the backend stamps the time and the clock-skew
 // margin as it does for the public API. A call that fails without a decision
@@ -49,9 +49,9 @@ const backendAttempts = 3
 // size is not checked here: the proxy keeps bodies within
 // Config.MaxStoredBodyBytes, and stores without the body if the backend
 // still refuses it as too large.
-func BackendStore(b server.Backend) Store { return &backendStore{b: b} }
+func BackendStore(b backend.Backend) Store { return &backendStore{b: b} }
 
-type backendStore struct{ b server.Backend }
+type backendStore struct{ b backend.Backend }
 
 func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reservation, error) {
 	res, _, err := s.apply(ctx, &fsm.Command{
@@ -71,24 +71,16 @@ func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reserva
 		LeaseExpiresAt:       unixNanos(res.LeaseExpiresAt),
 		RetryAfter:           time.Duration(res.RetryAfter),
 	}
-	switch res.Outcome {
-	case fsm.OutcomeAcquired:
-		out.Outcome = httpidem.OutcomeAcquired
-	case fsm.OutcomeReclaimed:
-		out.Outcome = httpidem.OutcomeReclaimed
-	case fsm.OutcomeInProgress:
-		out.Outcome = httpidem.OutcomeInProgress
-	case fsm.OutcomeCompleted:
-		out.Outcome = httpidem.OutcomeCompleted
+	out.Outcome = idemv1.FSMOutcomeToContract(res.Outcome)
+	switch out.Outcome {
+	case contract.OutcomeUnknown:
+		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s answered %v", req.Namespace, req.Key, res.Outcome)
+	case contract.OutcomeCompleted:
 		if res.Response != nil {
 			out.Response = &Response{Status: int(res.Response.Status), Headers: res.Response.Headers, Body: res.Response.Body}
 		}
-	case fsm.OutcomeFingerprintMismatch:
-		out.Outcome = httpidem.OutcomeFingerprintMismatch
-	default:
-		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s answered %v", req.Namespace, req.Key, res.Outcome)
 	}
-	if (out.Outcome == httpidem.OutcomeAcquired || out.Outcome == httpidem.OutcomeReclaimed) &&
+	if out.Outcome.Owned() &&
 		res.OwnerToken != "" && res.OwnerToken != req.OwnerToken {
 		// Anything else would let two callers believe they own the key.
 		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s acquired for another owner token than the one sent", req.Namespace, req.Key)
@@ -162,37 +154,26 @@ func (s *backendStore) apply(ctx context.Context, cmd *fsm.Command) (res fsm.Res
 	}
 }
 
-// backendError maps a Backend failure onto httpidem's errors.
+// backendError maps a Backend failure, one of package backend's closed set,
+// onto httpidem's errors.
 func backendError(op fsm.Op, err error) error {
 	wrap := func(sentinel error) error { return fmt.Errorf("%w: %s: %w", sentinel, op, err) }
-	var apiErr *server.Error
-	if errors.As(err, &apiErr) {
-		switch apiErr.Code {
-		case server.CodeUnavailable:
+	var be *backend.Error
+	if errors.As(err, &be) {
+		switch be.Code {
+		case contract.CodeUnavailable:
 			return wrap(httpidem.ErrUnavailable)
-		case server.CodePayloadTooLarge:
+		case contract.CodePayloadTooLarge:
 			return wrap(httpidem.ErrTooLarge)
-		case server.CodeInvalidArgument:
+		case contract.CodeInvalidArgument:
 			return wrap(httpidem.ErrInvalid)
-		case server.CodeNotOwner:
+		case contract.CodeNotOwner:
 			return wrap(httpidem.ErrNotOwner)
 		}
 		return fmt.Errorf("proxy: store: %s: %w", op, err)
 	}
-	if errors.Is(err, server.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+	if errors.Is(err, backend.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return wrap(httpidem.ErrUnavailable)
-	}
-	if st, ok := status.FromError(err); ok {
-		switch st.Code() {
-		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted:
-			return wrap(httpidem.ErrUnavailable)
-		case codes.ResourceExhausted:
-			return wrap(httpidem.ErrTooLarge)
-		case codes.InvalidArgument:
-			return wrap(httpidem.ErrInvalid)
-		case codes.FailedPrecondition:
-			return wrap(httpidem.ErrNotOwner)
-		}
 	}
 	return fmt.Errorf("proxy: store: %s: %w", op, err)
 }

@@ -12,13 +12,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/status"
 
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
-	"github.com/idem-dev/idem/server"
-
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -43,11 +40,11 @@ const (
 	DefaultRetryAfter = time.Second
 	// DefaultMaxMessageBytes is the largest gRPC message exchanged with a
 	// node: a 1 MiB stored response plus room for headers and fields, the
-	// same as server.Config's GRPCMaxMessageBytes for the default limit.
+	// same as contract.GRPCMaxMessageBytes for the default limit.
 	DefaultMaxMessageBytes = 4 << 20
 )
 
-// BackendConfig configures a Backend, the server.Backend of a stateless
+// BackendConfig configures a Backend, the backend.Backend of a stateless
 // router (idemrouter).
 type BackendConfig struct {
 	// Topology is the cluster topology, the same file as the nodes'.
@@ -71,7 +68,7 @@ type BackendConfig struct {
 	// home shard could not be reached. 0 means DefaultRetryAfter.
 	RetryAfter time.Duration
 	// MaxMessageBytes is the largest gRPC message sent to or accepted from a
-	// node; match the nodes' server.Config.GRPCMaxMessageBytes. 0 means
+	// node; match the nodes' contract.GRPCMaxMessageBytes. 0 means
 	// DefaultMaxMessageBytes.
 	MaxMessageBytes int
 	// DialOptions, when set, replace DefaultDialOptions (credentials and
@@ -160,11 +157,11 @@ func (c *BackendConfig) fillDefaults() {
 	}
 }
 
-// Backend is the server.Backend of a stateless router: it locates each
+// Backend is the backend.Backend of a stateless router: it locates each
 // key's shard on the ring and forwards the request to the shard's leader
 // through a Forwarder (leader cache, bounded retries that cannot apply a
 // command twice), within RequestTimeout. A shard it cannot reach in time,
-// such as one homed in a lost region, gets a *server.UnavailableError
+// such as one homed in a lost region, gets a *backend.UnavailableError
 // (503 UNAVAILABLE with Retry-After), never any other answer; when the
 // background probes see every voter of the shard refuse connections, that
 // answer comes at once instead of after a round of retries. Ready holds
@@ -314,7 +311,7 @@ func (b *Backend) RingError(ctx context.Context) error {
 // misrouted is the error of every request while the ring does not match.
 func (b *Backend) misrouted() error {
 	if p := b.ringErr.Load(); p != nil {
-		return &server.UnavailableError{RetryAfter: time.Minute, Reason: (*p).Error()}
+		return &backend.UnavailableError{RetryAfter: time.Minute, Reason: (*p).Error()}
 	}
 	return nil
 }
@@ -408,7 +405,7 @@ func (b *Backend) Stats() BackendStats {
 	}
 }
 
-// Ready implements server.Backend: the topology is loaded (it is, once
+// Ready implements backend.Backend: the topology is loaded (it is, once
 // NewBackend returned) and at least one node has a ready connection. It
 // reads what the background probes found and never blocks. Losing a remote
 // region keeps the router ready: it answers 503 for that region's keys.
@@ -437,48 +434,61 @@ func (b *Backend) unreachable(shard topology.Shard) bool {
 }
 
 // errUnreachable is the cause of a fast UNAVAILABLE: every voter is down.
-var errUnreachable = status.Error(codes.Unavailable, "no voter of the shard can be connected to")
+var errUnreachable = errors.New("router: no voter of the shard can be connected to")
 
-// Apply implements server.Backend: it forwards cmd to the leader of its
+// Apply implements backend.Backend: it forwards cmd to the leader of its
 // key's shard. The server has set the owner token of a reserve, so a
 // forwarded retry is the same reservation.
 func (b *Backend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	res, _, err := b.ApplyRouted(ctx, cmd, 0)
+	return res, err
+}
+
+// ApplyRouted implements backend.Routed: Apply for a request forwarded hops
+// times already. A router names no leader to its callers (clients).
+func (b *Backend) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (fsm.Result, string, error) {
 	if err := b.misrouted(); err != nil {
-		return fsm.Result{}, err
+		return fsm.Result{}, "", err
 	}
 	shard := b.ring.Locate(cmd.Namespace, cmd.Key)
 	if b.unreachable(shard) {
-		return fsm.Result{}, b.finish(ctx, shard, time.Now(), errUnreachable)
+		return fsm.Result{}, "", b.finish(ctx, shard, time.Now(), errUnreachable)
 	}
-	hops := HopsFromContext(ctx)
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
 	start := time.Now()
 	res, err := b.fwd.Apply(ctx, shard, cmd, "", hops)
-	return res, b.finish(ctx, shard, start, err)
+	return res, "", b.finish(ctx, shard, start, err)
 }
 
-// Get implements server.Backend with a linearizable read on the shard's
+// Get implements backend.Backend with a linearizable read on the shard's
 // leader.
 func (b *Backend) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {
+	rec, found, _, err := b.GetRouted(ctx, namespace, key, 0)
+	return rec, found, err
+}
+
+// GetRouted implements backend.Routed: Get for a request forwarded hops
+// times already.
+func (b *Backend) GetRouted(ctx context.Context, namespace, key string, hops int) (fsm.Record, bool, string, error) {
 	if err := b.misrouted(); err != nil {
-		return fsm.Record{}, false, err
+		return fsm.Record{}, false, "", err
 	}
 	shard := b.ring.Locate(namespace, key)
 	if b.unreachable(shard) {
-		return fsm.Record{}, false, b.finish(ctx, shard, time.Now(), errUnreachable)
+		return fsm.Record{}, false, "", b.finish(ctx, shard, time.Now(), errUnreachable)
 	}
-	hops := HopsFromContext(ctx)
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
 	start := time.Now()
 	rec, found, err := b.fwd.Get(ctx, shard, namespace, key, "", hops)
-	return rec, found, b.finish(ctx, shard, start, err)
+	return rec, found, "", b.finish(ctx, shard, start, err)
 }
 
 // finish records the request's metrics and turns every failure to reach
-// the shard into a *server.UnavailableError. Answers the store decided
-// (NOT_OWNER, NOT_FOUND, INVALID_ARGUMENT, ...) pass through unchanged.
+// the shard into a *backend.UnavailableError. Answers the store decided
+// (a *backend.Error: INVALID_ARGUMENT, PAYLOAD_TOO_LARGE, ...) pass through
+// unchanged.
 func (b *Backend) finish(ctx context.Context, shard topology.Shard, start time.Time, err error) error {
 	outcome := "decided"
 	defer func() {
@@ -488,11 +498,11 @@ func (b *Backend) finish(ctx context.Context, shard topology.Shard, start time.T
 		b.forwarded.Add(1)
 		return nil
 	}
-	code := status.Code(err)
-	unreachable := code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.Canceled ||
+	unreachable := err == errUnreachable || errors.Is(err, backend.ErrUnavailable) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || ctx.Err() != nil
 	if !unreachable {
-		if _, ok := status.FromError(err); ok {
+		var be *backend.Error
+		if errors.As(err, &be) {
 			b.forwarded.Add(1)
 			return err
 		}
@@ -505,11 +515,11 @@ func (b *Backend) finish(ctx context.Context, shard topology.Shard, start time.T
 	reason := fmt.Sprintf("shard %s (home region %s) could not be reached within %s", shard.ID, shard.HomeRegion, b.cfg.RequestTimeout)
 	if err == errUnreachable {
 		reason = fmt.Sprintf("shard %s (home region %s): no voter (%v) can be connected to", shard.ID, shard.HomeRegion, shard.Voters)
-	} else if st, ok := status.FromError(err); ok && st.Message() != "" {
-		reason = st.Message()
+	} else if ue := (*backend.UnavailableError)(nil); errors.As(err, &ue) && ue.Reason != "" {
+		reason = ue.Reason
 	}
 	b.log.Debug("shard unavailable", "shard", shard.ID, "home_region", shard.HomeRegion, "error", err)
-	return &server.UnavailableError{
+	return &backend.UnavailableError{
 		RetryAfter: b.cfg.RetryAfter,
 		Reason:     reason,
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/server"
@@ -157,42 +158,52 @@ func (n *fakeNode) wait(ctx context.Context) error {
 }
 
 func (n *fakeNode) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	res, _, err := n.ApplyRouted(ctx, cmd, 0)
+	return res, err
+}
+
+// ApplyRouted answers as a node does: the leader applies, a follower
+// refuses with the leader as a hint (data, which the server sends as the
+// LeaderHeader).
+func (n *fakeNode) ApplyRouted(ctx context.Context, cmd *fsm.Command, _ int) (fsm.Result, string, error) {
 	if err := n.wait(ctx); err != nil {
-		return fsm.Result{}, err
+		return fsm.Result{}, "", err
 	}
 	shard := n.c.ring.Locate(cmd.Namespace, cmd.Key)
 	n.c.mu.Lock()
 	leader := n.c.leaders[shard.ID]
 	if leader != n.id {
 		n.c.mu.Unlock()
-		SetLeaderHeader(ctx, leader)
-		return fsm.Result{}, &server.UnavailableError{Reason: "not the leader of " + shard.ID}
+		return fsm.Result{}, leader, &backend.NotLeaderError{Shard: shard.ID, Leader: leader}
 	}
 	stamped := *cmd
 	stamped.Now = time.Now().UnixNano()
 	n.c.index[shard.ID]++
 	res := n.c.fsms[shard.ID].Apply(n.c.index[shard.ID], &stamped)
 	n.c.mu.Unlock()
-	SetLeaderHeader(ctx, n.id)
 	if n.loseAnswers.Load() > 0 && n.loseAnswers.Add(-1) >= 0 {
-		return fsm.Result{}, &server.UnavailableError{Reason: "answer lost"}
+		return fsm.Result{}, n.id, &backend.UnavailableError{Reason: "answer lost"}
 	}
-	return res, nil
+	return res, n.id, nil
 }
 
 func (n *fakeNode) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {
+	rec, ok, _, err := n.GetRouted(ctx, namespace, key, 0)
+	return rec, ok, err
+}
+
+func (n *fakeNode) GetRouted(ctx context.Context, namespace, key string, _ int) (fsm.Record, bool, string, error) {
 	if err := n.wait(ctx); err != nil {
-		return fsm.Record{}, false, err
+		return fsm.Record{}, false, "", err
 	}
 	shard := n.c.ring.Locate(namespace, key)
 	n.c.mu.Lock()
 	defer n.c.mu.Unlock()
 	if leader := n.c.leaders[shard.ID]; leader != n.id {
-		SetLeaderHeader(ctx, leader)
-		return fsm.Record{}, false, &server.UnavailableError{Reason: "not the leader"}
+		return fsm.Record{}, false, leader, &backend.NotLeaderError{Shard: shard.ID, Leader: leader}
 	}
 	rec, ok := n.c.fsms[shard.ID].Get(namespace, key, time.Now().UnixNano())
-	return rec, ok, nil
+	return rec, ok, "", nil
 }
 
 func (n *fakeNode) Ready(context.Context) error { return nil }
@@ -343,7 +354,7 @@ func TestBackendUnreachableRegionIs503(t *testing.T) {
 	}
 	start := time.Now()
 	_, err := reserve(ctx, b, "pay", lostKey, "owner-aaaaaaaaaaaaaaaa")
-	var ue *server.UnavailableError
+	var ue *backend.UnavailableError
 	if !errors.As(err, &ue) || ue.RetryAfter != 3*time.Second || !strings.Contains(ue.Reason, "r2") {
 		t.Fatalf("reserve of a key of the lost region: %v (%T), want an UnavailableError naming r2 with RetryAfter 3s", err, err)
 	}
@@ -410,7 +421,7 @@ func TestBackendRequestTimeout(t *testing.T) {
 	start := time.Now()
 	_, err := reserve(t.Context(), b, "pay", key, "owner-aaaaaaaaaaaaaaaa")
 	d := time.Since(start)
-	if !errors.Is(err, server.ErrUnavailable) {
+	if !errors.Is(err, backend.ErrUnavailable) {
 		t.Fatalf("reserve against swallowing nodes: %v, want UNAVAILABLE", err)
 	}
 	if d < 350*time.Millisecond || d > 1500*time.Millisecond {

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,26 +17,22 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
 
 	"github.com/idem-dev/idem/topology"
 )
 
-// Metadata keys of forwarded requests.
+// Metadata keys of forwarded requests, defined with the wire protocol in
+// api/idem/v1.
 const (
-	// HopsHeader counts how often a request was forwarded; a node that
-	// receives one at MaxHops answers instead of forwarding again, so a
-	// stale leader hint can never make requests circle.
-	HopsHeader = "idem-hops"
-	// LeaderHeader is set by a node on its answers: the node id it believes
-	// leads the request's shard. Forwarders cache it.
-	LeaderHeader = "idem-leader"
-	// MaxHops bounds forwarding: client -> router -> any voter -> leader.
-	MaxHops = 2
+	HopsHeader   = idemv1.HopsHeader
+	LeaderHeader = idemv1.LeaderHeader
+	MaxHops      = idemv1.MaxHops
 )
 
 // ForwarderConfig configures a Forwarder.
@@ -199,7 +196,8 @@ func (f *Forwarder) Conn(nodeID string) (*grpc.ClientConn, error) {
 	if !ok {
 		return nil, fmt.Errorf("router: unknown node %q", nodeID)
 	}
-	c, err := grpc.NewClient(n.GRPCAddr, f.cfg.DialOptions...)
+	opts := append(slices.Clip(f.cfg.DialOptions), grpc.WithStatsHandler(sendTracker{}))
+	c, err := grpc.NewClient(n.GRPCAddr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("router: dial %s (%s): %w", nodeID, n.GRPCAddr, err)
 	}
@@ -212,15 +210,9 @@ func (f *Forwarder) Conn(nodeID string) (*grpc.ClientConn, error) {
 func (f *Forwarder) candidates(shard topology.Shard, prefer string) []string {
 	out := make([]string, 0, len(shard.Voters)+1)
 	add := func(id string) {
-		if id == "" || id == f.cfg.Self {
-			return
+		if id != "" && id != f.cfg.Self && !slices.Contains(out, id) {
+			out = append(out, id)
 		}
-		for _, have := range out {
-			if have == id {
-				return
-			}
-		}
-		out = append(out, id)
 	}
 	add(prefer)
 	if id, ok := f.Leader(shard.ID); ok {
@@ -230,31 +222,6 @@ func (f *Forwarder) candidates(shard topology.Shard, prefer string) []string {
 		add(v)
 	}
 	return out
-}
-
-// HopsFromContext returns how often the incoming request was forwarded.
-func HopsFromContext(ctx context.Context) int {
-	md, ok := metadata.FromIncomingContext(ctx)
-	if !ok {
-		return 0
-	}
-	v := md.Get(HopsHeader)
-	if len(v) == 0 {
-		return 0
-	}
-	n, err := strconv.Atoi(v[0])
-	if err != nil || n < 0 {
-		return MaxHops // a malformed count must not enable loops
-	}
-	return n
-}
-
-// SetLeaderHeader tells the caller of a gRPC request which node leads the
-// request's shard. Outside a gRPC handler it does nothing.
-func SetLeaderHeader(ctx context.Context, nodeID string) {
-	if nodeID != "" {
-		_ = grpc.SetHeader(ctx, metadata.Pairs(LeaderHeader, nodeID))
-	}
 }
 
 // attempt runs call against the candidates of shard until one answers, ctx
@@ -299,6 +266,8 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 		}
 		region := f.nodes[target].Region
 		actx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout)
+		var sent atomic.Bool
+		actx = context.WithValue(actx, sentKey{}, &sent)
 		var header metadata.MD
 		start := time.Now()
 		err = call(actx, client, grpc.Header(&header))
@@ -328,8 +297,11 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 		f.requests.WithLabelValues(region, "unavailable").Inc()
 		f.log.Debug("forward attempt failed", "shard", shard.ID, "node", target, "error", err)
 		lastErr = err
-		// Anything but a refused connection may have reached the leader.
-		ambiguous = ambiguous || code != codes.Unavailable || !isConnectError(err)
+		// A request handed to an established connection may have reached
+		// the leader and been applied, whatever the error says; one that
+		// failed before (no connection could be made, the deadline ran out
+		// while connecting) cannot have been.
+		ambiguous = ambiguous || sent.Load()
 		if ctx.Err() != nil {
 			return ambiguous, unavailable(shard, ctx.Err(), lastErr)
 		}
@@ -353,25 +325,29 @@ func outcomeLabel(c codes.Code) string {
 	return "error"
 }
 
-func isConnectError(err error) bool {
-	s, ok := status.FromError(err)
-	if !ok {
-		return false
-	}
-	// grpc-go reports a dial failure as Unavailable with the transport's
-	// "connection error" text; the request never left this process.
-	msg := s.Message()
-	return containsAny(msg, "connection refused", "connection error", "no such host", "produced zero addresses")
-}
+// sentKey keys the *atomic.Bool in a call's context that sendTracker sets.
+type sentKey struct{}
 
-func containsAny(s string, subs ...string) bool {
-	for _, sub := range subs {
-		if strings.Contains(s, sub) {
-			return true
+// sendTracker is the stats.Handler of the Forwarder's connections. It marks
+// a call as sent when grpc-go hands its request headers to an established
+// transport (stats.OutHeader on the client), so that attempt decides whether
+// a failed call may have been applied from connection state rather than
+// from error text.
+type sendTracker struct{}
+
+func (sendTracker) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+func (sendTracker) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if h, ok := s.(*stats.OutHeader); ok && h.Client {
+		if sent, ok := ctx.Value(sentKey{}).(*atomic.Bool); ok {
+			sent.Store(true)
 		}
 	}
-	return false
 }
+
+func (sendTracker) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+
+func (sendTracker) HandleConn(context.Context, stats.ConnStats) {}
 
 func unavailable(shard topology.Shard, ctxErr, last error) error {
 	msg := fmt.Sprintf("shard %s (home region %s) could not be reached in time", shard.ID, shard.HomeRegion)
@@ -384,7 +360,8 @@ func unavailable(shard topology.Shard, ctxErr, last error) error {
 }
 
 // Apply forwards a reserve, heartbeat, complete or release for shard and
-// returns the store's decision. prefer (may be empty) is tried first; hops
+// returns the store's decision, or an error of package backend's closed
+// set. prefer (may be empty) is tried first; hops
 // is how often the request was forwarded already.
 func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Command, prefer string, hops int) (fsm.Result, error) {
 	var res fsm.Result
@@ -396,7 +373,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
 			resp, err := c.Reserve(ctx, req, opts...)
 			if err == nil {
-				res = reserveResult(resp)
+				res = idemv1.ReserveFromProto(resp)
 			}
 			return err
 		}
@@ -406,17 +383,17 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
 			resp, err := c.Heartbeat(ctx, req, opts...)
 			if err == nil {
-				res = fsm.Result{Outcome: fsm.OutcomeOK, LeaseExpiresAt: nanos(resp.GetLeaseExpiresAt())}
+				res = fsm.Result{Outcome: fsm.OutcomeOK, LeaseExpiresAt: idemv1.TimeFromProto(resp.GetLeaseExpiresAt())}
 			}
 			return err
 		}
 	case fsm.OpComplete:
 		req := &idemv1.CompleteRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
-			Response: toProtoResponse(cmd.Response), RetentionS: cmd.Retention / int64(time.Second)}
+			Response: idemv1.ResponseToProto(cmd.Response), RetentionS: cmd.Retention / int64(time.Second)}
 		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
 			resp, err := c.Complete(ctx, req, opts...)
 			if err == nil {
-				res = fsm.Result{Outcome: fsm.OutcomeOK, CompletedAt: nanos(resp.GetCompletedAt()), ExpiresAt: nanos(resp.GetExpiresAt())}
+				res = fsm.Result{Outcome: fsm.OutcomeOK, CompletedAt: idemv1.TimeFromProto(resp.GetCompletedAt()), ExpiresAt: idemv1.TimeFromProto(resp.GetExpiresAt())}
 			}
 			return err
 		}
@@ -435,12 +412,12 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 	ambiguous, err := f.attempt(ctx, shard, prefer, hops, call)
 	if status.Code(err) == codes.FailedPrecondition {
 		if cmd.Op == fsm.OpRelease && ambiguous {
-			return fsm.Result{}, status.Errorf(codes.Unavailable,
-				"release of shard %s: an earlier attempt may have released the key before its answer was lost; check with GET", shard.ID)
+			return fsm.Result{}, &backend.UnavailableError{Reason: fmt.Sprintf(
+				"release of shard %s: an earlier attempt may have released the key before its answer was lost; check with GET", shard.ID)}
 		}
 		return fsm.Result{Outcome: fsm.OutcomeNotOwner}, nil
 	}
-	return res, err
+	return res, idemv1.BackendError(err)
 }
 
 // Get forwards a linearizable read for shard.
@@ -450,7 +427,7 @@ func (f *Forwarder) Get(ctx context.Context, shard topology.Shard, namespace, ke
 	_, err := f.attempt(ctx, shard, prefer, hops, func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
 		resp, err := c.Get(ctx, req, opts...)
 		if err == nil {
-			rec = recordFromProto(resp)
+			rec = idemv1.RecordFromProto(resp)
 		}
 		return err
 	})
@@ -460,72 +437,5 @@ func (f *Forwarder) Get(ctx context.Context, shard topology.Shard, namespace, ke
 	case codes.NotFound:
 		return fsm.Record{}, false, nil
 	}
-	return fsm.Record{}, false, err
-}
-
-func nanos(ts *timestamppb.Timestamp) int64 {
-	if ts == nil {
-		return 0
-	}
-	return ts.AsTime().UnixNano()
-}
-
-func fromProtoResponse(r *idemv1.StoredResponse) *fsm.Response {
-	if r == nil {
-		return nil
-	}
-	return &fsm.Response{Status: r.GetStatus(), Headers: r.GetHeaders(), Body: r.GetBody()}
-}
-
-func toProtoResponse(r *fsm.Response) *idemv1.StoredResponse {
-	if r == nil {
-		return nil
-	}
-	return &idemv1.StoredResponse{Status: r.Status, Headers: r.Headers, Body: r.Body}
-}
-
-func reserveResult(p *idemv1.ReserveResponse) fsm.Result {
-	r := fsm.Result{
-		OwnerToken:           p.GetOwnerToken(),
-		FencingToken:         p.GetFencingToken(),
-		PreviousFencingToken: p.GetPreviousFencingToken(),
-		LeaseExpiresAt:       nanos(p.GetLeaseExpiresAt()),
-		RetryAfter:           p.GetRetryAfterMs() * int64(time.Millisecond),
-		CompletedAt:          nanos(p.GetCompletedAt()),
-		ExpiresAt:            nanos(p.GetExpiresAt()),
-		Response:             fromProtoResponse(p.GetResponse()),
-	}
-	switch p.GetOutcome() {
-	case idemv1.Outcome_ACQUIRED:
-		r.Outcome = fsm.OutcomeAcquired
-	case idemv1.Outcome_RECLAIMED:
-		r.Outcome = fsm.OutcomeReclaimed
-	case idemv1.Outcome_IN_PROGRESS:
-		r.Outcome = fsm.OutcomeInProgress
-	case idemv1.Outcome_COMPLETED:
-		r.Outcome = fsm.OutcomeCompleted
-	case idemv1.Outcome_FINGERPRINT_MISMATCH:
-		r.Outcome = fsm.OutcomeFingerprintMismatch
-	default:
-		r.Outcome = fsm.OutcomeInvalid
-	}
-	return r
-}
-
-func recordFromProto(p *idemv1.GetResponse) fsm.Record {
-	r := fsm.Record{
-		Fingerprint:    p.GetFingerprint(),
-		FencingToken:   p.GetFencingToken(),
-		LeaseExpiresAt: nanos(p.GetLeaseExpiresAt()),
-		CompletedAt:    nanos(p.GetCompletedAt()),
-		ExpiresAt:      nanos(p.GetExpiresAt()),
-		Response:       fromProtoResponse(p.GetResponse()),
-	}
-	switch p.GetState() {
-	case idemv1.State_STATE_IN_PROGRESS:
-		r.State = fsm.StateInProgress
-	case idemv1.State_STATE_COMPLETED:
-		r.State = fsm.StateCompleted
-	}
-	return r
+	return fsm.Record{}, false, idemv1.BackendError(err)
 }

@@ -2,6 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
+
+	"github.com/idem-dev/idem/backend"
 
 	"github.com/idem-dev/idem/fsm"
 )
@@ -10,37 +13,61 @@ import (
 // errors. A reserve comes back with one of its five outcomes; the other
 // commands with OK.
 func (s *Server) apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, *Error) {
-	res, err := s.backend.Apply(ctx, cmd)
+	res, _, e := s.applyRouted(ctx, cmd, 0)
+	return res, e
+}
+
+// applyRouted is apply for a request forwarded hops times; leader is the
+// backend's leader hint for the caller (empty when it knows none).
+func (s *Server) applyRouted(ctx context.Context, cmd *fsm.Command, hops int) (fsm.Result, string, *Error) {
+	res, leader, err := s.backend.ApplyRouted(ctx, cmd, hops)
 	if err != nil {
-		return res, s.backendError(err, cmd.Op.String(), cmd.Namespace, cmd.Key)
+		return res, leaderHint(leader, err), s.backendError(err, cmd.Op.String(), cmd.Namespace, cmd.Key)
 	}
 	if cmd.Op == fsm.OpReserve {
 		switch res.Outcome {
 		case fsm.OutcomeAcquired, fsm.OutcomeReclaimed, fsm.OutcomeInProgress, fsm.OutcomeCompleted, fsm.OutcomeFingerprintMismatch:
-			return res, nil
+			return res, leader, nil
 		}
 	} else {
 		switch res.Outcome {
 		case fsm.OutcomeOK:
-			return res, nil
+			return res, leader, nil
 		case fsm.OutcomeNotOwner:
-			return res, notOwner(cmd.Op)
+			return res, leader, notOwner(cmd.Op)
 		}
 	}
 	// OutcomeInvalid means the server built a command the state machine
 	// rejects; any other outcome is a backend bug. Neither is the client's.
 	s.log.Error("backend returned an unexpected outcome", "op", cmd.Op.String(),
 		"namespace", cmd.Namespace, "key", cmd.Key, "outcome", res.Outcome.String())
-	return res, &Error{Code: CodeInternal, Message: internalMessage}
+	return res, leader, &Error{Code: CodeInternal, Message: internalMessage}
 }
 
 // get reads a record from the backend.
 func (s *Server) get(ctx context.Context, namespace, key string) (fsm.Record, bool, *Error) {
-	rec, found, err := s.backend.Get(ctx, namespace, key)
+	rec, found, _, e := s.getRouted(ctx, namespace, key, 0)
+	return rec, found, e
+}
+
+// getRouted is get for a request forwarded hops times, with the backend's
+// leader hint.
+func (s *Server) getRouted(ctx context.Context, namespace, key string, hops int) (fsm.Record, bool, string, *Error) {
+	rec, found, leader, err := s.backend.GetRouted(ctx, namespace, key, hops)
 	if err != nil {
-		return rec, false, s.backendError(err, "get", namespace, key)
+		return rec, false, leaderHint(leader, err), s.backendError(err, "get", namespace, key)
 	}
-	return rec, found, nil
+	return rec, found, leader, nil
+}
+
+// leaderHint is the leader a backend named, or the one its NotLeaderError
+// names.
+func leaderHint(leader string, err error) string {
+	var nle *backend.NotLeaderError
+	if leader == "" && errors.As(err, &nle) {
+		return nle.Leader
+	}
+	return leader
 }
 
 func (s *Server) backendError(err error, op, namespace, key string) *Error {

@@ -1,42 +1,29 @@
 package server
 
 import (
-	"context"
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
-	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Backend executes validated commands. The storage node implements it over
-// its Raft shards, the router by forwarding to the shard's leader.
-type Backend interface {
-	// Apply executes an OpReserve, OpHeartbeat, OpComplete or OpRelease
-	// command. The server has validated it and applied defaults (Lease,
-	// Retention in nanoseconds); for a reserve it has already set
-	// cmd.OwnerToken, generating a 128-bit random token (base64url, no
-	// padding: 22 characters) when the client sent none, so that forwarding
-	// and retries downstream stay idempotent. Now and SkewMargin are left 0:
-	// the proposer stamps them.
-	Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error)
-	// Get returns the record, or found=false when it is absent or past
-	// retention. Linearizable.
-	Get(ctx context.Context, namespace, key string) (rec fsm.Record, found bool, err error)
-	// Ready reports whether the process can serve (nil) or why not.
-	Ready(ctx context.Context) error
-}
+// Backend executes validated commands (see package backend, which defines
+// it and the errors it may return).
+type Backend = backend.Backend
 
 // Defaults and bounds of Config.
 const (
 	// DefaultMaxResponseBytes is the default largest stored response body.
-	DefaultMaxResponseBytes = 1 << 20
+	DefaultMaxResponseBytes = contract.DefaultMaxResponseBytes
 	// MaxMaxResponseBytes bounds MaxResponseBytes: a stored response travels
 	// in one Raft entry and one gRPC message.
-	MaxMaxResponseBytes = 256 << 20
+	MaxMaxResponseBytes = contract.MaxMaxResponseBytes
 	// DefaultReadyTimeout bounds one Backend.Ready call of /readyz.
 	DefaultReadyTimeout = 2 * time.Second
 )
@@ -96,15 +83,11 @@ func MaxRequestBytesFor(maxResponseBytes int64) int64 {
 // replies: a max-size response body plus headers and other fields, and never
 // below gRPC's default of 4 MiB.
 func (c Config) GRPCMaxMessageBytes() int {
-	n := c.maxResponseBytes() + 1<<20
-	return int(max(n, 4<<20))
+	return contract.GRPCMaxMessageBytes(c.maxResponseBytes())
 }
 
 func (c Config) maxResponseBytes() int64 {
-	if c.MaxResponseBytes == 0 {
-		return DefaultMaxResponseBytes
-	}
-	return c.MaxResponseBytes
+	return cmp.Or(c.MaxResponseBytes, DefaultMaxResponseBytes)
 }
 
 func (c Config) maxRequestBytes() int64 {
@@ -115,10 +98,7 @@ func (c Config) maxRequestBytes() int64 {
 }
 
 func (c Config) readyTimeout() time.Duration {
-	if c.ReadyTimeout == 0 {
-		return DefaultReadyTimeout
-	}
-	return c.ReadyTimeout
+	return cmp.Or(c.ReadyTimeout, DefaultReadyTimeout)
 }
 
 // Validate reports every problem of c at once; each wraps ErrInvalidConfig.

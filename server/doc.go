@@ -26,15 +26,15 @@
 //
 //	code                HTTP  gRPC                 raised by
 //	INVALID_ARGUMENT    400   InvalidArgument      validation
-//	UNAUTHENTICATED     401   Unauthenticated      a Backend (*Error)
-//	PERMISSION_DENIED   403   PermissionDenied     a Backend (*Error)
+//	UNAUTHENTICATED     401   Unauthenticated      a Backend (*backend.Error)
+//	PERMISSION_DENIED   403   PermissionDenied     a Backend (*backend.Error)
 //	NOT_FOUND           404   NotFound             unknown path or verb, empty key, GET of an absent key
 //	METHOD_NOT_ALLOWED  405   (none)               wrong HTTP method; see below
 //	NOT_OWNER           409   FailedPrecondition   OutcomeNotOwner of heartbeat, complete, release
 //	PAYLOAD_TOO_LARGE   413   ResourceExhausted    request body over MaxRequestBytes, response body over MaxResponseBytes
-//	RESOURCE_EXHAUSTED  429   ResourceExhausted    a Backend (*Error)
+//	RESOURCE_EXHAUSTED  429   ResourceExhausted    a Backend (*backend.Error)
 //	INTERNAL            500   Internal             OutcomeInvalid or an unexpected outcome, unknown Backend errors, panics
-//	UNAVAILABLE         503   Unavailable          ErrUnavailable, *UnavailableError, context deadline or cancellation
+//	UNAVAILABLE         503   Unavailable          ErrUnavailable, *UnavailableError, *NotLeaderError, context deadline or cancellation
 //
 // HTTP errors are {"error": {"code": ..., "message": ...}} with Content-Type
 // application/json. A message says what was wrong and what to do; all
@@ -45,15 +45,12 @@
 // named no delay).
 //
 // Every gRPC error carries a google.rpc.ErrorInfo with domain ErrorDomain and
-// the code as reason, and UNAVAILABLE a google.rpc.RetryInfo. A Backend error
-// that carries a gRPC status (a router that forwarded over gRPC) is mapped
-// back: by that ErrorInfo when present, so codes survive any number of hops;
-// otherwise Unavailable, DeadlineExceeded and Canceled give UNAVAILABLE,
-// InvalidArgument 400, NotFound 404, FailedPrecondition NOT_OWNER,
-// ResourceExhausted PAYLOAD_TOO_LARGE when the message says "payload too
-// large" or "larger than max" (gRPC's own size limit) and RESOURCE_EXHAUSTED
-// otherwise, Unauthenticated 401, PermissionDenied 403, anything else
-// INTERNAL. A Backend may also return an *Error to pick the code itself.
+// the code as reason, and UNAVAILABLE a google.rpc.RetryInfo. A Backend
+// returns only the closed set of package backend; one that forwards over
+// gRPC (the router, a node's Forwarder) turns the status it got back into
+// that set with idemv1.BackendError, which reads the ErrorInfo when present,
+// so codes survive any number of hops (idemv1.StatusToError documents the
+// mapping of a status without one). A *backend.Error picks the code itself.
 //
 // # Choices where the contract is silent
 //

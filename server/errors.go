@@ -4,129 +4,53 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/protoadapt"
-	"google.golang.org/protobuf/types/known/durationpb"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 )
 
 // Errors of package server.
 var (
-	// ErrUnavailable: the store could not decide in time (no leader
-	// reachable, home region lost, deadline passed). A Backend returns it, or
-	// an *UnavailableError that unwraps to it; clients see 503 UNAVAILABLE
-	// (gRPC Unavailable) with a Retry-After hint.
-	ErrUnavailable = errors.New("server: store unavailable")
+	// ErrUnavailable is backend.ErrUnavailable: the store could not decide
+	// in time. Clients see 503 UNAVAILABLE (gRPC Unavailable) with a
+	// Retry-After hint.
+	ErrUnavailable = backend.ErrUnavailable
 	// ErrInvalidConfig: a Config failed Validate; the joined errors say which
 	// fields and why.
 	ErrInvalidConfig = errors.New("server: invalid config")
 )
 
-// UnavailableError is an ErrUnavailable with a reason and a retry hint.
-type UnavailableError struct {
-	// RetryAfter is when the client should try again; 0 means one second.
-	RetryAfter time.Duration
-	// Reason says why, in words a client may see ("no leader for shard
-	// us-east/2", "home region eu-west unreachable").
-	Reason string
-}
+// UnavailableError is backend.UnavailableError: an ErrUnavailable with a
+// reason and a retry hint.
+type UnavailableError = backend.UnavailableError
 
-func (e *UnavailableError) Error() string {
-	if e.Reason == "" {
-		return ErrUnavailable.Error()
-	}
-	return ErrUnavailable.Error() + ": " + e.Reason
-}
+// Code is an error code of the public API (API-v1.md, "Errors"); defined in
+// package contract.
+type Code = contract.Code
 
-// Unwrap makes errors.Is(err, ErrUnavailable) hold.
-func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
-
-// Code is an error code of the public API (API-v1.md, "Errors").
-type Code string
-
-// The codes of the public API. CodeMethodNotAllowed is the one addition: the
-// contract names no code for a wrong HTTP method, see doc.go.
+// The codes of the public API (see contract).
 const (
-	CodeInvalidArgument   Code = "INVALID_ARGUMENT"
-	CodeUnauthenticated   Code = "UNAUTHENTICATED"
-	CodePermissionDenied  Code = "PERMISSION_DENIED"
-	CodeNotFound          Code = "NOT_FOUND"
-	CodeMethodNotAllowed  Code = "METHOD_NOT_ALLOWED"
-	CodeNotOwner          Code = "NOT_OWNER"
-	CodePayloadTooLarge   Code = "PAYLOAD_TOO_LARGE"
-	CodeResourceExhausted Code = "RESOURCE_EXHAUSTED"
-	CodeInternal          Code = "INTERNAL"
-	CodeUnavailable       Code = "UNAVAILABLE"
+	CodeInvalidArgument   = contract.CodeInvalidArgument
+	CodeUnauthenticated   = contract.CodeUnauthenticated
+	CodePermissionDenied  = contract.CodePermissionDenied
+	CodeNotFound          = contract.CodeNotFound
+	CodeMethodNotAllowed  = contract.CodeMethodNotAllowed
+	CodeNotOwner          = contract.CodeNotOwner
+	CodePayloadTooLarge   = contract.CodePayloadTooLarge
+	CodeResourceExhausted = contract.CodeResourceExhausted
+	CodeInternal          = contract.CodeInternal
+	CodeUnavailable       = contract.CodeUnavailable
 )
-
-// HTTPStatus is the HTTP status code that carries c.
-func (c Code) HTTPStatus() int {
-	switch c {
-	case CodeInvalidArgument:
-		return http.StatusBadRequest
-	case CodeUnauthenticated:
-		return http.StatusUnauthorized
-	case CodePermissionDenied:
-		return http.StatusForbidden
-	case CodeNotFound:
-		return http.StatusNotFound
-	case CodeMethodNotAllowed:
-		return http.StatusMethodNotAllowed
-	case CodeNotOwner:
-		return http.StatusConflict
-	case CodePayloadTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case CodeResourceExhausted:
-		return http.StatusTooManyRequests
-	case CodeUnavailable:
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
-}
-
-// GRPCCode is the gRPC status code that carries c.
-func (c Code) GRPCCode() codes.Code {
-	switch c {
-	case CodeInvalidArgument:
-		return codes.InvalidArgument
-	case CodeUnauthenticated:
-		return codes.Unauthenticated
-	case CodePermissionDenied:
-		return codes.PermissionDenied
-	case CodeNotFound:
-		return codes.NotFound
-	case CodeMethodNotAllowed:
-		return codes.Unimplemented
-	case CodeNotOwner:
-		return codes.FailedPrecondition
-	case CodePayloadTooLarge, CodeResourceExhausted:
-		return codes.ResourceExhausted
-	case CodeUnavailable:
-		return codes.Unavailable
-	}
-	return codes.Internal
-}
-
-// known reports whether c is one of the codes above.
-func (c Code) known() bool {
-	switch c {
-	case CodeInvalidArgument, CodeUnauthenticated, CodePermissionDenied, CodeNotFound,
-		CodeMethodNotAllowed, CodeNotOwner, CodePayloadTooLarge, CodeResourceExhausted,
-		CodeInternal, CodeUnavailable:
-		return true
-	}
-	return false
-}
 
 // ErrorDomain is the google.rpc.ErrorInfo domain of idem's gRPC errors. Every
 // gRPC error the server returns carries an ErrorInfo whose reason is the Code,
 // so that a router forwarding over gRPC gives its client the same code.
-const ErrorDomain = "idem.dev"
+const ErrorDomain = contract.ErrorDomain
 
 // defaultRetryAfter is the Retry-After of an UNAVAILABLE that names none.
 const defaultRetryAfter = time.Second
@@ -147,16 +71,7 @@ func (e *Error) Error() string { return "server: " + string(e.Code) + ": " + e.M
 // GRPCStatus is the gRPC status of e, with an ErrorInfo (reason = Code) and,
 // when RetryAfter is set, a RetryInfo detail.
 func (e *Error) GRPCStatus() *status.Status {
-	st := status.New(e.Code.GRPCCode(), e.Message)
-	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: string(e.Code), Domain: ErrorDomain}}
-	if e.RetryAfter > 0 {
-		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(e.RetryAfter)})
-	}
-	withDetails, err := st.WithDetails(details...)
-	if err != nil {
-		return st // details are a convenience; the code and message suffice
-	}
-	return withDetails
+	return idemv1.ErrorToStatus(e.Code, e.Message, e.RetryAfter)
 }
 
 // retryAfterSeconds is the Retry-After header value for d: whole seconds,
@@ -176,17 +91,32 @@ const internalMessage = "internal error: the store failed to process the request
 	"a reserve, complete or release may or may not have been applied, so retry with the same owner token, " +
 	"and report it to the operator if it persists"
 
-// fromBackend turns an error of Backend.Apply/Get into the API error a client
-// sees. internal reports an error whose cause should be logged.
+// fromBackend turns an error of Backend.Apply/Get, one of the closed set of
+// package backend, into the API error a client sees. internal reports an
+// error whose cause should be logged: anything outside the set, and a
+// backend.Error with code INTERNAL.
 func fromBackend(err error) (apiErr *Error, internal bool) {
-	var e *Error
-	if errors.As(err, &e) && e.Code.known() {
-		if e.Code == CodeUnavailable && e.RetryAfter <= 0 {
-			c := *e
-			c.RetryAfter = defaultRetryAfter
-			return &c, false
+	var be *backend.Error
+	if errors.As(err, &be) && be.Code.Known() {
+		if be.Code == CodeInternal {
+			return &Error{Code: CodeInternal, Message: internalMessage}, true
 		}
-		return e, e.Code == CodeInternal
+		e := &Error{Code: be.Code, Message: be.Message, RetryAfter: be.RetryAfter}
+		if e.Code == CodeUnavailable && e.RetryAfter <= 0 {
+			e.RetryAfter = defaultRetryAfter
+		}
+		if e.Message == "" {
+			e.Message = strings.ToLower(strings.ReplaceAll(string(e.Code), "_", " "))
+		}
+		return e, false
+	}
+	var nle *backend.NotLeaderError
+	if errors.As(err, &nle) {
+		msg := "no leader of shard " + nle.Shard + " could be reached"
+		if nle.Leader != "" {
+			msg = "this node does not lead shard " + nle.Shard + " (" + nle.Leader + " does)"
+		}
+		return &Error{Code: CodeUnavailable, Message: msg + unavailableAdvice, RetryAfter: defaultRetryAfter}, false
 	}
 	var ue *UnavailableError
 	if errors.As(err, &ue) {
@@ -209,67 +139,7 @@ func fromBackend(err error) (apiErr *Error, internal bool) {
 	if errors.Is(err, context.Canceled) {
 		return &Error{Code: CodeUnavailable, Message: "the request was cancelled before the store decided" + unavailableAdvice, RetryAfter: defaultRetryAfter}, false
 	}
-	if st, ok := status.FromError(err); ok {
-		return fromStatus(st)
-	}
 	return &Error{Code: CodeInternal, Message: internalMessage}, true
 }
 
 const unavailableAdvice = "; it may or may not have applied a reserve, complete or release: retry with the same owner token after Retry-After"
-
-// fromStatus maps a gRPC status (from a backend that forwarded over gRPC)
-// back to the API error. An ErrorInfo of ErrorDomain names the code exactly;
-// otherwise the status code decides.
-func fromStatus(st *status.Status) (*Error, bool) {
-	var code Code
-	var retry time.Duration
-	for _, d := range st.Details() {
-		switch d := d.(type) {
-		case *errdetails.ErrorInfo:
-			if d.GetDomain() == ErrorDomain && Code(d.GetReason()).known() {
-				code = Code(d.GetReason())
-			}
-		case *errdetails.RetryInfo:
-			retry = d.GetRetryDelay().AsDuration()
-		}
-	}
-	msg := st.Message()
-	if code == "" {
-		switch st.Code() {
-		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-			code = CodeUnavailable
-			if st.Code() != codes.Unavailable || msg == "" {
-				msg = "the store did not decide in time"
-			}
-			msg += unavailableAdvice
-		case codes.InvalidArgument:
-			code = CodeInvalidArgument
-		case codes.NotFound:
-			code = CodeNotFound
-		case codes.FailedPrecondition:
-			code = CodeNotOwner
-		case codes.ResourceExhausted:
-			code = CodeResourceExhausted
-			lower := strings.ToLower(msg)
-			if strings.Contains(lower, "payload too large") || strings.Contains(lower, "larger than max") {
-				code = CodePayloadTooLarge
-			}
-		case codes.Unauthenticated:
-			code = CodeUnauthenticated
-		case codes.PermissionDenied:
-			code = CodePermissionDenied
-		default:
-			return &Error{Code: CodeInternal, Message: internalMessage}, true
-		}
-	}
-	if code == CodeInternal {
-		return &Error{Code: CodeInternal, Message: internalMessage}, true
-	}
-	if code == CodeUnavailable && retry <= 0 {
-		retry = defaultRetryAfter
-	}
-	if msg == "" {
-		msg = strings.ToLower(strings.ReplaceAll(string(code), "_", " "))
-	}
-	return &Error{Code: code, Message: msg, RetryAfter: retry}, false
-}

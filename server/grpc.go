@@ -10,8 +10,8 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // grpcService is the Idempotency service: the same validation as the JSON
@@ -43,27 +43,13 @@ func (g *grpcService) Reserve(ctx context.Context, req *idemv1.ReserveRequest) (
 	if e != nil {
 		return nil, e
 	}
-	res, e := g.s.apply(ctx, cmd)
+	res, e := g.apply(ctx, cmd)
 	if e != nil {
 		return nil, e
 	}
-	out := &idemv1.ReserveResponse{Outcome: reserveOutcomePB(res.Outcome)}
-	switch res.Outcome {
-	case fsm.OutcomeAcquired, fsm.OutcomeReclaimed:
+	out := idemv1.ReserveToProto(res)
+	if res.Outcome == fsm.OutcomeAcquired || res.Outcome == fsm.OutcomeReclaimed {
 		out.OwnerToken = ownerTokenOf(cmd, res)
-		out.FencingToken = res.FencingToken
-		out.LeaseExpiresAt = timestampPB(res.LeaseExpiresAt)
-		if res.Outcome == fsm.OutcomeReclaimed {
-			out.PreviousFencingToken = res.PreviousFencingToken
-		}
-	case fsm.OutcomeInProgress:
-		out.RetryAfterMs = retryAfterMs(res.RetryAfter)
-		out.LeaseExpiresAt = timestampPB(res.LeaseExpiresAt)
-	case fsm.OutcomeCompleted:
-		out.FencingToken = res.FencingToken
-		out.Response = storedResponsePB(res.Response)
-		out.CompletedAt = timestampPB(res.CompletedAt)
-		out.ExpiresAt = timestampPB(res.ExpiresAt)
 	}
 	return out, nil
 }
@@ -79,11 +65,11 @@ func (g *grpcService) Heartbeat(ctx context.Context, req *idemv1.HeartbeatReques
 	if e != nil {
 		return nil, e
 	}
-	res, e := g.s.apply(ctx, cmd)
+	res, e := g.apply(ctx, cmd)
 	if e != nil {
 		return nil, e
 	}
-	return &idemv1.HeartbeatResponse{LeaseExpiresAt: timestampPB(res.LeaseExpiresAt)}, nil
+	return &idemv1.HeartbeatResponse{LeaseExpiresAt: idemv1.TimeToProto(res.LeaseExpiresAt)}, nil
 }
 
 func (g *grpcService) Complete(ctx context.Context, req *idemv1.CompleteRequest) (_ *idemv1.CompleteResponse, err error) {
@@ -101,11 +87,11 @@ func (g *grpcService) Complete(ctx context.Context, req *idemv1.CompleteRequest)
 	if e != nil {
 		return nil, e
 	}
-	res, e := g.s.apply(ctx, cmd)
+	res, e := g.apply(ctx, cmd)
 	if e != nil {
 		return nil, e
 	}
-	return &idemv1.CompleteResponse{CompletedAt: timestampPB(res.CompletedAt), ExpiresAt: timestampPB(res.ExpiresAt)}, nil
+	return &idemv1.CompleteResponse{CompletedAt: idemv1.TimeToProto(res.CompletedAt), ExpiresAt: idemv1.TimeToProto(res.ExpiresAt)}, nil
 }
 
 func (g *grpcService) Release(ctx context.Context, req *idemv1.ReleaseRequest) (_ *idemv1.ReleaseResponse, err error) {
@@ -118,7 +104,7 @@ func (g *grpcService) Release(ctx context.Context, req *idemv1.ReleaseRequest) (
 	if e != nil {
 		return nil, e
 	}
-	if _, e := g.s.apply(ctx, cmd); e != nil {
+	if _, e := g.apply(ctx, cmd); e != nil {
 		return nil, e
 	}
 	return &idemv1.ReleaseResponse{}, nil
@@ -129,51 +115,41 @@ func (g *grpcService) Get(ctx context.Context, req *idemv1.GetRequest) (_ *idemv
 	if e := g.s.validate.getParams(req.GetNamespace(), req.GetKey()); e != nil {
 		return nil, e
 	}
-	rec, found, e := g.s.get(ctx, req.GetNamespace(), req.GetKey())
+	rec, found, e := g.get(ctx, req.GetNamespace(), req.GetKey())
 	if e != nil {
 		return nil, e
 	}
 	if !found {
 		return nil, errorf(CodeNotFound, "no record for this key in namespace %q: it was never reserved, was released, or is past retention", req.GetNamespace())
 	}
-	out := &idemv1.GetResponse{Fingerprint: rec.Fingerprint, FencingToken: rec.FencingToken}
-	if rec.State == fsm.StateCompleted {
-		out.State = idemv1.State_STATE_COMPLETED
-		out.CompletedAt = timestampPB(rec.CompletedAt)
-		out.ExpiresAt = timestampPB(rec.ExpiresAt)
-		out.Response = storedResponsePB(rec.Response)
-	} else {
-		out.State = idemv1.State_STATE_IN_PROGRESS
-		out.LeaseExpiresAt = timestampPB(rec.LeaseExpiresAt)
-	}
-	return out, nil
+	return idemv1.RecordToProto(rec), nil
 }
 
-func reserveOutcomePB(o fsm.Outcome) idemv1.Outcome {
-	switch o {
-	case fsm.OutcomeAcquired:
-		return idemv1.Outcome_ACQUIRED
-	case fsm.OutcomeReclaimed:
-		return idemv1.Outcome_RECLAIMED
-	case fsm.OutcomeInProgress:
-		return idemv1.Outcome_IN_PROGRESS
-	case fsm.OutcomeCompleted:
-		return idemv1.Outcome_COMPLETED
-	case fsm.OutcomeFingerprintMismatch:
-		return idemv1.Outcome_FINGERPRINT_MISMATCH
-	}
-	return idemv1.Outcome_OUTCOME_UNSPECIFIED
+// apply is Server.apply for a gRPC request: the hop count comes from the
+// request's metadata and the backend's leader hint goes back as a header,
+// the wire form of data the backend takes and returns.
+func (g *grpcService) apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, *Error) {
+	res, leader, e := g.s.applyRouted(ctx, cmd, incomingHops(ctx))
+	setLeaderHeader(ctx, leader)
+	return res, e
 }
 
-func storedResponsePB(r *fsm.Response) *idemv1.StoredResponse {
-	if r == nil {
-		return &idemv1.StoredResponse{}
-	}
-	return &idemv1.StoredResponse{Status: r.Status, Headers: r.Headers, Body: r.Body}
+// get is Server.get for a gRPC request, as apply.
+func (g *grpcService) get(ctx context.Context, namespace, key string) (fsm.Record, bool, *Error) {
+	rec, found, leader, e := g.s.getRouted(ctx, namespace, key, incomingHops(ctx))
+	setLeaderHeader(ctx, leader)
+	return rec, found, e
 }
 
-func timestampPB(unixNanos int64) *timestamppb.Timestamp {
-	return timestamppb.New(time.Unix(0, unixNanos))
+func incomingHops(ctx context.Context) int {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return idemv1.HopsFromMetadata(md)
+}
+
+func setLeaderHeader(ctx context.Context, leader string) {
+	if leader != "" {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(idemv1.LeaderHeader, leader))
+	}
 }
 
 // grpcEndpoint is the endpoint label of a full method name: the Idempotency
@@ -202,8 +178,8 @@ func grpcEndpoint(fullMethod string) string {
 // grpcOutcome is the outcome label of an RPC's result.
 func grpcOutcome(resp any, err error) string {
 	if err != nil {
-		e, _ := fromStatus(status.Convert(err))
-		return string(e.Code)
+		code, _, _ := idemv1.StatusToError(status.Convert(err))
+		return string(code)
 	}
 	if r, ok := resp.(*idemv1.ReserveResponse); ok {
 		return r.GetOutcome().String()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -89,8 +90,8 @@ func TestGRPCOutcomes(t *testing.T) {
 		t.Fatalf("RECLAIMED: %v %v", r, err)
 	}
 	fence2 := r.FencingToken
-	if b.lastCommand().Lease != int64(30*time.Second) {
-		t.Fatalf("lease_ms 0 became %d ns, want the default", b.lastCommand().Lease)
+	if b.LastCommand().Lease != int64(30*time.Second) {
+		t.Fatalf("lease_ms 0 became %d ns, want the default", b.LastCommand().Lease)
 	}
 	// The old owner lost the key.
 	_, err = c.Complete(ctx, &idemv1.CompleteRequest{Namespace: "payments", Key: "g:1", OwnerToken: owner, Response: &idemv1.StoredResponse{Status: 200}})
@@ -283,7 +284,7 @@ func TestGRPCBackendErrors(t *testing.T) {
 	}{
 		{"unavailable", &errBackend{err: &UnavailableError{RetryAfter: 3 * time.Second, Reason: "home region lost"}}, codes.Unavailable, CodeUnavailable, 3 * time.Second},
 		{"deadline", &errBackend{err: context.DeadlineExceeded}, codes.Unavailable, CodeUnavailable, time.Second},
-		{"permission", &errBackend{err: &Error{Code: CodePermissionDenied, Message: "no"}}, codes.PermissionDenied, CodePermissionDenied, 0},
+		{"permission", &errBackend{err: &backend.Error{Code: CodePermissionDenied, Message: "no"}}, codes.PermissionDenied, CodePermissionDenied, 0},
 		{"internal", &errBackend{err: errors.New("disk on fire at /secret")}, codes.Internal, CodeInternal, 0},
 		{"invalid outcome", &errBackend{result: resultInvalid()}, codes.Internal, CodeInternal, 0},
 		{"panic", &errBackend{panics: true}, codes.Internal, CodeInternal, 0},
@@ -356,11 +357,11 @@ func TestForwardedErrors(t *testing.T) {
 		retryAfter string
 	}{
 		{"unavailable", &UnavailableError{RetryAfter: 3 * time.Second, Reason: "no leader"}, 503, CodeUnavailable, "3"},
-		{"unauthenticated", &Error{Code: CodeUnauthenticated, Message: "log in"}, 401, CodeUnauthenticated, ""},
-		{"permission", &Error{Code: CodePermissionDenied, Message: "not yours"}, 403, CodePermissionDenied, ""},
-		{"resource exhausted", &Error{Code: CodeResourceExhausted, Message: "too many requests"}, 429, CodeResourceExhausted, ""},
-		{"payload too large", &Error{Code: CodePayloadTooLarge, Message: "payload too large: 5 bytes"}, 413, CodePayloadTooLarge, ""},
-		{"not owner", &Error{Code: CodeNotOwner, Message: "not the owner"}, 409, CodeNotOwner, ""},
+		{"unauthenticated", &backend.Error{Code: CodeUnauthenticated, Message: "log in"}, 401, CodeUnauthenticated, ""},
+		{"permission", &backend.Error{Code: CodePermissionDenied, Message: "not yours"}, 403, CodePermissionDenied, ""},
+		{"resource exhausted", &backend.Error{Code: CodeResourceExhausted, Message: "too many requests"}, 429, CodeResourceExhausted, ""},
+		{"payload too large", &backend.Error{Code: CodePayloadTooLarge, Message: "payload too large: 5 bytes"}, 413, CodePayloadTooLarge, ""},
+		{"not owner", &backend.Error{Code: CodeNotOwner, Message: "not the owner"}, 409, CodeNotOwner, ""},
 		{"internal", errors.New("bolt exploded"), 500, CodeInternal, ""},
 	}
 	for _, tc := range cases {
@@ -378,7 +379,7 @@ func TestForwardedErrors(t *testing.T) {
 				t.Fatalf("Retry-After %q, want %q", got, tc.retryAfter)
 			}
 			_, err = front.grpc.Reserve(t.Context(), &idemv1.ReserveRequest{Namespace: "ns", Key: "k"})
-			expectStatus(t, err, tc.code.GRPCCode(), tc.code)
+			expectStatus(t, err, idemv1.GRPCCode(tc.code), tc.code)
 		})
 	}
 
@@ -426,7 +427,7 @@ func TestStatusWithoutDetails(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.err.Error(), func(t *testing.T) {
-			h := newHarness(t, &errBackend{err: tc.err}, nil)
+			h := newHarness(t, &errBackend{err: idemv1.BackendError(tc.err)}, nil)
 			r := h.do("POST", ns+"k:reserve", "")
 			h.expectError(r, tc.status, tc.code)
 			if tc.code == CodeUnavailable && r.header.Get("Retry-After") != "1" {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -39,51 +40,10 @@ func newFakeClock() *fakeClock {
 func (c *fakeClock) Now() int64              { return c.ns.Load() }
 func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
-// memBackend is an in-memory Backend over one *fsm.FSM: what a one-node
-// store does, without Raft. It stamps Now and SkewMargin as a proposer does.
-type memBackend struct {
-	mu       sync.Mutex
-	fsm      *fsm.FSM
-	index    uint64
-	clock    *fakeClock
-	skew     time.Duration
-	last     fsm.Command // the last command applied, for checking defaults
-	notReady error
-}
-
-func newMemBackend(clock *fakeClock) *memBackend {
-	return &memBackend{fsm: fsm.New(), clock: clock, skew: time.Second}
-}
-
-func (b *memBackend) Apply(_ context.Context, cmd *fsm.Command) (fsm.Result, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	c := *cmd
-	if c.Now != 0 || c.SkewMargin != 0 {
-		return fsm.Result{Outcome: fsm.OutcomeInvalid}, nil // the server must leave them to the proposer
-	}
-	c.Now = b.clock.Now()
-	c.SkewMargin = int64(b.skew)
-	b.index++
-	b.last = c
-	return b.fsm.Apply(b.index, &c), nil
-}
-
-func (b *memBackend) Get(_ context.Context, namespace, key string) (fsm.Record, bool, error) {
-	rec, ok := b.fsm.Get(namespace, key, b.clock.Now())
-	return rec, ok, nil
-}
-
-func (b *memBackend) Ready(context.Context) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.notReady
-}
-
-func (b *memBackend) lastCommand() fsm.Command {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.last
+// newMemBackend is the one in-memory Backend (backend.Mem) on the test's
+// clock, with a one-second skew margin.
+func newMemBackend(clock *fakeClock) *backend.Mem {
+	return backend.NewMem(backend.MemConfig{Now: clock.Now, SkewMargin: time.Second})
 }
 
 // errBackend fails every call with err, or answers result, or panics.
@@ -114,52 +74,40 @@ func (b *errBackend) Ready(context.Context) error { return b.err }
 type grpcBackend struct{ c idemv1.IdempotencyClient }
 
 func (b grpcBackend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	var res fsm.Result
+	var err error
 	switch cmd.Op {
 	case fsm.OpReserve:
-		r, err := b.c.Reserve(ctx, &idemv1.ReserveRequest{Namespace: cmd.Namespace, Key: cmd.Key,
+		var r *idemv1.ReserveResponse
+		r, err = b.c.Reserve(ctx, &idemv1.ReserveRequest{Namespace: cmd.Namespace, Key: cmd.Key,
 			Fingerprint: cmd.Fingerprint, LeaseMs: cmd.Lease / 1e6, OwnerToken: cmd.OwnerToken})
-		if err != nil {
-			return fsm.Result{}, err
+		if err == nil {
+			res = idemv1.ReserveFromProto(r)
 		}
-		res := fsm.Result{OwnerToken: r.GetOwnerToken(), FencingToken: r.GetFencingToken(),
-			PreviousFencingToken: r.GetPreviousFencingToken(), RetryAfter: r.GetRetryAfterMs() * 1e6}
-		res.Outcome = map[idemv1.Outcome]fsm.Outcome{
-			idemv1.Outcome_ACQUIRED: fsm.OutcomeAcquired, idemv1.Outcome_RECLAIMED: fsm.OutcomeReclaimed,
-			idemv1.Outcome_IN_PROGRESS: fsm.OutcomeInProgress, idemv1.Outcome_COMPLETED: fsm.OutcomeCompleted,
-			idemv1.Outcome_FINGERPRINT_MISMATCH: fsm.OutcomeFingerprintMismatch,
-		}[r.GetOutcome()]
-		if r.LeaseExpiresAt != nil {
-			res.LeaseExpiresAt = r.LeaseExpiresAt.AsTime().UnixNano()
-		}
-		if r.Response != nil {
-			res.Response = &fsm.Response{Status: r.Response.Status, Headers: r.Response.Headers, Body: r.Response.Body}
-			res.CompletedAt = r.CompletedAt.AsTime().UnixNano()
-			res.ExpiresAt = r.ExpiresAt.AsTime().UnixNano()
-		}
-		return res, nil
 	case fsm.OpHeartbeat:
-		r, err := b.c.Heartbeat(ctx, &idemv1.HeartbeatRequest{Namespace: cmd.Namespace, Key: cmd.Key,
+		var r *idemv1.HeartbeatResponse
+		r, err = b.c.Heartbeat(ctx, &idemv1.HeartbeatRequest{Namespace: cmd.Namespace, Key: cmd.Key,
 			OwnerToken: cmd.OwnerToken, LeaseMs: cmd.Lease / 1e6})
-		if err != nil {
-			return fsm.Result{}, err
+		if err == nil {
+			res = fsm.Result{Outcome: fsm.OutcomeOK, LeaseExpiresAt: idemv1.TimeFromProto(r.GetLeaseExpiresAt())}
 		}
-		return fsm.Result{Outcome: fsm.OutcomeOK, LeaseExpiresAt: r.LeaseExpiresAt.AsTime().UnixNano()}, nil
 	case fsm.OpComplete:
-		r, err := b.c.Complete(ctx, &idemv1.CompleteRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
-			Response:   &idemv1.StoredResponse{Status: cmd.Response.Status, Headers: cmd.Response.Headers, Body: cmd.Response.Body},
-			RetentionS: cmd.Retention / 1e9})
-		if err != nil {
-			return fsm.Result{}, err
+		var r *idemv1.CompleteResponse
+		r, err = b.c.Complete(ctx, &idemv1.CompleteRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
+			Response: idemv1.ResponseToProto(cmd.Response), RetentionS: cmd.Retention / 1e9})
+		if err == nil {
+			res = fsm.Result{Outcome: fsm.OutcomeOK, CompletedAt: idemv1.TimeFromProto(r.GetCompletedAt()), ExpiresAt: idemv1.TimeFromProto(r.GetExpiresAt())}
 		}
-		return fsm.Result{Outcome: fsm.OutcomeOK, CompletedAt: r.CompletedAt.AsTime().UnixNano(), ExpiresAt: r.ExpiresAt.AsTime().UnixNano()}, nil
 	case fsm.OpRelease:
-		_, err := b.c.Release(ctx, &idemv1.ReleaseRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken})
-		if err != nil {
-			return fsm.Result{}, err
-		}
-		return fsm.Result{Outcome: fsm.OutcomeOK}, nil
+		_, err = b.c.Release(ctx, &idemv1.ReleaseRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken})
+		res = fsm.Result{Outcome: fsm.OutcomeOK}
+	default:
+		return fsm.Result{Outcome: fsm.OutcomeInvalid}, nil
 	}
-	return fsm.Result{Outcome: fsm.OutcomeInvalid}, nil
+	if err != nil {
+		return fsm.Result{}, idemv1.BackendError(err)
+	}
+	return res, nil
 }
 
 func (b grpcBackend) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {
@@ -168,18 +116,9 @@ func (b grpcBackend) Get(ctx context.Context, namespace, key string) (fsm.Record
 		return fsm.Record{}, false, nil
 	}
 	if err != nil {
-		return fsm.Record{}, false, err
+		return fsm.Record{}, false, idemv1.BackendError(err)
 	}
-	rec := fsm.Record{State: fsm.State(r.State), Fingerprint: r.Fingerprint, FencingToken: r.FencingToken}
-	if r.LeaseExpiresAt != nil {
-		rec.LeaseExpiresAt = r.LeaseExpiresAt.AsTime().UnixNano()
-	}
-	if r.Response != nil {
-		rec.Response = &fsm.Response{Status: r.Response.Status, Headers: r.Response.Headers, Body: r.Response.Body}
-		rec.CompletedAt = r.CompletedAt.AsTime().UnixNano()
-		rec.ExpiresAt = r.ExpiresAt.AsTime().UnixNano()
-	}
-	return rec, true, nil
+	return idemv1.RecordFromProto(r), true, nil
 }
 
 func (b grpcBackend) Ready(context.Context) error { return nil }

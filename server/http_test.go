@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-dev/idem/backend"
 )
 
 const ns = "/v1/namespaces/payments/keys/"
@@ -45,7 +47,7 @@ func TestHTTPReserveOutcomes(t *testing.T) {
 	if !strings.HasSuffix(str(t, r.body, "lease_expires_at"), "Z") || !strings.Contains(str(t, r.body, "lease_expires_at"), ".5Z") {
 		t.Fatalf("lease_expires_at %q is not RFC 3339 UTC with its fraction", r.body["lease_expires_at"])
 	}
-	if c := b.lastCommand(); c.Lease != int64(30*time.Second) || c.OwnerToken != owner1 {
+	if c := b.LastCommand(); c.Lease != int64(30*time.Second) || c.OwnerToken != owner1 {
 		t.Fatalf("command lease %d owner %q, want 30 s and the returned token", c.Lease, c.OwnerToken)
 	}
 
@@ -99,7 +101,7 @@ func TestHTTPReserveOutcomes(t *testing.T) {
 	if mustUint(t, fence2) <= mustUint(t, fence1) {
 		t.Fatalf("fencing token %s not above %s", fence2, fence1)
 	}
-	if c := b.lastCommand(); c.Lease != int64(100*time.Millisecond) {
+	if c := b.LastCommand(); c.Lease != int64(100*time.Millisecond) {
 		t.Fatalf("lease_ms 100 became %d ns", c.Lease)
 	}
 
@@ -279,7 +281,7 @@ func TestHTTPPaths(t *testing.T) {
 	if r.status != 200 || r.body["outcome"] != "ACQUIRED" {
 		t.Fatalf("encoded key: %d %s", r.status, r)
 	}
-	if c := b.lastCommand(); c.Key != "a:b/c%d?reserve" || c.Namespace != "payments" {
+	if c := b.LastCommand(); c.Key != "a:b/c%d?reserve" || c.Namespace != "payments" {
 		t.Fatalf("decoded namespace %q key %q", c.Namespace, c.Key)
 	}
 	r = h.do("GET", "/v1/namespaces/payments/keys/a%3Ab%2Fc%25d%3Freserve", "")
@@ -288,8 +290,8 @@ func TestHTTPPaths(t *testing.T) {
 	}
 	// An unencoded ':' in the key: the verb is still after the last ':'.
 	r = h.do("POST", "/v1/namespaces/payments/keys/x:y:reserve", "")
-	if r.status != 200 || b.lastCommand().Key != "x:y" {
-		t.Fatalf("raw ':' in key: %d %s key %q", r.status, r, b.lastCommand().Key)
+	if r.status != 200 || b.LastCommand().Key != "x:y" {
+		t.Fatalf("raw ':' in key: %d %s key %q", r.status, r, b.LastCommand().Key)
 	}
 	// GET has no verb: "x:y" is read back; "x:y:reserve" is another key.
 	if r := h.do("GET", "/v1/namespaces/payments/keys/x:y", ""); r.status != 200 {
@@ -297,7 +299,7 @@ func TestHTTPPaths(t *testing.T) {
 	}
 	h.expectError(h.do("GET", "/v1/namespaces/payments/keys/x:y:reserve", ""), 404, CodeNotFound)
 	// An encoded namespace is decoded.
-	if r := h.do("POST", "/v1/namespaces/p%61yments/keys/enc-ns:reserve", ""); r.status != 200 || b.lastCommand().Namespace != "payments" {
+	if r := h.do("POST", "/v1/namespaces/p%61yments/keys/enc-ns:reserve", ""); r.status != 200 || b.LastCommand().Namespace != "payments" {
 		t.Fatalf("encoded namespace: %d %s", r.status, r)
 	}
 	// The longest key and namespace are fine.
@@ -560,8 +562,8 @@ func TestHTTPBackendErrors(t *testing.T) {
 		{"unavailable typed", &errBackend{err: &UnavailableError{RetryAfter: 2500 * time.Millisecond, Reason: "no leader for shard 3"}}, 503, CodeUnavailable, "3"},
 		{"unavailable wrapped", &errBackend{err: fmt.Errorf("forward: %w", ErrUnavailable)}, 503, CodeUnavailable, "1"},
 		{"deadline", &errBackend{err: fmt.Errorf("apply: %w", contextDeadline())}, 503, CodeUnavailable, "1"},
-		{"api error passes", &errBackend{err: &Error{Code: CodeResourceExhausted, Message: "slow down", RetryAfter: 4 * time.Second}}, 429, CodeResourceExhausted, "4"},
-		{"api unauthenticated", &errBackend{err: &Error{Code: CodeUnauthenticated, Message: "who are you?"}}, 401, CodeUnauthenticated, ""},
+		{"api error passes", &errBackend{err: &backend.Error{Code: CodeResourceExhausted, Message: "slow down", RetryAfter: 4 * time.Second}}, 429, CodeResourceExhausted, "4"},
+		{"api unauthenticated", &errBackend{err: &backend.Error{Code: CodeUnauthenticated, Message: "who are you?"}}, 401, CodeUnauthenticated, ""},
 		{"internal", &errBackend{err: fmt.Errorf("bolt: page 7 corrupt at /var/lib/secret")}, 500, CodeInternal, ""},
 		{"invalid outcome", &errBackend{result: resultInvalid()}, 500, CodeInternal, ""},
 		{"panic", &errBackend{panics: true}, 500, CodeInternal, ""},
@@ -612,9 +614,7 @@ func TestHTTPProbesAndMetrics(t *testing.T) {
 	if r := h.do("GET", "/readyz", ""); r.status != 200 {
 		t.Fatalf("readyz: %d %s", r.status, r)
 	}
-	b.mu.Lock()
-	b.notReady = fmt.Errorf("shard us-east/2 has no leader")
-	b.mu.Unlock()
+	b.SetReady(fmt.Errorf("shard us-east/2 has no leader"))
 	r = h.do("GET", "/readyz", "")
 	h.expectError(r, 503, CodeUnavailable)
 	if !strings.Contains(r.errMessage(), "shard us-east/2 has no leader") || r.header.Get("Retry-After") == "" {

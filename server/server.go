@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
@@ -16,7 +17,7 @@ import (
 // validator and one set of metrics. It is safe for concurrent use.
 type Server struct {
 	cfg      Config
-	backend  Backend
+	backend  backend.Routed
 	log      *slog.Logger
 	registry *prometheus.Registry
 	metrics  *metrics
@@ -33,7 +34,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg:      cfg,
-		backend:  cfg.Backend,
+		backend:  backend.AsRouted(cfg.Backend),
 		log:      cfg.Logger,
 		registry: cfg.Registry,
 		validate: validator{maxResponseBytes: cfg.maxResponseBytes()},

@@ -1,41 +1,13 @@
 package server
 
 import (
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
-)
-
-// Limits of the public API (API-v1.md). Where the contract names no bound
-// (headers), doc.go says why these.
-const (
-	MaxNamespaceBytes   = 63
-	MaxKeyBytes         = 255
-	MaxFingerprintChars = 256
-
-	MinLeaseMs     = 100
-	MaxLeaseMs     = 600_000
-	DefaultLeaseMs = 30_000
-
-	MinOwnerTokenChars = 16
-	MaxOwnerTokenChars = 128
-
-	MinStatus = 100
-	MaxStatus = 599
-
-	MinRetentionS     = 1
-	MaxRetentionS     = 2_592_000
-	DefaultRetentionS = 86_400
-
-	MaxHeaders           = 100
-	MaxHeaderNameBytes   = 256
-	MaxHeaderValueBytes  = 8 << 10
-	MaxHeadersTotalBytes = 64 << 10
 )
 
 // The request parameters of each endpoint, as both the JSON and the gRPC API
@@ -106,104 +78,83 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-const namespaceRule = "use 1-63 characters of a-z, 0-9, '.', '_' and '-', starting with a letter or digit"
+const namespaceRule = contract.NamespaceRule
 
 func checkNamespace(p *problems, ns string) {
-	if ns == "" {
+	v := contract.CheckNamespace(ns)
+	if v == nil {
+		return
+	}
+	switch v.Fault {
+	case contract.FaultEmpty:
 		p.addf("namespace is empty: %s", namespaceRule)
-		return
-	}
-	if len(ns) > MaxNamespaceBytes {
-		p.addf("namespace is %d bytes long: %s", len(ns), namespaceRule)
-		return
-	}
-	for i := 0; i < len(ns); i++ {
-		c := ns[i]
-		ok := c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '.' || c == '_' || c == '-')
-		if !ok {
-			p.addf("namespace %q has %s at position %d: %s", ns, describeByte(c), i, namespaceRule)
-			return
-		}
+	case contract.FaultLength:
+		p.addf("namespace is %d bytes long: %s", v.Len, namespaceRule)
+	default:
+		p.addf("namespace %q has %s at position %d: %s", ns, describeByte(v.Byte), v.Pos, namespaceRule)
 	}
 }
 
-const keyRule = "a key is 1-255 bytes of printable ASCII (0x21-0x7E), percent-encoded in the path"
+const keyRule = contract.KeyRule + ", percent-encoded in the path"
 
 func checkKey(p *problems, key string) {
-	if key == "" {
+	v := contract.CheckKey(key)
+	if v == nil {
+		return
+	}
+	switch v.Fault {
+	case contract.FaultEmpty:
 		p.addf("key is empty: %s", keyRule)
-		return
-	}
-	if len(key) > MaxKeyBytes {
-		p.addf("key is %d bytes long: %s", len(key), keyRule)
-		return
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c > 0x7e {
-			p.addf("key has %s at byte %d: %s", describeByte(c), i, keyRule)
-			return
-		}
+	case contract.FaultLength:
+		p.addf("key is %d bytes long: %s", v.Len, keyRule)
+	default:
+		p.addf("key has %s at byte %d: %s", describeByte(v.Byte), v.Pos, keyRule)
 	}
 }
 
-func describeByte(c byte) string {
-	if c >= 0x21 && c <= 0x7e {
-		return fmt.Sprintf("'%c'", c)
-	}
-	return fmt.Sprintf("byte 0x%02X", c)
-}
+func describeByte(c byte) string { return contract.DescribeByte(c) }
 
-const ownerTokenRule = "an owner token is 16-128 characters of A-Z, a-z, 0-9, '_' and '-'"
+const ownerTokenRule = contract.OwnerTokenRule
 
 // checkOwnerToken checks a token the caller must send (heartbeat, complete,
 // release) or chose to send (reserve). It never echoes the token: it is a
 // credential of sorts.
 func checkOwnerToken(p *problems, token string, required bool) {
-	if token == "" {
+	v := contract.CheckOwnerToken(token)
+	if v == nil {
+		return
+	}
+	switch v.Fault {
+	case contract.FaultEmpty:
 		if required {
 			p.addf("owner_token is required: send the owner_token that reserve returned")
 		}
-		return
-	}
-	if n := len(token); n < MinOwnerTokenChars || n > MaxOwnerTokenChars {
-		p.addf("owner_token is %d characters long: %s", n, ownerTokenRule)
-		return
-	}
-	for i := 0; i < len(token); i++ {
-		c := token[i]
-		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			p.addf("owner_token has %s at position %d: %s", describeByte(c), i, ownerTokenRule)
-			return
-		}
+	case contract.FaultLength:
+		p.addf("owner_token is %d characters long: %s", v.Len, ownerTokenRule)
+	default:
+		p.addf("owner_token has %s at position %d: %s", describeByte(v.Byte), v.Pos, ownerTokenRule)
 	}
 }
 
 // leaseNanos checks lease_ms and returns the lease in nanoseconds (0: default).
 func leaseNanos(p *problems, leaseMs int64) int64 {
 	if leaseMs == 0 {
-		leaseMs = DefaultLeaseMs
+		leaseMs = contract.DefaultLeaseMs
 	}
-	if leaseMs < MinLeaseMs || leaseMs > MaxLeaseMs {
+	if leaseMs < contract.MinLeaseMs || leaseMs > contract.MaxLeaseMs {
 		p.addf("lease_ms %d is out of range: use %d..%d milliseconds, or 0 or leave it out for the default %d",
-			leaseMs, MinLeaseMs, MaxLeaseMs, DefaultLeaseMs)
+			leaseMs, contract.MinLeaseMs, contract.MaxLeaseMs, contract.DefaultLeaseMs)
 		return 0
 	}
 	return leaseMs * int64(time.Millisecond)
-}
-
-// newOwnerToken returns a fresh 128-bit token, base64url without padding.
-func newOwnerToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand crashes the program instead)
-	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 func (v validator) reserveCommand(r reserveParams) (*fsm.Command, *Error) {
 	var p problems
 	checkNamespace(&p, r.Namespace)
 	checkKey(&p, r.Key)
-	if n := utf8.RuneCountInString(r.Fingerprint); n > MaxFingerprintChars {
-		p.addf("fingerprint is %d characters long: use at most %d (a hash of the request, for example)", n, MaxFingerprintChars)
+	if n := utf8.RuneCountInString(r.Fingerprint); n > contract.MaxFingerprintChars {
+		p.addf("fingerprint is %d characters long: use at most %d (a hash of the request, for example)", n, contract.MaxFingerprintChars)
 	}
 	checkOwnerToken(&p, r.OwnerToken, false)
 	lease := leaseNanos(&p, r.LeaseMs)
@@ -212,7 +163,7 @@ func (v validator) reserveCommand(r reserveParams) (*fsm.Command, *Error) {
 	}
 	token := r.OwnerToken
 	if token == "" {
-		token = newOwnerToken()
+		token = contract.NewOwnerToken()
 	}
 	return &fsm.Command{
 		Op:          fsm.OpReserve,
@@ -249,17 +200,17 @@ func (v validator) completeCommand(r completeParams) (*fsm.Command, *Error) {
 	checkOwnerToken(&p, r.OwnerToken, true)
 	retentionS := r.RetentionS
 	if retentionS == 0 {
-		retentionS = DefaultRetentionS
+		retentionS = contract.DefaultRetentionS
 	}
-	if retentionS < MinRetentionS || retentionS > MaxRetentionS {
+	if retentionS < contract.MinRetentionS || retentionS > contract.MaxRetentionS {
 		p.addf("retention_s %d is out of range: use %d..%d seconds (30 days), or 0 or leave it out for the default %d",
-			retentionS, MinRetentionS, MaxRetentionS, DefaultRetentionS)
+			retentionS, contract.MinRetentionS, contract.MaxRetentionS, contract.DefaultRetentionS)
 	}
 	if r.Response == nil {
 		p.addf("response is required: send {\"status\": ..., \"headers\": {...}, \"body\": \"<base64>\"}")
 	} else {
-		if s := r.Response.Status; s < MinStatus || s > MaxStatus {
-			p.addf("response.status %d is out of range: use an HTTP status code %d..%d", s, MinStatus, MaxStatus)
+		if s := r.Response.Status; s < contract.MinStatus || s > contract.MaxStatus {
+			p.addf("response.status %d is out of range: use an HTTP status code %d..%d", s, contract.MinStatus, contract.MaxStatus)
 		}
 		checkHeaders(&p, r.Response.Headers)
 	}
@@ -312,15 +263,15 @@ func (v validator) getParams(namespace, key string) *Error {
 // tchar); values may hold any byte but control characters other than tab, so
 // that a replay can always be written back as an HTTP header.
 func checkHeaders(p *problems, headers map[string]string) {
-	if len(headers) > MaxHeaders {
-		p.addf("response.headers has %d entries: store at most %d (join multiple values of one header with \", \")", len(headers), MaxHeaders)
+	if len(headers) > contract.MaxHeaders {
+		p.addf("response.headers has %d entries: store at most %d (join multiple values of one header with \", \")", len(headers), contract.MaxHeaders)
 		return
 	}
 	total := 0
 	for name, value := range headers {
 		total += len(name) + len(value)
-		if name == "" || len(name) > MaxHeaderNameBytes {
-			p.addf("response.headers has a name of %d bytes: a header name is 1-%d bytes", len(name), MaxHeaderNameBytes)
+		if name == "" || len(name) > contract.MaxHeaderNameBytes {
+			p.addf("response.headers has a name of %d bytes: a header name is 1-%d bytes", len(name), contract.MaxHeaderNameBytes)
 			continue
 		}
 		if i := strings.IndexFunc(name, func(r rune) bool { return !isTokenChar(r) }); i >= 0 {
@@ -328,8 +279,8 @@ func checkHeaders(p *problems, headers map[string]string) {
 				truncate(name, 64), describeByte(name[i]), i)
 			continue
 		}
-		if len(value) > MaxHeaderValueBytes {
-			p.addf("response.headers[%q] is %d bytes long: a header value is at most %d bytes", name, len(value), MaxHeaderValueBytes)
+		if len(value) > contract.MaxHeaderValueBytes {
+			p.addf("response.headers[%q] is %d bytes long: a header value is at most %d bytes", name, len(value), contract.MaxHeaderValueBytes)
 			continue
 		}
 		for i := 0; i < len(value); i++ {
@@ -340,8 +291,8 @@ func checkHeaders(p *problems, headers map[string]string) {
 			}
 		}
 	}
-	if total > MaxHeadersTotalBytes {
-		p.addf("response.headers total %d bytes (names plus values): store at most %d", total, MaxHeadersTotalBytes)
+	if total > contract.MaxHeadersTotalBytes {
+		p.addf("response.headers total %d bytes (names plus values): store at most %d", total, contract.MaxHeadersTotalBytes)
 	}
 }
 

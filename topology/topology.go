@@ -9,11 +9,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // Limits enforced by Validate.
@@ -119,13 +120,11 @@ type Node struct {
 }
 
 // NameGrammar is the grammar of namespaces, cluster, region and node names.
-const NameGrammar = `[a-z0-9][a-z0-9._-]{0,62}`
-
-var nameRE = regexp.MustCompile(`^` + NameGrammar + `$`)
+const NameGrammar = contract.NameGrammar
 
 // ValidName reports whether s matches the name grammar shared by
 // namespaces, regions, nodes and clusters: [a-z0-9][a-z0-9._-]{0,62}.
-func ValidName(s string) bool { return nameRE.MatchString(s) }
+func ValidName(s string) bool { return contract.ValidName(s) }
 
 // Parse decodes a topology from YAML or JSON (JSON is YAML), rejecting
 // unknown fields, duplicate keys and multiple documents, fills in defaults

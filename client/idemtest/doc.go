@@ -1,9 +1,11 @@
 // Package idemtest runs an in-process idem store for tests: a gRPC server on
-// 127.0.0.1 that serves the Idempotency service over the real state machine
-// (package fsm) in memory, with one log and no replication.
+// 127.0.0.1 that serves the real Idempotency service (package server, the
+// one an idemnode serves) over backend.Mem, the real state machine (package
+// fsm) in memory, with one log and no replication.
 //
 // It decides exactly what a one-shard idem cluster decides (same outcomes,
-// fencing tokens that grow with every acquisition, same validation limits),
+// fencing tokens that grow with every acquisition, same validation, limits,
+// messages and error details, since it is the same code),
 // and adds what tests need and a real cluster cannot offer on demand: a
 // clock that tests move forward (Advance) to let leases and retention run
 // out without sleeping, and fault injection per RPC: FailNext answers the

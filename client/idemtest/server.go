@@ -2,30 +2,29 @@ package idemtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
 	"path"
-	"regexp"
 	"sync"
 	"time"
 
-	idemv1 "github.com/idem-dev/idem/api/idem/v1"
-	"github.com/idem-dev/idem/fsm"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/server"
 )
 
 // Defaults of Config, the same as an idemnode's.
 const (
 	DefaultSkewMargin       = time.Second
-	DefaultMaxResponseBytes = 1 << 20
-	DefaultLease            = 30 * time.Second
-	DefaultRetention        = 24 * time.Hour
+	DefaultMaxResponseBytes = contract.DefaultMaxResponseBytes
+	DefaultLease            = contract.DefaultLease
+	DefaultRetention        = contract.DefaultRetention
 )
 
 // Method names an RPC of the Idempotency service, for fault injection and
@@ -47,7 +46,8 @@ type Config struct {
 	// before another caller may reclaim it. Zero means DefaultSkewMargin.
 	SkewMargin time.Duration
 	// MaxResponseBytes is the largest stored response body; a larger one is
-	// answered RESOURCE_EXHAUSTED. Zero means DefaultMaxResponseBytes.
+	// answered RESOURCE_EXHAUSTED (PAYLOAD_TOO_LARGE). Zero means
+	// DefaultMaxResponseBytes; at most contract.MaxMaxResponseBytes.
 	MaxResponseBytes int
 }
 
@@ -57,8 +57,8 @@ func (c Config) Validate() error {
 	if c.SkewMargin < 0 {
 		errs = append(errs, fmt.Errorf("idemtest: config: SkewMargin = %v is negative", c.SkewMargin))
 	}
-	if c.MaxResponseBytes < 0 {
-		errs = append(errs, fmt.Errorf("idemtest: config: MaxResponseBytes = %d is negative", c.MaxResponseBytes))
+	if c.MaxResponseBytes < 0 || c.MaxResponseBytes > contract.MaxMaxResponseBytes {
+		errs = append(errs, fmt.Errorf("idemtest: config: MaxResponseBytes = %d is out of range: use 0..%d", c.MaxResponseBytes, contract.MaxMaxResponseBytes))
 	}
 	return errors.Join(errs...)
 }
@@ -69,15 +69,16 @@ type fault struct {
 	dropLeft int
 }
 
-// Server is an in-memory idem store serving gRPC on 127.0.0.1.
+// Server is an in-memory idem store serving gRPC on 127.0.0.1: the real
+// gRPC service of package server over backend.Mem, with fault injection in
+// front of it.
 type Server struct {
 	cfg Config
 	lis net.Listener
 	gs  *grpc.Server
+	mem *backend.Mem
 
-	mu     sync.Mutex // orders log indexes with their application
-	fsm    *fsm.FSM
-	index  uint64
+	mu     sync.Mutex
 	offset time.Duration // added to the wall clock by Advance
 	faults map[Method]*fault
 	calls  map[Method]int
@@ -94,19 +95,22 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.MaxResponseBytes == 0 {
 		cfg.MaxResponseBytes = DefaultMaxResponseBytes
 	}
+	s := &Server{
+		cfg:    cfg,
+		faults: make(map[Method]*fault),
+		calls:  make(map[Method]int),
+	}
+	s.mem = backend.NewMem(backend.MemConfig{Now: func() int64 { return s.Now().UnixNano() }, SkewMargin: cfg.SkewMargin})
+	api, err := server.New(server.Config{Backend: s.mem, MaxResponseBytes: int64(cfg.MaxResponseBytes)})
+	if err != nil {
+		return nil, fmt.Errorf("idemtest: %w", err)
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("idemtest: listen: %w", err)
 	}
-	s := &Server{
-		cfg:    cfg,
-		lis:    lis,
-		fsm:    fsm.New(),
-		faults: make(map[Method]*fault),
-		calls:  make(map[Method]int),
-	}
-	s.gs = grpc.NewServer(grpc.UnaryInterceptor(s.intercept))
-	idemv1.RegisterIdempotencyServer(s.gs, &service{s: s})
+	s.lis = lis
+	s.gs = api.NewGRPCServer(grpc.ChainUnaryInterceptor(s.intercept))
 	go func() { _ = s.gs.Serve(lis) }()
 	return s, nil
 }
@@ -168,22 +172,12 @@ func (s *Server) fault(m Method) *fault {
 // Apply applies cmd as the next log entry, stamping Now with the store's clock
 // when it is zero, and a reserve's SkewMargin when it is zero. It lets tests
 // serve other front ends (a JSON handler, say) over the same store.
-func (s *Server) Apply(cmd fsm.Command) fsm.Result {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if cmd.Now == 0 {
-		cmd.Now = time.Now().Add(s.offset).UnixNano()
-	}
-	if cmd.Op == fsm.OpReserve && cmd.SkewMargin == 0 {
-		cmd.SkewMargin = int64(s.cfg.SkewMargin)
-	}
-	s.index++
-	return s.fsm.Apply(s.index, &cmd)
-}
+func (s *Server) Apply(cmd fsm.Command) fsm.Result { return s.mem.ApplyStamped(cmd) }
 
 // Get reads the record of (namespace, key) at the store's clock.
 func (s *Server) Get(namespace, key string) (fsm.Record, bool) {
-	return s.fsm.Get(namespace, key, s.Now().UnixNano())
+	rec, ok, _ := s.mem.Get(context.Background(), namespace, key)
+	return rec, ok
 }
 
 // intercept counts calls and injects faults around the handler.
@@ -210,214 +204,4 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		return nil, status.Errorf(codes.Unavailable, "idemtest: %s was applied, and its answer was dropped", m)
 	}
 	return resp, err
-}
-
-var namespaceRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-var ownerTokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
-
-// invalidArgument answers INVALID_ARGUMENT naming every problem, or nil.
-func invalidArgument(errs ...error) error {
-	if err := errors.Join(errs...); err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
-	}
-	return nil
-}
-
-func checkNames(namespace, key string) error {
-	if !namespaceRE.MatchString(namespace) {
-		return fmt.Errorf("namespace %q must match [a-z0-9][a-z0-9._-]{0,62}", namespace)
-	}
-	if len(key) < 1 || len(key) > 255 {
-		return fmt.Errorf("key must be 1 to 255 bytes, got %d", len(key))
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] < 0x21 || key[i] > 0x7e {
-			return errors.New("key must be printable ASCII (0x21-0x7E)")
-		}
-	}
-	return nil
-}
-
-func checkOwnerToken(tok string) error {
-	if !ownerTokenRE.MatchString(tok) {
-		return errors.New("owner_token must be 16-128 chars of [A-Za-z0-9_-]")
-	}
-	return nil
-}
-
-func leaseNanos(ms int64) (int64, error) {
-	if ms == 0 {
-		return int64(DefaultLease), nil
-	}
-	if ms < 100 || ms > 600000 {
-		return 0, status.Errorf(codes.InvalidArgument, "lease_ms %d must be 100..600000", ms)
-	}
-	return ms * int64(time.Millisecond), nil
-}
-
-func ts(nanos int64) *timestamppb.Timestamp {
-	if nanos == 0 {
-		return nil
-	}
-	return timestamppb.New(time.Unix(0, nanos).UTC())
-}
-
-func storedToProto(r *fsm.Response) *idemv1.StoredResponse {
-	if r == nil {
-		return nil
-	}
-	return &idemv1.StoredResponse{Status: r.Status, Headers: r.Headers, Body: r.Body}
-}
-
-func decided(op string, r fsm.Result) error {
-	switch r.Outcome {
-	case fsm.OutcomeNotOwner:
-		return status.Errorf(codes.FailedPrecondition, "NOT_OWNER: the caller does not own the key")
-	case fsm.OutcomeInvalid:
-		return status.Errorf(codes.Internal, "idemtest: the state machine refused the %s command", op)
-	}
-	return nil
-}
-
-// service implements idemv1.IdempotencyServer over the Server's store.
-type service struct {
-	idemv1.UnimplementedIdempotencyServer
-	s *Server
-}
-
-func (v *service) Reserve(_ context.Context, req *idemv1.ReserveRequest) (*idemv1.ReserveResponse, error) {
-	if err := invalidArgument(checkNames(req.GetNamespace(), req.GetKey())); err != nil {
-		return nil, err
-	}
-	if len([]rune(req.GetFingerprint())) > 256 {
-		return nil, status.Errorf(codes.InvalidArgument, "fingerprint is longer than 256 chars")
-	}
-	lease, err := leaseNanos(req.GetLeaseMs())
-	if err != nil {
-		return nil, err
-	}
-	tok := req.GetOwnerToken()
-	if tok == "" {
-		var b [16]byte
-		_, _ = rand.Read(b[:])
-		tok = base64.RawURLEncoding.EncodeToString(b[:])
-	} else if err := invalidArgument(checkOwnerToken(tok)); err != nil {
-		return nil, err
-	}
-	r := v.s.Apply(fsm.Command{
-		Op:          fsm.OpReserve,
-		Namespace:   req.GetNamespace(),
-		Key:         req.GetKey(),
-		Fingerprint: req.GetFingerprint(),
-		OwnerToken:  tok,
-		Lease:       lease,
-	})
-	resp := &idemv1.ReserveResponse{}
-	switch r.Outcome {
-	case fsm.OutcomeAcquired, fsm.OutcomeReclaimed:
-		resp.Outcome = idemv1.Outcome_ACQUIRED
-		if r.Outcome == fsm.OutcomeReclaimed {
-			resp.Outcome = idemv1.Outcome_RECLAIMED
-			resp.PreviousFencingToken = r.PreviousFencingToken
-		}
-		resp.OwnerToken = r.OwnerToken
-		resp.FencingToken = r.FencingToken
-		resp.LeaseExpiresAt = ts(r.LeaseExpiresAt)
-	case fsm.OutcomeInProgress:
-		resp.Outcome = idemv1.Outcome_IN_PROGRESS
-		resp.LeaseExpiresAt = ts(r.LeaseExpiresAt)
-		// Round up so that a hint of under a millisecond does not read "now".
-		resp.RetryAfterMs = (r.RetryAfter + int64(time.Millisecond) - 1) / int64(time.Millisecond)
-	case fsm.OutcomeCompleted:
-		resp.Outcome = idemv1.Outcome_COMPLETED
-		resp.FencingToken = r.FencingToken
-		resp.Response = storedToProto(r.Response)
-		resp.CompletedAt = ts(r.CompletedAt)
-		resp.ExpiresAt = ts(r.ExpiresAt)
-	case fsm.OutcomeFingerprintMismatch:
-		resp.Outcome = idemv1.Outcome_FINGERPRINT_MISMATCH
-	default:
-		return nil, decided("reserve", r)
-	}
-	return resp, nil
-}
-
-func (v *service) Heartbeat(_ context.Context, req *idemv1.HeartbeatRequest) (*idemv1.HeartbeatResponse, error) {
-	if err := invalidArgument(checkNames(req.GetNamespace(), req.GetKey()), checkOwnerToken(req.GetOwnerToken())); err != nil {
-		return nil, err
-	}
-	lease, err := leaseNanos(req.GetLeaseMs())
-	if err != nil {
-		return nil, err
-	}
-	r := v.s.Apply(fsm.Command{Op: fsm.OpHeartbeat, Namespace: req.GetNamespace(), Key: req.GetKey(), OwnerToken: req.GetOwnerToken(), Lease: lease})
-	if err := decided("heartbeat", r); err != nil {
-		return nil, err
-	}
-	return &idemv1.HeartbeatResponse{LeaseExpiresAt: ts(r.LeaseExpiresAt)}, nil
-}
-
-func (v *service) Complete(_ context.Context, req *idemv1.CompleteRequest) (*idemv1.CompleteResponse, error) {
-	if err := invalidArgument(checkNames(req.GetNamespace(), req.GetKey()), checkOwnerToken(req.GetOwnerToken())); err != nil {
-		return nil, err
-	}
-	resp := req.GetResponse()
-	if resp == nil || resp.GetStatus() < 100 || resp.GetStatus() > 599 {
-		return nil, status.Errorf(codes.InvalidArgument, "response.status must be 100..599")
-	}
-	if len(resp.GetBody()) > v.s.cfg.MaxResponseBytes {
-		return nil, status.Errorf(codes.ResourceExhausted, "PAYLOAD_TOO_LARGE: response body of %d bytes exceeds %d", len(resp.GetBody()), v.s.cfg.MaxResponseBytes)
-	}
-	retention := int64(DefaultRetention)
-	if s := req.GetRetentionS(); s != 0 {
-		if s < 1 || s > 2592000 {
-			return nil, status.Errorf(codes.InvalidArgument, "retention_s %d must be 1..2592000", s)
-		}
-		retention = s * int64(time.Second)
-	}
-	r := v.s.Apply(fsm.Command{
-		Op:         fsm.OpComplete,
-		Namespace:  req.GetNamespace(),
-		Key:        req.GetKey(),
-		OwnerToken: req.GetOwnerToken(),
-		Response:   &fsm.Response{Status: resp.GetStatus(), Headers: resp.GetHeaders(), Body: resp.GetBody()},
-		Retention:  retention,
-	})
-	if err := decided("complete", r); err != nil {
-		return nil, err
-	}
-	return &idemv1.CompleteResponse{CompletedAt: ts(r.CompletedAt), ExpiresAt: ts(r.ExpiresAt)}, nil
-}
-
-func (v *service) Release(_ context.Context, req *idemv1.ReleaseRequest) (*idemv1.ReleaseResponse, error) {
-	if err := invalidArgument(checkNames(req.GetNamespace(), req.GetKey()), checkOwnerToken(req.GetOwnerToken())); err != nil {
-		return nil, err
-	}
-	r := v.s.Apply(fsm.Command{Op: fsm.OpRelease, Namespace: req.GetNamespace(), Key: req.GetKey(), OwnerToken: req.GetOwnerToken()})
-	if err := decided("release", r); err != nil {
-		return nil, err
-	}
-	return &idemv1.ReleaseResponse{}, nil
-}
-
-func (v *service) Get(_ context.Context, req *idemv1.GetRequest) (*idemv1.GetResponse, error) {
-	if err := invalidArgument(checkNames(req.GetNamespace(), req.GetKey())); err != nil {
-		return nil, err
-	}
-	rec, ok := v.s.Get(req.GetNamespace(), req.GetKey())
-	if !ok {
-		return nil, status.Errorf(codes.NotFound, "NOT_FOUND: no record for %s/%s", req.GetNamespace(), req.GetKey())
-	}
-	resp := &idemv1.GetResponse{Fingerprint: rec.Fingerprint, FencingToken: rec.FencingToken}
-	switch rec.State {
-	case fsm.StateInProgress:
-		resp.State = idemv1.State_STATE_IN_PROGRESS
-		resp.LeaseExpiresAt = ts(rec.LeaseExpiresAt)
-	case fsm.StateCompleted:
-		resp.State = idemv1.State_STATE_COMPLETED
-		resp.CompletedAt = ts(rec.CompletedAt)
-		resp.ExpiresAt = ts(rec.ExpiresAt)
-		resp.Response = storedToProto(rec.Response)
-	}
-	return resp, nil
 }

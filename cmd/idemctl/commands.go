@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -26,18 +27,15 @@ import (
 // gets a clear message rather than a location for a key nobody can store.
 func checkName(namespace, key string) error {
 	var errs []error
-	if !topology.ValidName(namespace) {
-		errs = append(errs, fmt.Errorf("namespace %q must match %s", namespace, topology.NameGrammar))
+	if !contract.ValidNamespace(namespace) {
+		errs = append(errs, fmt.Errorf("namespace %q must match %s", namespace, contract.NameGrammar))
 	}
-	if len(key) < 1 || len(key) > 255 {
-		errs = append(errs, fmt.Errorf("a key is 1 to 255 bytes, got %d", len(key)))
-	} else {
-		for i := 0; i < len(key); i++ {
-			if key[i] < 0x21 || key[i] > 0x7e {
-				errs = append(errs, fmt.Errorf("key byte %d (%q) is not printable ASCII (0x21-0x7E)", i, key[i]))
-				break
-			}
-		}
+	switch v := contract.CheckKey(key); {
+	case v == nil:
+	case v.Fault == contract.FaultByte:
+		errs = append(errs, fmt.Errorf("key byte %d (%q) is not printable ASCII (0x21-0x7E)", v.Pos, v.Byte))
+	default:
+		errs = append(errs, fmt.Errorf("a key is 1 to %d bytes, got %d", contract.MaxKeyBytes, v.Len))
 	}
 	return errors.Join(errs...)
 }
@@ -187,12 +185,9 @@ func runGet(ctx context.Context, e *env, args []string) error {
 	}
 	v := recordView{Fingerprint: resp.GetFingerprint(), FencingToken: strconv.FormatUint(resp.GetFencingToken(), 10),
 		LeaseExpiresAt: timeString(resp.GetLeaseExpiresAt()), CompletedAt: timeString(resp.GetCompletedAt()), ExpiresAt: timeString(resp.GetExpiresAt())}
-	switch resp.GetState() {
-	case idemv1.State_STATE_IN_PROGRESS:
-		v.State = "IN_PROGRESS"
-	case idemv1.State_STATE_COMPLETED:
-		v.State = "COMPLETED"
-	default:
+	if st := idemv1.StateFromProto(resp.GetState()); st != 0 {
+		v.State = st.String()
+	} else {
 		v.State = resp.GetState().String()
 	}
 	if r := resp.GetResponse(); r != nil {

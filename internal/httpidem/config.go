@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // Header names of the protocol.
@@ -40,20 +42,6 @@ const (
 	DefaultNamespace           = "default"
 )
 
-// Bounds the store puts on what it is given (API-v1.md and server's
-// validation); Validate and the engine keep within them.
-const (
-	MinLease             = 100 * time.Millisecond
-	MaxLease             = 10 * time.Minute
-	MinRetention         = time.Second
-	MaxRetention         = 30 * 24 * time.Hour
-	MaxKeyBytes          = 255
-	MaxStoredHeaders     = 100
-	MaxHeaderNameBytes   = 256
-	MaxHeaderValueBytes  = 8 << 10
-	MaxHeadersTotalBytes = 64 << 10
-)
-
 // DefaultMethods are the methods whose keyed requests the engine handles; all
 // others pass through.
 var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
@@ -64,59 +52,84 @@ type Config struct {
 	// Store keeps the reservations and responses. Required.
 	Store Store
 
-	// Methods whose requests with an Idempotency-Key are made idempotent;
-	// other methods pass through untouched. Nil means DefaultMethods (POST,
-	// PATCH).
-	Methods []string
-	// RequireKey answers a request of Methods without Idempotency-Key with
-	// 400 instead of passing it through.
-	RequireKey bool
+	// Policy is what the engine does with requests; proxy.Config and
+	// client.MiddlewareConfig embed the same struct.
+	Policy
 
 	// NamespaceFunc, when set, names the caller of a request: its namespace.
 	// An error gives 401; a result that is not a valid namespace 400. It
 	// takes precedence over NamespaceHeader and client certificates.
 	NamespaceFunc func(r *http.Request) (string, error)
-	// NamespaceHeader, when set, is the request header naming the caller:
-	// missing (or repeated) gives 401, not a valid namespace 400. It takes
+	// Timeout is the deadline of the handler's (upstream's) context, which
+	// is detached from the caller's: a caller that goes away does not cancel
+	// the work it started. Zero means DefaultTimeout (60s).
+	Timeout time.Duration
+
+	// Logger receives lease and store events. Nil discards them.
+	Logger *slog.Logger
+	// Observe, when set, is called once per request with what became of it.
+	Observe func(Event)
+}
+
+// Policy is the part of the engine's configuration that every front end
+// (the proxy, the Go middleware) exposes as it is: which requests are
+// handled, how callers are named, the bounds, the lease and retention, and
+// what is stored. A zero field takes the default named in its comment.
+type Policy struct {
+	// Methods whose requests with an Idempotency-Key are made idempotent;
+	// other methods pass through untouched. Nil means DefaultMethods (POST,
+	// PATCH).
+	Methods []string
+	// RequireKey answers a request of Methods without Idempotency-Key with
+	// 400 (problem+json) instead of passing it through; nothing runs.
+	RequireKey bool
+
+	// NamespaceHeader, when set, is the request header naming the caller
+	// (its namespace, so that two callers using the same key never see each
+	// other's responses): missing (or repeated) gives 401, not a valid
+	// namespace 400. Only trust it behind a gateway that sets it. It takes
 	// precedence over client certificates.
 	NamespaceHeader string
 	// CertNamespace derives the namespace from a verified TLS client
-	// certificate (the leaf of the first verified chain). Nil means
-	// NamespaceFromCert. An error gives 401.
+	// certificate (the leaf of the first verified chain) when no namespace
+	// header or function is set. Nil means NamespaceFromCert: the common
+	// name when it is a valid namespace (and does not start with "spki-"),
+	// else "spki-" and 40 hex digits of the SHA-256 of the public key. Only
+	// certificates the TLS listener verified count. An error gives 401.
 	CertNamespace func(cert *x509.Certificate) (string, error)
 	// DefaultNamespace is the namespace of a request without another
 	// identity. Empty means DefaultNamespace ("default").
 	DefaultNamespace string
 
 	// MaxRequestBytes bounds the body of a keyed request; a larger one gets
-	// 413. Zero means DefaultMaxRequestBytes (1 MiB).
+	// 413. Key-less requests and other methods are not bounded. Zero means
+	// DefaultMaxRequestBytes (1 MiB).
 	MaxRequestBytes int64
 	// SpoolThresholdBytes: a keyed request body is held in memory up to this
-	// size and spooled to a temporary file beyond it. Zero means
-	// DefaultSpoolThresholdBytes (1 MiB).
+	// size and in an unlinked temporary file in SpoolDir beyond it. Zero
+	// means DefaultSpoolThresholdBytes (1 MiB), which with the default
+	// MaxRequestBytes never spools.
 	SpoolThresholdBytes int64
 	// SpoolDir is where spooled bodies go; empty means os.TempDir().
 	SpoolDir string
 
 	// MaxStoredBodyBytes is the largest response body that is stored; set it
 	// to the store's --max-response-bytes. A larger body reaches the first
-	// caller in full and is stored without its body (replays then carry
-	// Idempotent-Body-Omitted: true). Zero means DefaultMaxStoredBodyBytes
-	// (1 MiB).
+	// caller in full, streaming, and is stored without its body (replays
+	// then carry Idempotent-Body-Omitted: true). Zero means
+	// DefaultMaxStoredBodyBytes (1 MiB).
 	MaxStoredBodyBytes int64
 
-	// Lease is the reservation's lease, 100ms..10m in whole milliseconds.
-	// Zero means DefaultLease (30s).
+	// Lease is the reservation's lease, 100ms..10m in whole milliseconds: if
+	// the process dies, the key is free again this long (plus the store's
+	// clock-skew margin) after the last heartbeat. Zero means DefaultLease
+	// (30s).
 	Lease time.Duration
 	// HeartbeatInterval is how often the lease is renewed while the handler
 	// runs; it must be below Lease. Zero means Lease/3.
 	HeartbeatInterval time.Duration
-	// Timeout is the deadline of the handler's (upstream's) context, which
-	// is detached from the caller's: a caller that goes away does not cancel
-	// the work it started. Zero means DefaultTimeout (60s).
-	Timeout time.Duration
-	// StoreTimeout bounds each call to the Store (retries included). Zero
-	// means DefaultStoreTimeout (10s).
+	// StoreTimeout bounds each call to the Store (retries included); a
+	// reserve that runs out gets 503. Zero means DefaultStoreTimeout (10s).
 	StoreTimeout time.Duration
 	// Retention is how long a completed response is kept, 1s..30 days in
 	// whole seconds. Zero means DefaultRetention (24h).
@@ -132,33 +145,34 @@ type Config struct {
 	// fingerprint besides method, path, query and body (say Content-Type).
 	FingerprintHeaders []string
 	// StoredHeaderAllow, when not empty, limits the stored (and replayed)
-	// response headers to these names. Hop-by-hop headers, Set-Cookie and
-	// the others listed in doc.go are never stored, whatever this says.
+	// response headers to these names. Hop-by-hop headers, Set-Cookie,
+	// Content-Length, the replay markers and the others listed in doc.go
+	// are never stored, whatever this says.
 	StoredHeaderAllow []string
 	// StoredHeaderDeny names further response headers that are not stored.
 	StoredHeaderDeny []string
-
-	// Logger receives lease and store events. Nil discards them.
-	Logger *slog.Logger
-	// Observe, when set, is called once per request with what became of it.
-	Observe func(Event)
 }
 
-// DefaultConfig returns a Config with the defaults filled in; set Store.
+// DefaultPolicy returns a Policy with the defaults filled in.
 // HeartbeatInterval stays 0 so that it follows a changed Lease (Lease/3).
-func DefaultConfig() Config {
-	return Config{
+func DefaultPolicy() Policy {
+	return Policy{
 		Methods:             slices.Clone(DefaultMethods),
 		DefaultNamespace:    DefaultNamespace,
 		MaxRequestBytes:     DefaultMaxRequestBytes,
 		SpoolThresholdBytes: DefaultSpoolThresholdBytes,
 		MaxStoredBodyBytes:  DefaultMaxStoredBodyBytes,
 		Lease:               DefaultLease,
-		Timeout:             DefaultTimeout,
 		StoreTimeout:        DefaultStoreTimeout,
 		Retention:           DefaultRetention,
 		ReleaseStatuses:     DefaultReleaseStatuses,
 	}
+}
+
+// DefaultConfig returns a Config with the defaults filled in; set Store.
+// HeartbeatInterval stays 0 so that it follows a changed Lease (Lease/3).
+func DefaultConfig() Config {
+	return Config{Policy: DefaultPolicy(), Timeout: DefaultTimeout}
 }
 
 // withDefaults returns c with zero fields replaced by their defaults.
@@ -244,8 +258,8 @@ func (c Config) Problems() []string {
 	if c.MaxStoredBodyBytes < 0 {
 		bad("MaxStoredBodyBytes %d is negative: use the store's --max-response-bytes, or 0 for %d", c.MaxStoredBodyBytes, DefaultMaxStoredBodyBytes)
 	}
-	if d.Lease < MinLease || d.Lease > MaxLease || d.Lease%time.Millisecond != 0 {
-		bad("Lease %v is out of range: use %v..%v in whole milliseconds, or 0 for %v", c.Lease, MinLease, MaxLease, DefaultLease)
+	if d.Lease < contract.MinLease || d.Lease > contract.MaxLease || d.Lease%time.Millisecond != 0 {
+		bad("Lease %v is out of range: use %v..%v in whole milliseconds, or 0 for %v", c.Lease, contract.MinLease, contract.MaxLease, DefaultLease)
 	}
 	if c.HeartbeatInterval < 0 || d.HeartbeatInterval >= d.Lease {
 		bad("HeartbeatInterval %v must be positive and below Lease %v (0 means Lease/3)", c.HeartbeatInterval, d.Lease)
@@ -256,8 +270,8 @@ func (c Config) Problems() []string {
 	if c.StoreTimeout < 0 {
 		bad("StoreTimeout %v is negative: use a duration, or 0 for %v", c.StoreTimeout, DefaultStoreTimeout)
 	}
-	if d.Retention < MinRetention || d.Retention > MaxRetention || d.Retention%time.Second != 0 {
-		bad("Retention %v is out of range: use %v..%v in whole seconds, or 0 for %v", c.Retention, MinRetention, MaxRetention, DefaultRetention)
+	if d.Retention < contract.MinRetention || d.Retention > contract.MaxRetention || d.Retention%time.Second != 0 {
+		bad("Retention %v is out of range: use %v..%v in whole seconds, or 0 for %v", c.Retention, contract.MinRetention, contract.MaxRetention, DefaultRetention)
 	}
 	if _, err := ParseStatusSet(d.ReleaseStatuses); err != nil {
 		bad("ReleaseStatuses: %v", err)

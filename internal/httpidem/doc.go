@@ -3,7 +3,7 @@
 // net/http middleware (client.Middleware) both wrap a handler with an Engine,
 // so that their semantics are the same by construction. It implements the
 // "Proxy mode" section of API-v1.md over a small Store interface
-// (reserve/heartbeat/complete/release); the proxy adapts a server.Backend to
+// (reserve/heartbeat/complete/release); the proxy adapts a backend.Backend to
 // it, the middleware a *client.Client.
 //
 // # The flow of a request

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // Result is what became of one request; the proxy's
@@ -175,21 +177,21 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	}
 
 	switch res.Outcome {
-	case OutcomeAcquired, OutcomeReclaimed:
+	case contract.OutcomeAcquired, contract.OutcomeReclaimed:
 		e.run(w, r, next, ref, res, b, sentAt)
-	case OutcomeCompleted:
+	case contract.OutcomeCompleted:
 		if res.Response == nil {
 			e.log.Error("the store answered COMPLETED without a response", "namespace", ns, "key", key)
 			e.fail(w, ResultError, NewProblem(http.StatusInternalServerError, ProblemInternal, "the idempotency store answered without the stored response"))
 			return
 		}
 		e.replay(w, ns, key, *res.Response)
-	case OutcomeInProgress:
+	case contract.OutcomeInProgress:
 		p := NewProblem(http.StatusConflict, ProblemInProgress,
 			"another request with this Idempotency-Key is running: retry after Retry-After to get its response")
 		p.RetryAfter = max(res.RetryAfter, time.Second)
 		e.fail(w, ResultConflict, p)
-	case OutcomeFingerprintMismatch:
+	case contract.OutcomeFingerprintMismatch:
 		e.fail(w, ResultMismatch, NewProblem(http.StatusUnprocessableEntity, ProblemFingerprintMismatch,
 			"this Idempotency-Key was used for a request with another method, path, query or body: use a new key for a new request"))
 	default:
@@ -290,7 +292,7 @@ func (e *Engine) run(w http.ResponseWriter, r *http.Request, next http.Handler, 
 		Namespace:            ref.Namespace,
 		Key:                  ref.Key,
 		FencingToken:         res.FencingToken,
-		Reclaimed:            res.Outcome == OutcomeReclaimed,
+		Reclaimed:            res.Outcome == contract.OutcomeReclaimed,
 		PreviousFencingToken: res.PreviousFencingToken,
 		ExpiresAt:            res.LeaseExpiresAt,
 	}}

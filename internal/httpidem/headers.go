@@ -5,6 +5,8 @@ import (
 	"net/textproto"
 	"slices"
 	"strings"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // neverStored are the response headers that are never stored or replayed:
@@ -28,17 +30,6 @@ var neverStored = map[string]bool{
 	"Content-Length":      true,
 	HeaderReplayed:        true,
 	HeaderBodyOmitted:     true,
-}
-
-// NeverStoredHeaders lists the response headers that are never stored,
-// whatever the configuration says (besides those named in Connection).
-func NeverStoredHeaders() []string {
-	out := make([]string, 0, len(neverStored))
-	for name := range neverStored {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // headerPolicy decides which response headers are stored.
@@ -91,7 +82,7 @@ func (p headerPolicy) stored(h, base http.Header) (out map[string]string, droppe
 	total := 0
 	for _, name := range names {
 		value := strings.Join(h[name], ", ")
-		if !storableHeader(name, value) || len(out) >= MaxStoredHeaders-1 || total+len(name)+len(value) > MaxHeadersTotalBytes-len(HeaderBodyOmitted)-4 {
+		if !storableHeader(name, value) || len(out) >= contract.MaxHeaders-1 || total+len(name)+len(value) > contract.MaxHeadersTotalBytes-len(HeaderBodyOmitted)-4 {
 			// One entry and a few bytes stay free for the body-omitted marker.
 			dropped = append(dropped, name)
 			continue
@@ -103,10 +94,10 @@ func (p headerPolicy) stored(h, base http.Header) (out map[string]string, droppe
 }
 
 // storableHeader reports whether the store accepts the header: a token name
-// of at most MaxHeaderNameBytes, a value of at most MaxHeaderValueBytes
+// of at most contract.MaxHeaderNameBytes, a value of at most contract.MaxHeaderValueBytes
 // without control characters other than tab.
 func storableHeader(name, value string) bool {
-	if len(name) > MaxHeaderNameBytes || !validToken(name) || len(value) > MaxHeaderValueBytes {
+	if len(name) > contract.MaxHeaderNameBytes || !validToken(name) || len(value) > contract.MaxHeaderValueBytes {
 		return false
 	}
 	for i := 0; i < len(value); i++ {

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // ParseKey reads the Idempotency-Key field values of a request. present is
@@ -25,7 +27,7 @@ func ParseKey(values []string) (key string, present bool, err error) {
 	}
 	v := strings.Trim(values[0], " \t")
 	if v == "" {
-		return "", true, fmt.Errorf("%s is empty: send a key of 1 to %d printable ASCII characters", HeaderKey, MaxKeyBytes)
+		return "", true, fmt.Errorf("%s is empty: send a key of 1 to %d printable ASCII characters", HeaderKey, contract.MaxKeyBytes)
 	}
 	if v[0] == '"' {
 		key, err = parseSFString(v)
@@ -70,34 +72,20 @@ func parseSFString(v string) (string, error) {
 // ValidateKey checks a key against the contract: 1 to 255 bytes of printable
 // ASCII (0x21-0x7E).
 func ValidateKey(key string) error {
-	if key == "" {
-		return fmt.Errorf("the idempotency key is empty: use 1 to %d printable ASCII characters", MaxKeyBytes)
+	v := contract.CheckKey(key)
+	switch {
+	case v == nil:
+		return nil
+	case v.Fault == contract.FaultEmpty:
+		return fmt.Errorf("the idempotency key is empty: use 1 to %d printable ASCII characters", contract.MaxKeyBytes)
+	case v.Fault == contract.FaultLength:
+		return fmt.Errorf("the idempotency key is %d bytes long: use at most %d", v.Len, contract.MaxKeyBytes)
 	}
-	if len(key) > MaxKeyBytes {
-		return fmt.Errorf("the idempotency key is %d bytes long: use at most %d", len(key), MaxKeyBytes)
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x21 || c > 0x7e {
-			return fmt.Errorf("the idempotency key has byte 0x%02X at position %d: use printable ASCII without spaces (0x21-0x7E)", c, i)
-		}
-	}
-	return nil
+	return fmt.Errorf("the idempotency key has byte 0x%02X at position %d: use printable ASCII without spaces (0x21-0x7E)", v.Byte, v.Pos)
 }
 
 // ValidNamespace reports whether ns matches [a-z0-9][a-z0-9._-]{0,62}.
-func ValidNamespace(ns string) bool {
-	if len(ns) < 1 || len(ns) > 63 {
-		return false
-	}
-	for i := 0; i < len(ns); i++ {
-		c := ns[i]
-		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
-		if !alnum && (i == 0 || (c != '.' && c != '_' && c != '-')) {
-			return false
-		}
-	}
-	return true
-}
+func ValidNamespace(ns string) bool { return contract.ValidNamespace(ns) }
 
 // CertNamespacePrefix starts every namespace NamespaceFromCert derives from a
 // public key; no namespace taken from a common name starts with it.

@@ -2,11 +2,10 @@ package httpidem
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // Errors of package httpidem. Store implementations return (or wrap)
@@ -36,34 +35,6 @@ var (
 	ErrInvalidConfig = errors.New("httpidem: invalid config")
 )
 
-// Outcome is the store's decision on a reserve.
-type Outcome int
-
-// The outcomes of a reserve (API-v1.md).
-const (
-	OutcomeAcquired Outcome = iota + 1
-	OutcomeReclaimed
-	OutcomeInProgress
-	OutcomeCompleted
-	OutcomeFingerprintMismatch
-)
-
-func (o Outcome) String() string {
-	switch o {
-	case OutcomeAcquired:
-		return "ACQUIRED"
-	case OutcomeReclaimed:
-		return "RECLAIMED"
-	case OutcomeInProgress:
-		return "IN_PROGRESS"
-	case OutcomeCompleted:
-		return "COMPLETED"
-	case OutcomeFingerprintMismatch:
-		return "FINGERPRINT_MISMATCH"
-	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
-}
-
 // Ref names one reservation: the key and the owner token it was made with.
 type Ref struct {
 	Namespace  string
@@ -85,7 +56,7 @@ type ReserveRequest struct {
 
 // Reservation is the store's answer to a reserve.
 type Reservation struct {
-	Outcome Outcome
+	Outcome contract.Outcome
 	// FencingToken (ACQUIRED, RECLAIMED, COMPLETED) grows strictly with every
 	// acquisition of the key.
 	FencingToken uint64
@@ -126,8 +97,4 @@ type Store interface {
 // NewOwnerToken returns a fresh owner token: 128 random bits, base64url
 // without padding (22 characters), within the contract's 16-128
 // [A-Za-z0-9_-].
-func NewOwnerToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (it panics instead)
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
+func NewOwnerToken() string { return contract.NewOwnerToken() }

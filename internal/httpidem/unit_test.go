@@ -17,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 func TestParseKey(t *testing.T) {
@@ -71,7 +73,7 @@ func TestParseStatusSet(t *testing.T) {
 }
 
 func TestValidateReportsEveryProblem(t *testing.T) {
-	err := Config{
+	err := Config{Policy: Policy{
 		Lease:             50 * time.Millisecond,
 		HeartbeatInterval: time.Minute,
 		Retention:         1500 * time.Millisecond,
@@ -79,7 +81,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		NamespaceHeader:   "X Tenant",
 		MaxRequestBytes:   -1,
 		Methods:           []string{},
-	}.Validate()
+	}}.Validate()
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("Validate() = %v, want ErrInvalidConfig", err)
 	}
@@ -240,7 +242,7 @@ func TestStoredHeaders(t *testing.T) {
 	if got, _ := allow.stored(h, nil); len(got) != 1 || got["Content-Type"] == "" {
 		t.Errorf("allow list Content-Type: stored %v", got)
 	}
-	big := http.Header{"X-Big": {strings.Repeat("v", MaxHeaderValueBytes+1)}, "X-Ctl": {"a\x01b"}, "X-Ok": {"ok"}}
+	big := http.Header{"X-Big": {strings.Repeat("v", contract.MaxHeaderValueBytes+1)}, "X-Ctl": {"a\x01b"}, "X-Ok": {"ok"}}
 	if got, dropped := p.stored(big, nil); len(got) != 1 || len(dropped) != 2 {
 		t.Errorf("out-of-bounds headers: stored %v, dropped %v", got, dropped)
 	}
@@ -248,7 +250,7 @@ func TestStoredHeaders(t *testing.T) {
 	for i := range 150 {
 		many.Set("X-H"+strings.Repeat("i", i), "v")
 	}
-	if got, dropped := p.stored(many, nil); len(got) != MaxStoredHeaders-1 || len(dropped) != 150-(MaxStoredHeaders-1) {
+	if got, dropped := p.stored(many, nil); len(got) != contract.MaxHeaders-1 || len(dropped) != 150-(contract.MaxHeaders-1) {
 		t.Errorf("150 headers: stored %d, dropped %d", len(got), len(dropped))
 	}
 }

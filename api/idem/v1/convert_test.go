@@ -1,0 +1,158 @@
+package idemv1
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idem-dev/idem/backend"
+
+	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/fsm"
+)
+
+// The times are whole microseconds past 2026 so that they survive
+// timestamppb exactly.
+const t0 = int64(1_780_000_000_000_000_000)
+
+func TestReserveRoundTrip(t *testing.T) {
+	resp := &fsm.Response{Status: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: []byte(`{"id":1}`)}
+	for _, res := range []fsm.Result{
+		{Outcome: fsm.OutcomeAcquired, OwnerToken: "tok_0123456789abcdef", FencingToken: 7, LeaseExpiresAt: t0},
+		{Outcome: fsm.OutcomeReclaimed, OwnerToken: "tok_0123456789abcdef", FencingToken: 9, PreviousFencingToken: 7, LeaseExpiresAt: t0},
+		{Outcome: fsm.OutcomeInProgress, LeaseExpiresAt: t0, RetryAfter: 1500 * 1e6},
+		{Outcome: fsm.OutcomeCompleted, FencingToken: 7, Response: resp, CompletedAt: t0, ExpiresAt: t0 + 86_400e9},
+		{Outcome: fsm.OutcomeFingerprintMismatch},
+	} {
+		got := ReserveFromProto(ReserveToProto(res))
+		if !reflect.DeepEqual(got, res) {
+			t.Errorf("%v: round trip\n got %+v\nwant %+v", res.Outcome, got, res)
+		}
+	}
+	// Fields of other outcomes are not sent.
+	p := ReserveToProto(fsm.Result{Outcome: fsm.OutcomeInProgress, OwnerToken: "secret-of-the-holder", FencingToken: 3, LeaseExpiresAt: t0})
+	if p.GetOwnerToken() != "" || p.GetFencingToken() != 0 {
+		t.Errorf("IN_PROGRESS leaks the holder's token: %v", p)
+	}
+	if got := ReserveFromProto(&ReserveResponse{Outcome: Outcome(99)}).Outcome; got != fsm.OutcomeInvalid {
+		t.Errorf("unknown wire outcome = %v, want INVALID", got)
+	}
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	for _, rec := range []fsm.Record{
+		{State: fsm.StateInProgress, Fingerprint: "fp", FencingToken: 3, LeaseExpiresAt: t0},
+		{State: fsm.StateCompleted, Fingerprint: "fp", FencingToken: 3, CompletedAt: t0, ExpiresAt: t0 + 1e9,
+			Response: &fsm.Response{Status: 200, Body: []byte("ok")}},
+	} {
+		if got := RecordFromProto(RecordToProto(rec)); !reflect.DeepEqual(got, rec) {
+			t.Errorf("round trip\n got %+v\nwant %+v", got, rec)
+		}
+	}
+}
+
+func TestOutcomeAndStateRoundTrip(t *testing.T) {
+	for o := contract.OutcomeUnknown; o <= contract.OutcomeFingerprintMismatch; o++ {
+		if got := OutcomeFromProto(OutcomeToProto(o)); got != o {
+			t.Errorf("outcome %v -> %v", o, got)
+		}
+		if o != contract.OutcomeUnknown {
+			if got := FSMOutcomeToContract(FSMOutcomeFromContract(o)); got != o {
+				t.Errorf("fsm outcome %v -> %v", o, got)
+			}
+		}
+	}
+	for _, o := range []fsm.Outcome{fsm.OutcomeOK, fsm.OutcomeNotOwner, fsm.OutcomeInvalid} {
+		if got := FSMOutcomeToContract(o); got != contract.OutcomeUnknown {
+			t.Errorf("%v is not a reserve outcome, got %v", o, got)
+		}
+	}
+	for _, s := range []fsm.State{fsm.StateInProgress, fsm.StateCompleted} {
+		if got := StateFromProto(StateToProto(s)); got != s {
+			t.Errorf("state %v -> %v", s, got)
+		}
+	}
+	if TimeFromProto(TimeToProto(0)) != 0 || TimeFromProto(TimeToProto(t0)) != t0 {
+		t.Error("time round trip")
+	}
+	if ResponseFromProto(ResponseToProto(nil)) != nil {
+		t.Error("nil response round trip")
+	}
+}
+
+func TestGRPCCode(t *testing.T) {
+	for code, want := range map[contract.Code]codes.Code{
+		contract.CodeInvalidArgument: codes.InvalidArgument, contract.CodeNotOwner: codes.FailedPrecondition,
+		contract.CodePayloadTooLarge: codes.ResourceExhausted, contract.CodeUnavailable: codes.Unavailable,
+		contract.CodeInternal: codes.Internal, contract.CodeNotFound: codes.NotFound,
+	} {
+		if got := GRPCCode(code); got != want {
+			t.Errorf("GRPCCode(%s) = %v, want %v", code, got, want)
+		}
+	}
+}
+
+func TestErrorStatusRoundTrip(t *testing.T) {
+	for _, code := range []contract.Code{
+		contract.CodeInvalidArgument, contract.CodeUnauthenticated, contract.CodePermissionDenied,
+		contract.CodeNotFound, contract.CodeMethodNotAllowed, contract.CodeNotOwner, contract.CodePayloadTooLarge,
+		contract.CodeResourceExhausted, contract.CodeInternal, contract.CodeUnavailable,
+	} {
+		for _, retry := range []time.Duration{0, 3 * time.Second} {
+			gotCode, gotMsg, gotRetry := StatusToError(ErrorToStatus(code, "why", retry))
+			if gotCode != code || gotMsg != "why" || gotRetry != retry {
+				t.Errorf("%s/%v: round trip = %s, %q, %v", code, retry, gotCode, gotMsg, gotRetry)
+			}
+		}
+	}
+}
+
+// A status without ErrorInfo (from something that is not idem) maps by its
+// code, and by message for ResourceExhausted.
+func TestStatusWithoutDetails(t *testing.T) {
+	for _, tc := range []struct {
+		st   *status.Status
+		code contract.Code
+	}{
+		{status.New(codes.Unavailable, "connection refused"), contract.CodeUnavailable},
+		{status.New(codes.DeadlineExceeded, "deadline"), contract.CodeUnavailable},
+		{status.New(codes.InvalidArgument, "bad key"), contract.CodeInvalidArgument},
+		{status.New(codes.NotFound, "nope"), contract.CodeNotFound},
+		{status.New(codes.FailedPrecondition, "not owner"), contract.CodeNotOwner},
+		{status.New(codes.ResourceExhausted, "Payload too large: body"), contract.CodePayloadTooLarge},
+		{status.New(codes.ResourceExhausted, "grpc: received message larger than max (9 vs. 4)"), contract.CodePayloadTooLarge},
+		{status.New(codes.ResourceExhausted, "quota"), contract.CodeResourceExhausted},
+		{status.New(codes.Unauthenticated, "who"), contract.CodeUnauthenticated},
+		{status.New(codes.PermissionDenied, "no"), contract.CodePermissionDenied},
+		{status.New(codes.Internal, "stack trace here"), contract.CodeInternal},
+		{status.New(codes.Unimplemented, "old node"), contract.CodeInternal},
+	} {
+		if got, _, _ := StatusToError(tc.st); got != tc.code {
+			t.Errorf("%v: %s, want %s", tc.st, got, tc.code)
+		}
+	}
+}
+
+func TestBackendError(t *testing.T) {
+	if BackendError(nil) != nil {
+		t.Fatal("nil")
+	}
+	err := BackendError(ErrorToStatus(contract.CodeUnavailable, "no leader", 3*time.Second).Err())
+	var ue *backend.UnavailableError
+	if !errors.As(err, &ue) || ue.RetryAfter != 3*time.Second || ue.Reason != "no leader" {
+		t.Fatalf("UNAVAILABLE = %#v", err)
+	}
+	err = BackendError(ErrorToStatus(contract.CodePayloadTooLarge, "too big", 0).Err())
+	var be *backend.Error
+	if !errors.As(err, &be) || be.Code != contract.CodePayloadTooLarge || be.Message != "too big" {
+		t.Fatalf("PAYLOAD_TOO_LARGE = %#v", err)
+	}
+	if err := BackendError(context.Canceled); err != context.Canceled {
+		t.Fatalf("context error changed: %v", err)
+	}
+}
