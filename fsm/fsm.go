@@ -76,8 +76,14 @@ func (f *FSM) Apply(index uint64, cmd *Command) Result {
 		panic(fmt.Sprintf("fsm: log index %d applied after index %d: fencing tokens would repeat", index, f.lastIndex))
 	}
 	f.lastIndex = index
-	if cmd.Now > f.clock {
-		f.clock = cmd.Now
+	at, ok := commandTime(cmd)
+	if !ok {
+		// No quorum of clocks agrees: the command neither moves time nor
+		// changes state (the node checks the same before proposing).
+		return Result{Outcome: OutcomeInvalid}
+	}
+	if at > f.clock {
+		f.clock = at
 	}
 	now := f.clock
 

@@ -61,6 +61,13 @@ type Config struct {
 	// ClockOffset is added to this node's wall clock when it stamps
 	// commands. For fault testing (regionsim's clock skew) only.
 	ClockOffset time.Duration
+	// MaxClockOffset bounds how far this node's clock may be from its
+	// peers' (measured on the Admin.Clock RPC): past it the node leads no
+	// shard, hands over what it leads and is not ready; and the voters'
+	// clocks a command is stamped with must agree within it (fsm.QuorumTime).
+	// 0 means 500ms; negative turns the check off (a one-node cluster has
+	// no peers to compare with anyway).
+	MaxClockOffset time.Duration
 	// FaultInjection names the fault-injection settings in force (the
 	// --testing-* flags, which cmd/idemnode allows only with
 	// IDEM_ENABLE_FAULT_INJECTION=1); the node logs a warning naming them at
@@ -119,6 +126,7 @@ func (c Config) withDefaults() Config {
 	c.SweepInterval = cmp.Or(c.SweepInterval, DefaultSweepInterval)
 	c.LeaderBalanceInterval = cmp.Or(c.LeaderBalanceInterval, DefaultLeaderBalanceInterval)
 	c.MaxSweep = cmp.Or(c.MaxSweep, DefaultMaxSweep)
+	c.MaxClockOffset = cmp.Or(c.MaxClockOffset, DefaultMaxClockOffset)
 	c.AbandonAfter = cmp.Or(c.AbandonAfter, DefaultAbandonAfter)
 	if reflect.ValueOf(c.Raft).IsZero() { // not ==: the config holds a callback
 		c.Raft = raftstore.DefaultConfig()

@@ -30,6 +30,10 @@ var (
 	// identity file) but the state is missing, truncated or unreadable; the
 	// node refuses to start (idemctl replace-node brings it back).
 	ErrStateLost = errors.New("node: Raft state lost")
+	// ErrClockSkewed: this node's clock is off from its peers' by more than
+	// Config.MaxClockOffset, or a shard's voters' clocks do not agree: it
+	// leads nothing, is not ready, and stamps no time.
+	ErrClockSkewed = errors.New("node: clock skewed")
 	// ErrNotStarted: Serve or Ready was called before Start.
 	ErrNotStarted = errors.New("node: not started (call Start, or Run)")
 )
@@ -64,6 +68,7 @@ type Node struct {
 	// ringErr is set when a peer reports another cluster or ring: this
 	// node's topology file is not the one the cluster was created with.
 	ringErr  atomic.Pointer[error]
+	clocks   *clocks
 	identity identity // as read (or written) by Start
 	// failure is set once the Raft log failed stop; failed is then closed
 	// and Serve returns the error.
@@ -79,8 +84,9 @@ type Node struct {
 // fault tests).
 func (n *Node) localNow() int64 { return time.Now().Add(n.cfg.ClockOffset).UnixNano() }
 
-// now is the clock this node stamps commands with.
-func (n *Node) now() int64 { return n.localNow() }
+// now is this node's clock corrected by its offset to its peers': reads
+// judge expiry with it. Commands are stamped by clocks.stamp.
+func (n *Node) now() int64 { return n.clocks.now() }
 
 // Apply implements backend.Backend: ApplyRouted for a request that was not
 // forwarded.
@@ -99,7 +105,9 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 	prefer := ""
 	if s := n.shards[info.ID]; s != nil {
 		stamped := *cmd
-		stamped.Now = n.now()
+		if err := n.clocks.stamp(&stamped, info.Voters); err != nil {
+			return fsm.Result{}, "", unavailable(info, err)
+		}
 		stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
 		v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
 		if err == nil {
@@ -168,6 +176,9 @@ func (n *Node) Ready(ctx context.Context) error {
 	}
 	if n.host == nil {
 		return ErrNotStarted
+	}
+	if err := n.clocks.skewed(); err != nil {
+		return err
 	}
 	return n.host.Ready()
 }

@@ -53,6 +53,7 @@ func New(cfg Config) (*Node, error) {
 	}); err != nil {
 		return nil, err
 	}
+	n.clocks = newClocks(n)
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
 	}); err != nil {
@@ -125,6 +126,9 @@ func (n *Node) Start() (err error) {
 	// Registered once the shards are in place: the collector reads them.
 	if err := cfg.Registry.Register(&fsmCollector{n: n}); err != nil {
 		return fmt.Errorf("node: register metrics: %w", err)
+	}
+	if err := n.clocks.register(cfg.Registry); err != nil {
+		return err
 	}
 
 	if n.httpLn, err = net.Listen("tcp", cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {

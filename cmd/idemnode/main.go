@@ -56,6 +56,7 @@ type options struct {
 	snapshotEvery    uint64
 	snapshotInterval time.Duration
 	trailingLogs     uint64
+	maxClockOffset   time.Duration
 	testClockOffset  time.Duration
 	testFailCommits  uint64
 	// testingFlags are the --testing-* flags given; faultInjection is
@@ -91,6 +92,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.raftAddr, "raft-addr", "", "`HOST:PORT` for Raft traffic of all shards of this node (dev default 127.0.0.1:7000; else the topology's)")
 	fs.Int64Var(&o.maxResponseBytes, "max-response-bytes", 1<<20, "largest stored response body in decoded `BYTES`")
 	fs.DurationVar(&o.clockSkewMargin, "clock-skew-margin", time.Second, "how long past a lease's end before another caller may reclaim the key")
+	fs.DurationVar(&o.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "largest offset `D` of this node's clock from its peers' (measured on node-to-node gRPC): past it the node leads no shard and is not ready; 0 turns the check off; not used in --dev")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
 	fs.Uint64Var(&o.snapshotEvery, "snapshot-threshold", 0, "take a Raft snapshot of a shard after this many new log `ENTRIES` (0: the default, 8192)")
@@ -155,6 +157,7 @@ func nodeConfig(o *options) (node.Config, error) {
 		MaxResponseBytes: o.maxResponseBytes,
 		ClockSkewMargin:  o.clockSkewMargin,
 		ClockOffset:      o.testClockOffset,
+		MaxClockOffset:   o.maxClockOffset,
 		Version:          version,
 		Raft:             raftstore.DefaultConfig(),
 	}
@@ -177,6 +180,11 @@ func nodeConfig(o *options) (node.Config, error) {
 	}
 	if o.maxResponseBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-response-bytes must be positive, got %d", o.maxResponseBytes))
+	}
+	if o.maxClockOffset < 0 {
+		errs = append(errs, fmt.Errorf("--max-clock-offset must not be negative, got %s", o.maxClockOffset))
+	} else if o.maxClockOffset == 0 || o.dev {
+		cfg.MaxClockOffset = -1 // off
 	}
 	if o.clockSkewMargin < 0 {
 		errs = append(errs, fmt.Errorf("--clock-skew-margin must not be negative, got %s", o.clockSkewMargin))

@@ -7,12 +7,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // devProcess lays out (does not start) a dev node on free loopback ports.
@@ -212,4 +218,123 @@ func slicesWithout(args []string, flag, value string) []string {
 		out = append(out, args[i])
 	}
 	return out
+}
+
+// TestSkewedNodeNeverLeads: in a three-node region one node's clock is
+// three hours ahead (fault injection). It reports not ready, saying why; it
+// leads no shard, and hands a leadership forced on it straight back; its
+// metric shows the offset; and its clock never reaches the state: leases
+// and retention end by the quorum's clock, so no record expires early.
+func TestSkewedNodeNeverLeads(t *testing.T) {
+	t.Parallel()
+	topo, err := cluster.Topology(cluster.Spec{Cluster: "skew", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"], "--clock-skew-margin", "100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	skewed := topo.Nodes()[2].ID
+	p := c.Nodes[skewed]
+	p.Args = append(p.Args, "--testing-clock-offset", "3h")
+	p.Env = []string{cluster.FaultInjectionEnv}
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.StopAll(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+		if t.Failed() {
+			dumpLogs(t, c)
+		}
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	var good []string
+	for _, n := range topo.Nodes() {
+		if n.ID != skewed {
+			good = append(good, n.ID)
+			if err := cluster.WaitHTTP(ctx, "http://"+n.HTTPAddr+"/readyz"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sapi := cluster.NewAPI(c.HTTPAddr(skewed))
+	testutil.Until(t, 30*time.Second, "the skewed node's /readyz to say why", func() bool {
+		r, err := sapi.Do(ctx, "GET", "/readyz", nil)
+		return err == nil && r.Status == 503 && strings.Contains(string(r.Raw), "clock")
+	})
+
+	api := cluster.NewAPI(c.HTTPAddr(good[0]))
+	ok := want(t, 200)
+	// A completion kept 60 s and a reservation leased 60 s: with the
+	// skewed clock stamped anywhere they would be gone at once.
+	owner := "owner-token-skew-0001"
+	ok(api.Reserve(ctx, "payments", "done", map[string]any{"owner_token": owner}))
+	ok(api.Complete(ctx, "payments", "done", map[string]any{"owner_token": owner, "retention_s": 60,
+		"response": map[string]any{"status": 200, "body": base64.StdEncoding.EncodeToString([]byte("ok"))}}))
+	held := ok(api.Reserve(ctx, "payments", "held", map[string]any{"owner_token": "owner-token-skew-0002", "lease_ms": 60000}))
+
+	leadsNothing := func(what string) {
+		t.Helper()
+		testutil.Until(t, 20*time.Second, what, func() bool {
+			leaders, err := c.ShardLeaders(ctx)
+			if err != nil {
+				return false
+			}
+			for _, l := range leaders {
+				if l == skewed {
+					return false
+				}
+			}
+			return len(leaders) == len(topo.Shards())
+		})
+	}
+	leadsNothing("every shard led by a node with a good clock")
+
+	// Force the leadership onto it: it hands it back, and writes through
+	// it meanwhile are stamped with the quorum's time.
+	for _, s := range topo.Shards() {
+		leaders, _ := c.ShardLeaders(ctx)
+		ln, _ := c.Topology.NodeByID(leaders[s.ID])
+		conn, err := grpc.NewClient(ln.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = idemv1.NewAdminClient(conn).TransferLeader(ctx, &idemv1.TransferLeaderRequest{Shard: s.ID, TargetNodeId: skewed})
+		conn.Close()
+		t.Logf("transfer of %s to the skewed node: %v", s.ID, err)
+		for i := range 20 {
+			sapi.Reserve(ctx, "payments", fmt.Sprintf("during-%s-%d", s.ID, i), nil)
+		}
+	}
+	leadsNothing("the skewed node handing every forced leadership back")
+
+	if r := ok(api.Reserve(ctx, "payments", "done", nil)); r.Str("outcome") != "COMPLETED" {
+		t.Fatalf("completion kept 60 s after the skewed node led: %s", r)
+	}
+	if r := ok(api.Reserve(ctx, "payments", "held", map[string]any{"owner_token": "owner-token-skew-0003"})); r.Str("outcome") != "IN_PROGRESS" {
+		t.Fatalf("60 s lease reserved %s, after the skewed node led: %s", held.Str("lease_expires_at"), r)
+	}
+	g := ok(api.Get(ctx, "payments", "held"))
+	if exp, err := time.Parse(time.RFC3339Nano, g.Str("lease_expires_at")); err != nil || exp.After(time.Now().Add(2*time.Minute)) {
+		t.Fatalf("lease end %s stamped by the skewed clock", g.Str("lease_expires_at"))
+	}
+	m := ok(sapi.Do(ctx, "GET", "/metrics", nil))
+	if !regexp.MustCompile(`idem_node_clock_offset_seconds\{peer="[^"]+"\} -10[0-9]{3}`).Match(m.Raw) ||
+		!bytes.Contains(m.Raw, []byte("idem_node_clock_skewed 1")) {
+		t.Fatalf("the skewed node's metrics do not show the 3h offset:\n%s", grepLines(m.Raw, "idem_node_clock"))
+	}
+}
+
+func grepLines(b []byte, sub string) string {
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
