@@ -68,6 +68,14 @@ type Config struct {
 	// 0 means 500ms; negative turns the check off (a one-node cluster has
 	// no peers to compare with anyway).
 	MaxClockOffset time.Duration
+	// DiskReserveBytes is the free space of the data dir's filesystem below
+	// which writes that add data are refused (429 RESOURCE_EXHAUSTED), so a
+	// filling disk never reaches the Raft log's fail-stop: 0 means 5% of
+	// the filesystem, at most 1 GiB.
+	DiskReserveBytes uint64
+	// DiskFree reports the free and total bytes of dir's filesystem; nil
+	// means statfs. Tests inject a fake.
+	DiskFree func(dir string) (free, total uint64, err error)
 	// FaultInjection names the fault-injection settings in force (the
 	// --testing-* flags, which cmd/idemnode allows only with
 	// IDEM_ENABLE_FAULT_INJECTION=1); the node logs a warning naming them at

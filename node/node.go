@@ -69,7 +69,8 @@ type Node struct {
 	// node's topology file is not the one the cluster was created with.
 	ringErr  atomic.Pointer[error]
 	clocks   *clocks
-	identity identity // as read (or written) by Start
+	admit    *admission // set by Start
+	identity identity   // as read (or written) by Start
 	// failure is set once the Raft log failed stop; failed is then closed
 	// and Serve returns the error.
 	failure   atomic.Pointer[error]
@@ -103,6 +104,14 @@ func (n *Node) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) 
 func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res fsm.Result, leader string, err error) {
 	info := n.ring.Locate(cmd.Namespace, cmd.Key)
 	prefer := ""
+	if s := n.shards[info.ID]; s != nil && s.group.IsLeader() {
+		if err := n.admit.admit(cmd, func() bool {
+			_, ok := s.fsm.Get(cmd.Namespace, cmd.Key, n.now())
+			return ok
+		}); err != nil {
+			return fsm.Result{}, n.cfg.NodeID, err
+		}
+	}
 	if s := n.shards[info.ID]; s != nil {
 		stamped := *cmd
 		if err := n.clocks.stamp(&stamped, info.Voters); err != nil {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
@@ -130,6 +131,18 @@ func (n *Node) Start() (err error) {
 	if err := n.clocks.register(cfg.Registry); err != nil {
 		return err
 	}
+	disk, err := newDiskSpace(cfg.DataDir, cfg.DiskReserveBytes, cfg.DiskFree)
+	if err != nil {
+		return err
+	}
+	n.admit = newAdmission()
+	n.admit.addCheck("disk_reserve", disk.check)
+	for _, c := range []prometheus.Collector{n.admit.refused, disk.freeGauge} {
+		if err := cfg.Registry.Register(c); err != nil {
+			return fmt.Errorf("node: register metrics: %w", err)
+		}
+	}
+	n.log.Info("admission control", "disk_reserve_bytes", disk.reserve)
 
 	if n.httpLn, err = net.Listen("tcp", cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
 		return fmt.Errorf("node: http listener: %w", err)

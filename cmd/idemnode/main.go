@@ -57,6 +57,7 @@ type options struct {
 	snapshotInterval time.Duration
 	trailingLogs     uint64
 	maxClockOffset   time.Duration
+	diskReserve      uint64
 	testClockOffset  time.Duration
 	testFailCommits  uint64
 	// testingFlags are the --testing-* flags given; faultInjection is
@@ -93,6 +94,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.Int64Var(&o.maxResponseBytes, "max-response-bytes", 1<<20, "largest stored response body in decoded `BYTES`")
 	fs.DurationVar(&o.clockSkewMargin, "clock-skew-margin", time.Second, "how long past a lease's end before another caller may reclaim the key")
 	fs.DurationVar(&o.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "largest offset `D` of this node's clock from its peers' (measured on node-to-node gRPC): past it the node leads no shard and is not ready; 0 turns the check off; not used in --dev")
+	fs.Uint64Var(&o.diskReserve, "disk-reserve-bytes", 0, "free `BYTES` kept on the data dir's filesystem: below it, writes that add data (a reserve of a new key, a complete) get 429 and resume by themselves when space returns (0: 5% of the filesystem, at most 1 GiB)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
 	fs.Uint64Var(&o.snapshotEvery, "snapshot-threshold", 0, "take a Raft snapshot of a shard after this many new log `ENTRIES` (0: the default, 8192)")
@@ -158,6 +160,7 @@ func nodeConfig(o *options) (node.Config, error) {
 		ClockSkewMargin:  o.clockSkewMargin,
 		ClockOffset:      o.testClockOffset,
 		MaxClockOffset:   o.maxClockOffset,
+		DiskReserveBytes: o.diskReserve,
 		Version:          version,
 		Raft:             raftstore.DefaultConfig(),
 	}

@@ -6,10 +6,12 @@ import (
 	"encoding/base64"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -337,4 +339,75 @@ func grepLines(b []byte, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestFullDiskKeepsReadsAndResumes runs a dev node on a small tmpfs (root
+// only) and fills it: below the reserve new keys get 429 with Retry-After,
+// replays and reads keep working and /readyz stays 200; once the space is
+// freed, writes resume by themselves.
+func TestFullDiskKeepsReadsAndResumes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	t.Parallel()
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	p, api, httpAddr := devProcess(t, mnt, "--disk-reserve-bytes", strconv.Itoa(32<<20))
+	startReady(t, p, httpAddr)
+	ctx := t.Context()
+	ok := want(t, 200)
+	owner := "owner-token-full-0001"
+	ok(api.Reserve(ctx, "payments", "done", map[string]any{"owner_token": owner}))
+	body := base64.StdEncoding.EncodeToString([]byte("charged"))
+	ok(api.Complete(ctx, "payments", "done", map[string]any{"owner_token": owner, "response": map[string]any{"status": 200, "body": body}}))
+
+	// Fill the filesystem to 20 MiB short of full: below the 32 MiB reserve.
+	filler := filepath.Join(mnt, "filler")
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	fill := int64(st.Bavail*uint64(st.Bsize)) - 20<<20
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, fill)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	i := 0
+	testutil.Until(t, 10*time.Second, "a new key to get 429", func() bool {
+		i++
+		r, err := api.Reserve(ctx, "payments", fmt.Sprintf("new-%d", i), nil)
+		if err == nil && r.Status == 429 {
+			if r.ErrCode() != "RESOURCE_EXHAUSTED" || r.Header.Get("Retry-After") == "" {
+				t.Fatalf("refusal: %s (Retry-After %q)", r, r.Header.Get("Retry-After"))
+			}
+			return true
+		}
+		return false
+	})
+	if r := ok(api.Reserve(ctx, "payments", "done", nil)); r.Str("outcome") != "COMPLETED" {
+		t.Fatalf("replay with a full disk: %s", r)
+	}
+	ok(api.Get(ctx, "payments", "done"))
+	ok(api.Do(ctx, "GET", "/readyz", nil))
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Until(t, 10*time.Second, "writes to resume", func() bool {
+		i++
+		r, err := api.Reserve(ctx, "payments", fmt.Sprintf("new-%d", i), nil)
+		return err == nil && r.Status == 200
+	})
+	m := ok(api.Do(ctx, "GET", "/metrics", nil))
+	if !regexp.MustCompile(`idem_node_admission_refusals_total\{reason="disk_reserve"\} [1-9]`).Match(m.Raw) {
+		t.Fatalf("refusals not counted:\n%s", grepLines(m.Raw, "idem_node_"))
+	}
 }
