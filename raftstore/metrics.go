@@ -22,7 +22,7 @@ type hostMetrics struct {
 	snapshots        *prometheus.CounterVec
 	snapshotDuration *prometheus.HistogramVec
 	restores         *prometheus.CounterVec
-	rejectedConns    prometheus.CounterFunc
+	rejectedConns    collectors // one counter per reject reason
 
 	// The shared log's (Config.SharedLog): unlabelled, one per host.
 	sharedCommits        prometheus.Counter
@@ -121,10 +121,13 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		Name: "idem_raft_storage_failures_total",
 		Help: "Failed writes or fsyncs of the node's Raft log; after one the log takes no more writes (fail-stop) until the node restarts.",
 	})
-	m.rejectedConns = prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "idem_raft_rejected_connections_total",
-		Help: "Inbound Raft connections closed for a bad header or an unknown shard.",
-	}, func() float64 { return float64(h.mux.rejectedTotal.Load()) })
+	for reason, name := range rejectReasonNames {
+		m.rejectedConns = append(m.rejectedConns, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "idem_raft_rejected_connections_total",
+			Help:        "Inbound Raft connections closed before routing: reason header (bad header, unknown shard), tls (failed handshake, no node certificate of the CA), limit (over the connection cap).",
+			ConstLabels: prometheus.Labels{"reason": name},
+		}, func() float64 { return float64(h.mux.rejected[reason].Load()) }))
+	}
 	if reg == nil {
 		return m, nil
 	}
@@ -240,4 +243,19 @@ func (s *countingLogStore) StoreLogs(logs []*raft.Log) error {
 	s.metrics.logStoreBatch.Observe(float64(len(logs)))
 	s.metrics.logCommit.Observe(took.Seconds())
 	return nil
+}
+
+// collectors registers as one Collector.
+type collectors []prometheus.Collector
+
+func (cs collectors) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range cs {
+		c.Describe(ch)
+	}
+}
+
+func (cs collectors) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range cs {
+		c.Collect(ch)
+	}
 }
