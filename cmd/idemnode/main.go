@@ -13,8 +13,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"path/filepath"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
