@@ -111,6 +111,24 @@ type Config struct {
 	// accepted connection is closed at once and counted. Zero means
 	// DefaultMaxInboundConns.
 	MaxInboundConns int
+
+	// Packer, when set, turns on the proposal buffer (propbuf.go,
+	// DESIGN.md "Many commands per entry"): commands proposed while a group
+	// has entries in flight are packed into one Raft entry by Packer,
+	// and the StateMachine's Apply of such an entry must return a []any
+	// with one result per command, in order. A lone command is proposed as
+	// itself, unpacked. The StateMachine must tell packed entries from
+	// single commands by their bytes. Every replica must understand packed
+	// entries before any leader packs, so turn it on only once every node
+	// of the cluster runs a version that does. nil: one entry per command.
+	Packer CommandPacker
+}
+
+// CommandPacker packs commands into the bytes of one Raft entry, in a form
+// the StateMachine recognises (an interface rather than a func, so Config
+// stays comparable).
+type CommandPacker interface {
+	PackCommands(cmds [][]byte) []byte
 }
 
 // DefaultMaxInboundConns is the default Config.MaxInboundConns: far above

@@ -279,6 +279,9 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		leaderChanged: make(chan struct{}),
 		closedCh:      make(chan struct{}),
 	}
+	if h.cfg.Packer != nil {
+		g.buf = newPropBuffer(g, h.cfg.Packer.PackCommands)
+	}
 	g.observer = raft.NewObserver(g.obsCh, false, func(o *raft.Observation) bool {
 		_, ok := o.Data.(raft.LeaderObservation)
 		return ok

@@ -16,6 +16,7 @@ import (
 type hostMetrics struct {
 	applyDuration    *prometheus.HistogramVec
 	batchSize        *prometheus.HistogramVec
+	packSize         *prometheus.HistogramVec
 	logStoreBatch    *prometheus.HistogramVec
 	logCommit        *prometheus.HistogramVec
 	leaderChanges    *prometheus.CounterVec
@@ -39,6 +40,7 @@ type hostMetrics struct {
 type groupMetrics struct {
 	applyDuration    prometheus.Observer
 	batchSize        prometheus.Observer
+	packSize         prometheus.Observer
 	logStoreBatch    prometheus.Observer
 	logCommit        prometheus.Observer
 	leaderChanges    prometheus.Counter
@@ -59,6 +61,11 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_raft_apply_batch_commands",
 			Help:    "Commands applied to the state machine per ApplyBatch call.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11), // 1 .. 1024
+		}, shard),
+		packSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_raft_proposal_entry_commands",
+			Help:    "Commands per Raft entry proposed through the proposal buffer (Config.Packer); absent without it.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11), // 1 .. 1024
 		}, shard),
 		logStoreBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -132,7 +139,7 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.logStoreBatch, m.logCommit,
+	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.packSize, m.logStoreBatch, m.logCommit,
 		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
 		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures, m} {
 		if err := reg.Register(c); err != nil {
@@ -150,7 +157,7 @@ func (m *hostMetrics) unregister(reg *prometheus.Registry) {
 	if reg == nil {
 		return
 	}
-	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.logStoreBatch, m.logCommit,
+	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.packSize, m.logStoreBatch, m.logCommit,
 		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
 		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures, m} {
 		reg.Unregister(c)
@@ -161,6 +168,7 @@ func (m *hostMetrics) forGroup(id string) *groupMetrics {
 	return &groupMetrics{
 		applyDuration:    m.applyDuration.WithLabelValues(id),
 		batchSize:        m.batchSize.WithLabelValues(id),
+		packSize:         m.packSize.WithLabelValues(id),
 		logStoreBatch:    m.logStoreBatch.WithLabelValues(id),
 		logCommit:        m.logCommit.WithLabelValues(id),
 		leaderChanges:    m.leaderChanges.WithLabelValues(id),
@@ -172,7 +180,7 @@ func (m *hostMetrics) forGroup(id string) *groupMetrics {
 
 // forgetGroup drops the series of a group that failed to start.
 func (m *hostMetrics) forgetGroup(id string) {
-	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.applyDuration, m.batchSize,
+	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.applyDuration, m.batchSize, m.packSize,
 		m.logStoreBatch, m.logCommit, m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores} {
 		v.DeleteLabelValues(id)
 	}

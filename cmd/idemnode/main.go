@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/raftstore"
@@ -55,6 +56,8 @@ type options struct {
 	// whether the environment allows them (IDEM_ENABLE_FAULT_INJECTION=1).
 	testingFlags   []string
 	faultInjection bool
+	pprofAddr      string
+	packCommands   bool
 	showVersion    bool
 }
 
@@ -93,6 +96,8 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
 	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): shift this node's clock by `D` (fault injection for clock-skew scenarios)")
 	fs.Uint64Var(&o.testFailCommits, "testing-fail-log-commits-after", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): make every Raft log commit after the first `N` fail as a failed fsync would")
+	fs.BoolVar(&o.packCommands, "raft-pack-commands", false, "pack commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load; turn on only once every node runs a version that has this flag)")
+	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `HOST:PORT`, e.g. 127.0.0.1:6060 (default: off)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
 		return nil, err
@@ -133,6 +138,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.pprofAddr != "" {
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		if _, err := cli.ServePprof(pctx, o.pprofAddr, logger); err != nil {
+			return err
+		}
+	}
 	return n.Run(ctx)
 }
 
@@ -163,6 +175,9 @@ func nodeConfig(o *options) (node.Config, error) {
 		}
 		cfg.FaultInjection = o.testingFlags
 	}
+	if o.packCommands {
+		cfg.Raft.Packer = fsm.Packer{}
+	}
 	if o.snapshotEvery > 0 {
 		cfg.Raft.SnapshotThreshold = o.snapshotEvery
 	}
@@ -171,6 +186,11 @@ func nodeConfig(o *options) (node.Config, error) {
 	}
 	if o.snapshotInterval > 0 {
 		cfg.Raft.SnapshotInterval = o.snapshotInterval
+	}
+	if o.pprofAddr != "" {
+		if err := cli.CheckLoopback("--pprof-addr", o.pprofAddr); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if o.maxResponseBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-response-bytes must be positive, got %d", o.maxResponseBytes))
