@@ -66,8 +66,8 @@ type simNode struct {
 	// node seconds off still leads and stamps its own clock, which is what
 	// the fencing part of the clock-skew scenario exercises.
 	clockChecked bool
-	paused bool
-	killed bool // down on purpose (a fault); otherwise a dead process is a crash
+	paused       bool
+	killed       bool // down on purpose (a fault); otherwise a dead process is a crash
 }
 
 type simRouter struct {
