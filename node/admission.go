@@ -26,21 +26,23 @@ const (
 )
 
 // admissionCheck is one reason a node may refuse writes that add data: it
-// returns why ("" when there is room). Each runs on every such write, so it
-// must be cheap (sample, don't scan).
+// returns why ("" when there is room) and when to retry. Each runs on every
+// such write, so it must be cheap (sample, don't scan).
 type admissionCheck struct {
 	name  string // the metric's reason label
-	check func() string
+	check func(s *shard, cmd *fsm.Command) (why string, retryAfter time.Duration)
 }
 
-// admission decides whether a write that adds data (a reserve of a key the
-// shard does not hold, a complete) may be proposed. Everything else — reads,
-// replays, heartbeats, releases, sweeps, operator actions — always is: it
-// adds nothing, and refusing it would turn a full disk into an outage. A
-// refusal is 429 RESOURCE_EXHAUSTED with Retry-After; writes resume by
-// themselves once every check passes again. The free-space check is one
-// reason; a state-size limit (--max-state-bytes) is meant to be another
-// (add it with addCheck).
+// admission decides, on the leader before proposing, whether a write that
+// adds data (a reserve of a key the shard holds no live record of, a
+// complete of a key not yet completed) may be proposed. Everything else —
+// reads, replays, heartbeats, releases, sweeps, operator actions — always
+// is: it adds nothing, and refusing it would turn a full disk into an
+// outage. A refusal is 429 RESOURCE_EXHAUSTED with Retry-After; writes
+// resume by themselves once every check passes again. Its reasons: the
+// data dir's free space below the reserve (disk_reserve), and the stored
+// state at --max-state-bytes (max_state_bytes, statedb's Admit). What is
+// refused is never proposed, so replicas still apply the same log.
 type admission struct {
 	checks  []admissionCheck
 	refused *prometheus.CounterVec
@@ -51,32 +53,33 @@ func newAdmission() *admission {
 		Help: "Writes that would add data refused with 429 RESOURCE_EXHAUSTED, by reason."}, []string{"reason"})}
 }
 
-func (a *admission) addCheck(name string, check func() string) {
+func (a *admission) addCheck(name string, check func(s *shard, cmd *fsm.Command) (string, time.Duration)) {
 	a.checks = append(a.checks, admissionCheck{name: name, check: check})
 	a.refused.WithLabelValues(name)
 }
 
-// addsData reports whether cmd would add data to a shard that holds (or
-// lacks) the key as has says.
-func addsData(cmd *fsm.Command, has func() bool) bool {
+// addsData reports whether cmd (stamped) would add data to shard s.
+func addsData(s *shard, cmd *fsm.Command) bool {
 	switch cmd.Op {
-	case fsm.OpComplete:
-		return true
 	case fsm.OpReserve:
-		return !has()
+		_, held := s.fsm.Get(cmd.Namespace, cmd.Key, cmd.Now)
+		return !held
+	case fsm.OpComplete:
+		rec, ok := s.fsm.Get(cmd.Namespace, cmd.Key, cmd.Now)
+		return !ok || rec.State != fsm.StateCompleted // a retried complete is answered from the record
 	}
 	return false
 }
 
-// admit returns nil, or the 429 a data-adding write gets.
-func (a *admission) admit(cmd *fsm.Command, has func() bool) error {
-	if len(a.checks) == 0 || !addsData(cmd, has) {
+// admit returns nil, or the 429 a data-adding write to s gets.
+func (a *admission) admit(s *shard, cmd *fsm.Command) error {
+	if len(a.checks) == 0 || !addsData(s, cmd) {
 		return nil
 	}
 	for _, c := range a.checks {
-		if why := c.check(); why != "" {
+		if why, retry := c.check(s, cmd); why != "" {
 			a.refused.WithLabelValues(c.name).Inc()
-			return &backend.Error{Code: contract.CodeResourceExhausted, RetryAfter: admissionRetryAfter,
+			return &backend.Error{Code: contract.CodeResourceExhausted, RetryAfter: retry,
 				Message: why + "; writes that add data resume by themselves once there is room (reads, replays, heartbeats and releases keep working)"}
 		}
 	}
@@ -139,13 +142,13 @@ func (d *diskSpace) sample() (uint64, error) {
 }
 
 // check is the admission check: "" while the free space is above the reserve.
-func (d *diskSpace) check() string {
+func (d *diskSpace) check(*shard, *fsm.Command) (string, time.Duration) {
 	free, err := d.sample()
 	if err != nil {
-		return "" // cannot tell: a real write failure still fails stop
+		return "", 0 // cannot tell: a real write failure still fails stop
 	}
 	if free < d.reserve {
-		return fmt.Sprintf("the data dir's disk on this node has %d bytes free, below its reserve of %d", free, d.reserve)
+		return fmt.Sprintf("the data dir's disk on this node has %d bytes free, below its reserve of %d", free, d.reserve), admissionRetryAfter
 	}
-	return ""
+	return "", 0
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sort"
@@ -17,6 +16,7 @@ import (
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -42,6 +42,7 @@ var (
 type shard struct {
 	info  topology.Shard
 	group *raftstore.Group
+	sm    *statedb.StateMachine
 	fsm   *fsm.FSM
 }
 
@@ -59,6 +60,7 @@ type Node struct {
 
 	// Set by Start.
 	host           *raftstore.Host
+	state          *statedb.DB // every hosted shard's records, on disk
 	shards         map[string]*shard
 	httpLn, grpcLn net.Listener
 	servers        []serving.Server
@@ -104,20 +106,17 @@ func (n *Node) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) 
 func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res fsm.Result, leader string, err error) {
 	info := n.ring.Locate(cmd.Namespace, cmd.Key)
 	prefer := ""
-	if s := n.shards[info.ID]; s != nil && s.group.IsLeader() {
-		if err := n.admit.admit(cmd, func() bool {
-			_, ok := s.fsm.Get(cmd.Namespace, cmd.Key, n.now())
-			return ok
-		}); err != nil {
-			return fsm.Result{}, n.cfg.NodeID, err
-		}
-	}
 	if s := n.shards[info.ID]; s != nil {
 		stamped := *cmd
 		if err := n.clocks.stamp(&stamped, info.Voters); err != nil {
 			return fsm.Result{}, "", unavailable(info, err)
 		}
 		stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
+		if s.group.IsLeader() {
+			if err := n.admit.admit(s, &stamped); err != nil { // disk reserve, --max-state-bytes
+				return fsm.Result{}, n.cfg.NodeID, err
+			}
+		}
 		v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
 		if err == nil {
 			res, ok := v.(fsm.Result)
@@ -217,23 +216,3 @@ func (n *Node) shardIDs() []string {
 	sort.Strings(ids)
 	return ids
 }
-
-// stateMachine adapts an *fsm.FSM to raftstore.StateMachine.
-type stateMachine struct{ f *fsm.FSM }
-
-func (m stateMachine) Apply(index uint64, data []byte) any {
-	if fsm.IsPacked(data) {
-		// raftstore's proposal buffer wants one result per packed command.
-		rs := m.f.ApplyPackedEntry(index, data)
-		out := make([]any, len(rs))
-		for i, r := range rs {
-			out[i] = r
-		}
-		return out
-	}
-	return m.f.ApplyEntry(index, data)
-}
-func (m stateMachine) Snapshot() (raftstore.SnapshotWriter, error) {
-	return m.f.Snapshot(), nil
-}
-func (m stateMachine) Restore(r io.Reader) error { return m.f.Restore(r) }

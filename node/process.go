@@ -18,6 +18,7 @@ import (
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -105,6 +106,17 @@ func (n *Node) Start() (err error) {
 	rcfg.DataDir = filepath.Join(cfg.DataDir, "raft")
 	rcfg.Logger = n.log
 	rcfg.Registry = cfg.Registry
+	maxState := cfg.MaxStateBytes
+	if maxState == 0 {
+		if maxState, err = statedb.DefaultMaxStateBytes(cfg.DataDir); err != nil {
+			return err
+		}
+	}
+	stateDir := filepath.Join(cfg.DataDir, "state")
+	if n.state, err = statedb.Open(statedb.Config{Dir: stateDir, MaxStateBytes: maxState, Registry: cfg.Registry}); err != nil {
+		return err
+	}
+	n.log.Info("state engine open", "dir", stateDir, "max_state_bytes", maxState, "state_bytes", n.state.StateBytes())
 	if n.host, err = raftstore.NewHost(rcfg); err != nil {
 		return n.startError("", err)
 	}
@@ -118,8 +130,12 @@ func (n *Node) Start() (err error) {
 		if spansRegions(cfg.Topology, info) && cfg.Topology.WANRTTMs > 0 {
 			gc.Timing = raftstore.WANTiming(rcfg, time.Duration(cfg.Topology.WANRTTMs)*time.Millisecond)
 		}
-		s := &shard{info: info, fsm: fsm.New()}
-		if s.group, err = n.host.AddGroup(gc, stateMachine{s.fsm}); err != nil {
+		sm, err := n.state.Shard(info.ID)
+		if err != nil {
+			return err
+		}
+		s := &shard{info: info, sm: sm, fsm: sm.FSM()}
+		if s.group, err = n.host.AddGroup(gc, sm); err != nil {
 			return n.startError(info.ID, err)
 		}
 		n.shards[info.ID] = s
@@ -137,6 +153,12 @@ func (n *Node) Start() (err error) {
 	}
 	n.admit = newAdmission()
 	n.admit.addCheck("disk_reserve", disk.check)
+	n.admit.addCheck("max_state_bytes", func(s *shard, cmd *fsm.Command) (string, time.Duration) {
+		if err := s.sm.Admit(cmd); err != nil {
+			return err.Error(), n.cfg.SweepInterval // sweeps free state
+		}
+		return "", 0
+	})
 	for _, c := range []prometheus.Collector{n.admit.refused, disk.freeGauge} {
 		if err := cfg.Registry.Register(c); err != nil {
 			return fmt.Errorf("node: register metrics: %w", err)
@@ -224,6 +246,9 @@ func (n *Node) closeAll(ctx context.Context) error {
 		}
 		if n.host != nil {
 			errs = append(errs, n.host.Shutdown(ctx))
+		}
+		if n.state != nil { // after every Raft group has stopped applying
+			errs = append(errs, n.state.Close())
 		}
 		n.fwd.Close()
 		if n.started.Load() {
