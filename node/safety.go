@@ -19,7 +19,10 @@ const faultWarnInterval = time.Minute
 // corrupt file is named by raftstore's error.
 func (n *Node) startError(shard string, err error) error {
 	switch {
-	case errors.Is(err, raftstore.ErrStateMissing):
+	case errors.Is(err, raftstore.ErrStateMissing), errors.Is(err, raftstore.ErrStateAhead):
+		// Missing: no log at all. Ahead: the records survived (statedb)
+		// but the log that produced them did not, so the term and vote
+		// this node gave are gone as well.
 		return fmt.Errorf("%w: data dir %s has %s but the Raft state of shard %s is missing or truncated; "+
 			"starting on it would make fencing tokens go back, so this node refuses: bring it back as a fresh replica with "+
 			"`idemctl replace-node --config FILE --id %s --data-dir %s` (it empties the dir and rejoins the node, which catches up from its peers)",
