@@ -107,38 +107,53 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 	info := n.ring.Locate(cmd.Namespace, cmd.Key)
 	prefer := ""
 	if s := n.shards[info.ID]; s != nil {
-		stamped := *cmd
-		if err := n.clocks.stamp(&stamped, info.Voters); err != nil {
-			return fsm.Result{}, "", unavailable(info, err)
+		res, leader, done, err := n.proposeLocal(ctx, s, info, cmd)
+		if done {
+			return res, leader, err
 		}
-		stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
-		if s.group.IsLeader() {
-			if err := n.admit.admit(s, &stamped); err != nil { // disk reserve, --max-state-bytes
-				return fsm.Result{}, n.cfg.NodeID, err
-			}
-		}
-		v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
-		if err == nil {
-			res, ok := v.(fsm.Result)
-			if !ok {
-				return fsm.Result{}, n.cfg.NodeID, fmt.Errorf("node: shard %s returned %T", info.ID, v)
-			}
-			return res, n.cfg.NodeID, nil
-		}
-		var nle *raftstore.NotLeaderError
-		if !errors.As(err, &nle) {
-			return fsm.Result{}, "", unavailable(info, err)
-		}
-		prefer = nle.LeaderID
-		leader = prefer
+		prefer = leader
 	}
 	res, err = n.fwd.Apply(ctx, info, cmd, prefer, hops)
+	leader = prefer
 	if err == nil {
 		if id, ok := n.fwd.Leader(info.ID); ok {
 			leader = id
 		}
 	}
 	return res, leader, err
+}
+
+// proposeLocal proposes cmd to this node's replica s of the key's shard.
+// done is false when the replica does not lead (leader is then the one it
+// knows of, "" if none): the caller forwards.
+func (n *Node) proposeLocal(ctx context.Context, s *shard, info topology.Shard, cmd *fsm.Command) (res fsm.Result, leader string, done bool, err error) {
+	stamped := *cmd
+	if err := n.clocks.stamp(&stamped, info.Voters); err != nil {
+		if !s.group.IsLeader() { // the leader stamps it
+			leader, _ = s.group.Leader()
+			return fsm.Result{}, leader, false, nil
+		}
+		return fsm.Result{}, "", true, unavailable(info, err)
+	}
+	stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
+	if s.group.IsLeader() {
+		if err := n.admit.admit(s, &stamped); err != nil { // disk reserve, --max-state-bytes
+			return fsm.Result{}, n.cfg.NodeID, true, err
+		}
+	}
+	v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
+	if err == nil {
+		res, ok := v.(fsm.Result)
+		if !ok {
+			return fsm.Result{}, n.cfg.NodeID, true, fmt.Errorf("node: shard %s returned %T", info.ID, v)
+		}
+		return res, n.cfg.NodeID, true, nil
+	}
+	var nle *raftstore.NotLeaderError
+	if !errors.As(err, &nle) {
+		return fsm.Result{}, "", true, unavailable(info, err)
+	}
+	return fsm.Result{}, nle.LeaderID, false, nil
 }
 
 // Get implements backend.Backend: GetRouted for a request that was not
