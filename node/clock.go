@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
@@ -49,13 +51,17 @@ type clocks struct {
 
 	mu       sync.Mutex
 	readings map[string]peerClock
+	// legacy are peers that do not serve Admin.Clock (an older version,
+	// during a rolling upgrade): commands of shards they vote in are
+	// stamped the old way, which their state machine can decode.
+	legacy map[string]bool
 
 	offsetGauge *prometheus.GaugeVec
 	skewedGauge prometheus.Gauge
 }
 
 func newClocks(n *Node) *clocks {
-	c := &clocks{n: n, bound: n.cfg.MaxClockOffset, readings: map[string]peerClock{},
+	c := &clocks{n: n, bound: n.cfg.MaxClockOffset, readings: map[string]peerClock{}, legacy: map[string]bool{},
 		offsetGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_clock_offset_seconds",
 			Help: "Each peer's clock minus this node's, measured on the Admin.Clock RPC (accurate to half the round trip)."}, []string{"peer"}),
 		skewedGauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_node_clock_skewed",
@@ -100,6 +106,11 @@ func (c *clocks) probe(ctx context.Context) {
 			local0 := c.n.localNow()
 			resp, err := idemv1.NewAdminClient(conn).Clock(cctx, &idemv1.ClockRequest{})
 			if err != nil {
+				if status.Code(err) == codes.Unimplemented {
+					c.mu.Lock()
+					c.legacy[p] = true
+					c.mu.Unlock()
+				}
 				return
 			}
 			rtt := time.Since(start)
@@ -107,6 +118,7 @@ func (c *clocks) probe(ctx context.Context) {
 			pc.offset = time.Duration(pc.peerTime - (local0 + int64(rtt/2)))
 			c.mu.Lock()
 			c.readings[p] = pc
+			delete(c.legacy, p)
 			c.mu.Unlock()
 			c.offsetGauge.WithLabelValues(p).Set(pc.offset.Seconds())
 		})
@@ -203,6 +215,12 @@ func (c *clocks) stamp(cmd *fsm.Command, voters []string) error {
 		cmd.Now, cmd.ClockReadings, cmd.ClockQuorum, cmd.ClockBound = local, []int64{local}, 1, 0
 		return nil
 	}
+	if c.anyLegacy(voters) {
+		// An older voter cannot decode clock readings: stamp this node's
+		// clock corrected by its offset to its peers, as before readings.
+		cmd.Now, cmd.ClockReadings, cmd.ClockQuorum, cmd.ClockBound = c.now(), nil, 0, 0
+		return nil
+	}
 	fresh := c.fresh()
 	readings := []int64{local}
 	var worstRTT time.Duration
@@ -224,6 +242,17 @@ func (c *clocks) stamp(cmd *fsm.Command, voters []string) error {
 	}
 	cmd.Now, cmd.ClockReadings, cmd.ClockQuorum, cmd.ClockBound = now, readings, quorum, bound
 	return nil
+}
+
+func (c *clocks) anyLegacy(voters []string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, v := range voters {
+		if c.legacy[v] {
+			return true
+		}
+	}
+	return false
 }
 
 // now is this node's clock corrected by its measured offset to the median
