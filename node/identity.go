@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/idem-dev/idem/internal/durable"
 )
 
 // identityFile records which cluster, node and ring a data dir belongs to.
@@ -108,35 +110,14 @@ func writeFileAtomic(path string, v any) error {
 
 // syncDir fsyncs a directory, making the entries created in it durable.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
+	if err := durable.SyncDir(dir); err != nil {
 		return fmt.Errorf("node: data dir: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("node: data dir: fsync of directory %s: %w", dir, err)
 	}
 	return nil
 }
 
-// mkdirDurable creates dir (and missing parents) and fsyncs the parent of
-// every directory it created, so the new entries survive a crash.
-func mkdirDurable(dir string) error {
-	dir = filepath.Clean(dir)
-	if _, err := os.Stat(dir); err == nil {
-		return nil
-	}
-	parent := filepath.Dir(dir)
-	if parent != dir {
-		if err := mkdirDurable(parent); err != nil {
-			return err
-		}
-	}
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	return syncDir(parent)
-}
+// mkdirDurable creates dir (and missing parents) durably.
+func mkdirDurable(dir string) error { return durable.MkdirAll(dir, 0o755) }
 
 // PrepareRejoin empties dataDir (which must belong to node nodeID of cluster
 // with ring ringFingerprint, or be empty or missing) and writes an identity

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -70,7 +69,7 @@ func NewHost(cfg Config) (*Host, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "shards"), 0o750); err != nil {
+	if err := mkdirDurable(filepath.Join(cfg.DataDir, "shards"), cfg.NoFsync); err != nil {
 		return nil, fmt.Errorf("raftstore: creating data dir: %w", err)
 	}
 	ln, err := net.Listen("tcp", cfg.RaftListenAddr)
@@ -155,7 +154,7 @@ func (h *Host) AddGroup(gc GroupConfig, sm StateMachine) (*Group, error) {
 func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) {
 	id := gc.ID
 	dir := filepath.Join(h.cfg.DataDir, "shards", id)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := mkdirDurable(dir, h.cfg.NoFsync); err != nil {
 		return nil, shardErr(id, "creating dir: %w", err)
 	}
 	logger := h.logger.With("shard", id)
