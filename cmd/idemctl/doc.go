@@ -1,6 +1,6 @@
 // Command idemctl is the operator's tool for an idem cluster. It talks to
 // the nodes' gRPC ports: the Admin service (Status, TransferLeader,
-// Snapshot) that every idemnode serves next to the public API, and the
+// Snapshot, ReplaceVoter) that every idemnode serves next to the public API, and the
 // public Idempotency service for reads.
 //
 //	idemctl --config cluster.yaml status
@@ -10,6 +10,7 @@
 //	idemctl --config cluster.yaml transfer-leader us-east-0 us-east-2
 //	idemctl --config cluster.yaml snapshot us-east-0 --node us-east-3
 //	idemctl --config cluster.yaml status --json | jq '.shards[] | {id, leader}'
+//	idemctl --config cluster.yaml replace-node --id us-east-3 --data-dir /var/lib/idem/us-east-3
 //
 // # Commands
 //
