@@ -34,6 +34,12 @@ func TestRunFlags(t *testing.T) {
 		{Name: "bad max response", Args: []string{"--config", good, "--region", "r1", "--max-response-bytes", "0"}, WantErr: "--max-response-bytes must be 1.."},
 		{Name: "bad log level", Args: []string{"--config", good, "--region", "r1", "--log-level", "loud"}, WantErr: "--log-level"},
 		{Name: "bad log format", Args: []string{"--config", good, "--region", "r1", "--log-format", "xml"}, WantErr: "--log-format"},
+		{Name: "upstream not http", Args: []string{"--config", good, "--region", "r1", "--upstream", "ftp://x"}, WantErr: `Upstream "ftp://x" must be an absolute http:// or https:// URL`},
+		{Name: "upstream not a URL", Args: []string{"--config", good, "--region", "r1", "--upstream", "notaurl"}, WantErr: `Upstream "notaurl" must be an absolute`},
+		{Name: "bad namespace header", Args: []string{"--config", good, "--region", "r1", "--upstream", "http://127.0.0.1:9", "--namespace-header", "bad header"}, WantErr: `NamespaceHeader "bad header" is not a valid header name`},
+		{Name: "negative max request", Args: []string{"--config", good, "--region", "r1", "--upstream", "http://127.0.0.1:9", "--max-request-bytes", "-5"}, WantErr: "MaxRequestBytes -5 is negative"},
+		{Name: "bad proxy address", Args: []string{"--config", good, "--region", "r1", "--upstream", "http://127.0.0.1:9", "--proxy-addr", "nowhere"}, WantErr: `--proxy-addr "nowhere" is not HOST:PORT`},
+		{Name: "proxy flag without upstream", Args: []string{"--config", good, "--region", "r1", "--require-key"}, WantErr: "need --upstream URL"},
 	})
 }
 
