@@ -98,9 +98,14 @@ func (a *admin) ReplaceVoter(ctx context.Context, req *idemv1.ReplaceVoterReques
 }
 
 // Clock answers a peer's clock probe with this node's clock (the one it
-// would stamp commands with, before any correction).
+// would stamp commands with, before any correction) and whether its disk is
+// below its reserve (the peer's admission control reads it).
 func (a *admin) Clock(context.Context, *idemv1.ClockRequest) (*idemv1.ClockResponse, error) {
-	return &idemv1.ClockResponse{UnixNanos: a.n.localNow()}, nil
+	low := false
+	if d := a.n.disk; d != nil {
+		low, _ = d.low()
+	}
+	return &idemv1.ClockResponse{UnixNanos: a.n.localNow(), BelowDiskReserve: low}, nil
 }
 
 func adminError(err error) error {

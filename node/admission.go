@@ -40,8 +40,10 @@ type admissionCheck struct {
 // is: it adds nothing, and refusing it would turn a full disk into an
 // outage. A refusal is 429 RESOURCE_EXHAUSTED with Retry-After; writes
 // resume by themselves once every check passes again. Its reasons: the
-// data dir's free space below the reserve (disk_reserve), and the stored
-// state at --max-state-bytes (max_state_bytes, statedb's Admit). What is
+// data dir's free space below the reserve (disk_reserve), a voter of the
+// shard reporting the same on its clock probe answer (peer_disk_reserve: it
+// would fail stop on the next write it is sent), and the stored state at
+// --max-state-bytes (max_state_bytes, statedb's Admit). What is
 // refused is never proposed, so replicas still apply the same log.
 type admission struct {
 	checks  []admissionCheck
@@ -141,13 +143,16 @@ func (d *diskSpace) sample() (uint64, error) {
 	return d.last, d.lastErr
 }
 
+// low reports whether the free space is below the reserve (false when it
+// cannot be read: a real write failure still fails stop), and the free bytes.
+func (d *diskSpace) low() (bool, uint64) {
+	free, err := d.sample()
+	return err == nil && free < d.reserve, free
+}
+
 // check is the admission check: "" while the free space is above the reserve.
 func (d *diskSpace) check(*shard, *fsm.Command) (string, time.Duration) {
-	free, err := d.sample()
-	if err != nil {
-		return "", 0 // cannot tell: a real write failure still fails stop
-	}
-	if free < d.reserve {
+	if low, free := d.low(); low {
 		return fmt.Sprintf("the data dir's disk on this node has %d bytes free, below its reserve of %d", free, d.reserve), admissionRetryAfter
 	}
 	return "", 0

@@ -37,6 +37,8 @@ type peerClock struct {
 	mid      time.Time // local time halfway through the call (monotonic)
 	rtt      time.Duration
 	offset   time.Duration // peer's clock minus this node's, at the reading
+	// lowDisk: the peer reported its disk below its reserve.
+	lowDisk bool
 }
 
 // clocks measures this node's clock against its peers' (the voters of the
@@ -114,7 +116,7 @@ func (c *clocks) probe(ctx context.Context) {
 				return
 			}
 			rtt := time.Since(start)
-			pc := peerClock{peerTime: resp.GetUnixNanos(), mid: start.Add(rtt / 2), rtt: rtt}
+			pc := peerClock{peerTime: resp.GetUnixNanos(), mid: start.Add(rtt / 2), rtt: rtt, lowDisk: resp.GetBelowDiskReserve()}
 			pc.offset = time.Duration(pc.peerTime - (local0 + int64(rtt/2)))
 			c.mu.Lock()
 			c.readings[p] = pc
@@ -242,6 +244,19 @@ func (c *clocks) stamp(cmd *fsm.Command, voters []string) error {
 	}
 	cmd.Now, cmd.ClockReadings, cmd.ClockQuorum, cmd.ClockBound = now, readings, quorum, bound
 	return nil
+}
+
+// peersLowOnDisk returns the voters (other than this node) whose last fresh
+// answer reported their disk below its reserve.
+func (c *clocks) peersLowOnDisk(voters []string) []string {
+	var low []string
+	fresh := c.fresh()
+	for _, v := range voters {
+		if r, ok := fresh[v]; ok && r.lowDisk && v != c.n.cfg.NodeID {
+			low = append(low, v)
+		}
+	}
+	return low
 }
 
 func (c *clocks) anyLegacy(voters []string) bool {

@@ -72,6 +72,7 @@ type Node struct {
 	ringErr  atomic.Pointer[error]
 	clocks   *clocks
 	admit    *admission // set by Start
+	disk     *diskSpace // set by Start
 	identity identity   // as read (or written) by Start
 	// failure is set once the Raft log failed stop; failed is then closed
 	// and Serve returns the error.

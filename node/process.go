@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -152,7 +153,17 @@ func (n *Node) Start() (err error) {
 		return err
 	}
 	n.admit = newAdmission()
+	n.disk = disk
 	n.admit.addCheck("disk_reserve", disk.check)
+	// A follower with a full disk would fail stop on the next write it is
+	// sent: as etcd's NOSPACE alarm, any voter low on disk stops the
+	// shard's data-adding writes, and they resume when it has room.
+	n.admit.addCheck("peer_disk_reserve", func(s *shard, _ *fsm.Command) (string, time.Duration) {
+		if low := n.clocks.peersLowOnDisk(s.info.Voters); len(low) > 0 {
+			return fmt.Sprintf("voter(s) %s of shard %s have their data dir's disk below its reserve", strings.Join(low, ", "), s.info.ID), admissionRetryAfter
+		}
+		return "", 0
+	})
 	n.admit.addCheck("max_state_bytes", func(s *shard, cmd *fsm.Command) (string, time.Duration) {
 		if err := s.sm.Admit(cmd); err != nil {
 			return err.Error(), n.cfg.SweepInterval // sweeps free state

@@ -300,14 +300,7 @@ func TestSkewedNodeNeverLeads(t *testing.T) {
 	// it meanwhile are stamped with the quorum's time.
 	for _, s := range topo.Shards() {
 		leaders, _ := c.ShardLeaders(ctx)
-		ln, _ := c.Topology.NodeByID(leaders[s.ID])
-		conn, err := grpc.NewClient(ln.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = idemv1.NewAdminClient(conn).TransferLeader(ctx, &idemv1.TransferLeaderRequest{Shard: s.ID, TargetNodeId: skewed})
-		conn.Close()
-		t.Logf("transfer of %s to the skewed node: %v", s.ID, err)
+		t.Logf("transfer of %s to the skewed node: %v", s.ID, transferLeader(t, c, leaders[s.ID], s.ID, skewed))
 		for i := range 20 {
 			sapi.Reserve(ctx, "payments", fmt.Sprintf("during-%s-%d", s.ID, i), nil)
 		}
@@ -346,15 +339,8 @@ func grepLines(b []byte, sub string) string {
 // replays and reads keep working and /readyz stays 200; once the space is
 // freed, writes resume by themselves.
 func TestFullDiskKeepsReadsAndResumes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a small tmpfs")
-	}
+	mnt := smallFS(t, "96m")
 	t.Parallel()
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
 	p, api, httpAddr := devProcess(t, mnt, "--disk-reserve-bytes", strconv.Itoa(32<<20))
 	startReady(t, p, httpAddr)
 	ctx := t.Context()
@@ -365,20 +351,7 @@ func TestFullDiskKeepsReadsAndResumes(t *testing.T) {
 	ok(api.Complete(ctx, "payments", "done", map[string]any{"owner_token": owner, "response": map[string]any{"status": 200, "body": body}}))
 
 	// Fill the filesystem to 20 MiB short of full: below the 32 MiB reserve.
-	filler := filepath.Join(mnt, "filler")
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(mnt, &st); err != nil {
-		t.Fatal(err)
-	}
-	fill := int64(st.Bavail*uint64(st.Bsize)) - 20<<20
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write(make([]byte, fill)); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	filler := fillFS(t, mnt, 20<<20)
 
 	i := 0
 	testutil.Until(t, 10*time.Second, "a new key to get 429", func() bool {
@@ -410,4 +383,152 @@ func TestFullDiskKeepsReadsAndResumes(t *testing.T) {
 	if !regexp.MustCompile(`idem_node_admission_refusals_total\{reason="disk_reserve"\} [1-9]`).Match(m.Raw) {
 		t.Fatalf("refusals not counted:\n%s", grepLines(m.Raw, "idem_node_"))
 	}
+}
+
+// smallFS mounts a tmpfs of size for the test (root only: skipped
+// otherwise) and returns its path.
+func smallFS(t *testing.T, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	return mnt
+}
+
+// fillFS writes a file into dir's filesystem that leaves about leave bytes
+// free, and returns its path.
+func fillFS(t *testing.T, dir string, leave int64) string {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(make([]byte, int64(st.Bavail*uint64(st.Bsize))-leave)); err != nil {
+		t.Fatal(err)
+	}
+	return filler
+}
+
+// TestFollowerFullDiskStopsAddingWrites: in a three-node region, one
+// node's data dir sits on a small filesystem that fills up. It tells the
+// leaders on their clock probes, and they refuse new keys with 429 (the
+// follower would fail stop on the next write it is sent) while replays and
+// reads go on; once it has room again, writes resume by themselves and the
+// follower never exited.
+func TestFollowerFullDiskStopsAddingWrites(t *testing.T) {
+	mnt := smallFS(t, "96m")
+	t.Parallel()
+	topo, err := cluster.Topology(cluster.Spec{Cluster: "fulldisk", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"], "--disk-reserve-bytes", strconv.Itoa(32<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := topo.Nodes()[2].ID
+	fp := c.Nodes[full]
+	for i, a := range fp.Args {
+		if a == "--data-dir" {
+			fp.Args[i+1] = filepath.Join(mnt, "data")
+		}
+	}
+	// The other nodes lead every shard: the full node is the follower.
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.StopAll(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+		if t.Failed() {
+			dumpLogs(t, c)
+		}
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Every shard led elsewhere: the full node is a follower only.
+	testutil.Until(t, 30*time.Second, "the leaderships away from "+full, func() bool {
+		leaders, err := c.ShardLeaders(ctx)
+		if err != nil || len(leaders) != len(topo.Shards()) {
+			return false
+		}
+		moved := true
+		for shard, l := range leaders {
+			if l == full {
+				moved = false
+				transferLeader(t, c, full, shard, "")
+			}
+		}
+		return moved
+	})
+	api := cluster.NewAPI(c.HTTPAddr(topo.Nodes()[0].ID))
+	ok := want(t, 200)
+	owner := "owner-token-fdisk-001"
+	ok(api.Reserve(ctx, "payments", "done", map[string]any{"owner_token": owner}))
+	ok(api.Complete(ctx, "payments", "done", map[string]any{"owner_token": owner,
+		"response": map[string]any{"status": 200, "body": base64.StdEncoding.EncodeToString([]byte("ok"))}}))
+
+	filler := fillFS(t, mnt, 20<<20)
+	i := 0
+	testutil.Until(t, 20*time.Second, "new keys to get 429 while a voter's disk is low", func() bool {
+		i++
+		r, err := api.Reserve(ctx, "payments", fmt.Sprintf("new-%d", i), nil)
+		return err == nil && r.Status == 429 && r.ErrCode() == "RESOURCE_EXHAUSTED"
+	})
+	if r := ok(api.Reserve(ctx, "payments", "done", nil)); r.Str("outcome") != "COMPLETED" {
+		t.Fatalf("replay while a voter's disk is low: %s", r)
+	}
+	ok(api.Get(ctx, "payments", "done"))
+	peerRefusals := regexp.MustCompile(`idem_node_admission_refusals_total\{reason="peer_disk_reserve"\} [1-9]`)
+	refusedByLeader := false
+	for _, n := range topo.Nodes() {
+		if m, err := cluster.NewAPI(n.HTTPAddr).Do(ctx, "GET", "/metrics", nil); err == nil && n.ID != full && peerRefusals.Match(m.Raw) {
+			refusedByLeader = true
+		}
+	}
+	if !refusedByLeader {
+		t.Fatal("no leader counted a refusal for its follower's disk (peer_disk_reserve)")
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Until(t, 20*time.Second, "writes to resume", func() bool {
+		i++
+		r, err := api.Reserve(ctx, "payments", fmt.Sprintf("new-%d", i), nil)
+		return err == nil && r.Status == 200
+	})
+	if !fp.Running() {
+		t.Fatal("the node whose disk filled exited")
+	}
+}
+
+// transferLeader asks node from, which leads shard, to hand it to target
+// ("" lets Raft pick).
+func transferLeader(t *testing.T, c *cluster.Cluster, from, shard, target string) error {
+	t.Helper()
+	n, _ := c.Topology.NodeByID(from)
+	conn, err := grpc.NewClient(n.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, err = idemv1.NewAdminClient(conn).TransferLeader(ctx, &idemv1.TransferLeaderRequest{Shard: shard, TargetNodeId: target})
+	return err
 }

@@ -1448,9 +1448,13 @@ func (*ClockRequest) Descriptor() ([]byte, []int) {
 type ClockResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// unix_nanos is the answering node's wall clock when it answered.
-	UnixNanos     int64 `protobuf:"varint,1,opt,name=unix_nanos,json=unixNanos,proto3" json:"unix_nanos,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UnixNanos int64 `protobuf:"varint,1,opt,name=unix_nanos,json=unixNanos,proto3" json:"unix_nanos,omitempty"`
+	// below_disk_reserve: the answering node's data dir has less free space
+	// than its --disk-reserve-bytes; leaders of the shards it votes in refuse
+	// writes that add data until it has room again.
+	BelowDiskReserve bool `protobuf:"varint,2,opt,name=below_disk_reserve,json=belowDiskReserve,proto3" json:"below_disk_reserve,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ClockResponse) Reset() {
@@ -1488,6 +1492,13 @@ func (x *ClockResponse) GetUnixNanos() int64 {
 		return x.UnixNanos
 	}
 	return 0
+}
+
+func (x *ClockResponse) GetBelowDiskReserve() bool {
+	if x != nil {
+		return x.BelowDiskReserve
+	}
+	return false
 }
 
 var File_idem_proto protoreflect.FileDescriptor
@@ -1601,10 +1612,11 @@ const file_idem_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"3\n" +
 	"\x14ReplaceVoterResponse\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\x0e\n" +
-	"\fClockRequest\".\n" +
+	"\fClockRequest\"\\\n" +
 	"\rClockResponse\x12\x1d\n" +
 	"\n" +
-	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos*y\n" +
+	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\x12,\n" +
+	"\x12below_disk_reserve\x18\x02 \x01(\bR\x10belowDiskReserve*y\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACQUIRED\x10\x01\x12\r\n" +
