@@ -75,11 +75,13 @@ func addsData(s *shard, cmd *fsm.Command) bool {
 
 // admit returns nil, or the 429 a data-adding write to s gets.
 func (a *admission) admit(s *shard, cmd *fsm.Command) error {
-	if len(a.checks) == 0 || !addsData(s, cmd) {
-		return nil
-	}
 	for _, c := range a.checks {
 		if why, retry := c.check(s, cmd); why != "" {
+			// Classified only now: it reads the key's record, which
+			// the common case (room everywhere) need not pay for.
+			if !addsData(s, cmd) {
+				return nil
+			}
 			a.refused.WithLabelValues(c.name).Inc()
 			return &backend.Error{Code: contract.CodeResourceExhausted, RetryAfter: retry,
 				Message: why + "; writes that add data resume by themselves once there is room (reads, replays, heartbeats and releases keep working)"}
