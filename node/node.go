@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idem-dev/idem/backend"
-	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
@@ -28,6 +26,14 @@ var (
 	ErrInvalidConfig = errors.New("node: invalid config")
 	// ErrDataDirMismatch: the data dir belongs to another cluster, node or ring.
 	ErrDataDirMismatch = errors.New("node: data dir does not match this node")
+	// ErrStateLost: the data dir held this node's Raft state (it has an
+	// identity file) but the state is missing, truncated or unreadable; the
+	// node refuses to start (idemctl replace-node brings it back).
+	ErrStateLost = errors.New("node: Raft state lost")
+	// ErrClockSkewed: this node's clock is off from its peers' by more than
+	// Config.MaxClockOffset, or a shard's voters' clocks do not agree: it
+	// leads nothing, is not ready, and stamps no time.
+	ErrClockSkewed = errors.New("node: clock skewed")
 	// ErrNotStarted: Serve or Ready was called before Start.
 	ErrNotStarted = errors.New("node: not started (call Start, or Run)")
 )
@@ -63,14 +69,28 @@ type Node struct {
 	started, served atomic.Bool
 	// ringErr is set when a peer reports another cluster or ring: this
 	// node's topology file is not the one the cluster was created with.
-	ringErr   atomic.Pointer[error]
+	ringErr  atomic.Pointer[error]
+	clocks   *clocks
+	admit    *admission // set by Start
+	disk     *diskSpace // set by Start
+	identity identity   // as read (or written) by Start
+	// failure is set once the Raft log failed stop; failed is then closed
+	// and Serve returns the error.
+	failure   atomic.Pointer[error]
+	failOnce  sync.Once
+	failed    chan struct{}
 	closeOnce sync.Once
 	closeErr  error
 	closed    chan struct{} // closed by closeAll: Serve returns
 }
 
-// now is the clock this node stamps commands with.
-func (n *Node) now() int64 { return time.Now().Add(n.cfg.ClockOffset).UnixNano() }
+// localNow is this node's own wall clock (shifted by Config.ClockOffset in
+// fault tests).
+func (n *Node) localNow() int64 { return time.Now().Add(n.cfg.ClockOffset).UnixNano() }
+
+// now is this node's clock corrected by its offset to its peers': reads
+// judge expiry with it. Commands are stamped by clocks.stamp.
+func (n *Node) now() int64 { return n.clocks.now() }
 
 // Apply implements backend.Backend: ApplyRouted for a request that was not
 // forwarded.
@@ -88,36 +108,53 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 	info := n.ring.Locate(cmd.Namespace, cmd.Key)
 	prefer := ""
 	if s := n.shards[info.ID]; s != nil {
-		stamped := *cmd
-		stamped.Now = n.now()
-		stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
-		if s.group.IsLeader() {
-			if err := s.sm.Admit(&stamped); err != nil { // --max-state-bytes reached
-				return fsm.Result{}, n.cfg.NodeID, &backend.Error{Code: contract.CodeResourceExhausted, Message: err.Error(), RetryAfter: n.cfg.SweepInterval}
-			}
+		res, leader, done, err := n.proposeLocal(ctx, s, info, cmd)
+		if done {
+			return res, leader, err
 		}
-		v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
-		if err == nil {
-			res, ok := v.(fsm.Result)
-			if !ok {
-				return fsm.Result{}, n.cfg.NodeID, fmt.Errorf("node: shard %s returned %T", info.ID, v)
-			}
-			return res, n.cfg.NodeID, nil
-		}
-		var nle *raftstore.NotLeaderError
-		if !errors.As(err, &nle) {
-			return fsm.Result{}, "", unavailable(info, err)
-		}
-		prefer = nle.LeaderID
-		leader = prefer
+		prefer = leader
 	}
 	res, err = n.fwd.Apply(ctx, info, cmd, prefer, hops)
+	leader = prefer
 	if err == nil {
 		if id, ok := n.fwd.Leader(info.ID); ok {
 			leader = id
 		}
 	}
 	return res, leader, err
+}
+
+// proposeLocal proposes cmd to this node's replica s of the key's shard.
+// done is false when the replica does not lead (leader is then the one it
+// knows of, "" if none): the caller forwards.
+func (n *Node) proposeLocal(ctx context.Context, s *shard, info topology.Shard, cmd *fsm.Command) (res fsm.Result, leader string, done bool, err error) {
+	stamped := *cmd
+	if err := n.clocks.stamp(&stamped, info.Voters); err != nil {
+		if !s.group.IsLeader() { // the leader stamps it
+			leader, _ = s.group.Leader()
+			return fsm.Result{}, leader, false, nil
+		}
+		return fsm.Result{}, "", true, unavailable(info, err)
+	}
+	stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
+	if s.group.IsLeader() {
+		if err := n.admit.admit(s, &stamped); err != nil { // disk reserve, --max-state-bytes
+			return fsm.Result{}, n.cfg.NodeID, true, err
+		}
+	}
+	v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
+	if err == nil {
+		res, ok := v.(fsm.Result)
+		if !ok {
+			return fsm.Result{}, n.cfg.NodeID, true, fmt.Errorf("node: shard %s returned %T", info.ID, v)
+		}
+		return res, n.cfg.NodeID, true, nil
+	}
+	var nle *raftstore.NotLeaderError
+	if !errors.As(err, &nle) {
+		return fsm.Result{}, "", true, unavailable(info, err)
+	}
+	return fsm.Result{}, nle.LeaderID, false, nil
 }
 
 // Get implements backend.Backend: GetRouted for a request that was not
@@ -163,6 +200,9 @@ func (n *Node) Ready(ctx context.Context) error {
 	}
 	if n.host == nil {
 		return ErrNotStarted
+	}
+	if err := n.clocks.skewed(); err != nil {
+		return err
 	}
 	return n.host.Ready()
 }

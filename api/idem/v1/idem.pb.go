@@ -1312,6 +1312,195 @@ func (x *SnapshotResponse) GetTerm() uint64 {
 	return 0
 }
 
+type ReplaceVoterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplaceVoterRequest) Reset() {
+	*x = ReplaceVoterRequest{}
+	mi := &file_idem_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplaceVoterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplaceVoterRequest) ProtoMessage() {}
+
+func (x *ReplaceVoterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplaceVoterRequest.ProtoReflect.Descriptor instead.
+func (*ReplaceVoterRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReplaceVoterRequest) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+func (x *ReplaceVoterRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type ReplaceVoterResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// leader_id is the leader that made the change.
+	LeaderId      string `protobuf:"bytes,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplaceVoterResponse) Reset() {
+	*x = ReplaceVoterResponse{}
+	mi := &file_idem_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplaceVoterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplaceVoterResponse) ProtoMessage() {}
+
+func (x *ReplaceVoterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplaceVoterResponse.ProtoReflect.Descriptor instead.
+func (*ReplaceVoterResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReplaceVoterResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+type ClockRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClockRequest) Reset() {
+	*x = ClockRequest{}
+	mi := &file_idem_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClockRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClockRequest) ProtoMessage() {}
+
+func (x *ClockRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClockRequest.ProtoReflect.Descriptor instead.
+func (*ClockRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{20}
+}
+
+type ClockResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// unix_nanos is the answering node's wall clock when it answered.
+	UnixNanos int64 `protobuf:"varint,1,opt,name=unix_nanos,json=unixNanos,proto3" json:"unix_nanos,omitempty"`
+	// below_disk_reserve: the answering node's data dir has less free space
+	// than its --disk-reserve-bytes; leaders of the shards it votes in refuse
+	// writes that add data until it has room again.
+	BelowDiskReserve bool `protobuf:"varint,2,opt,name=below_disk_reserve,json=belowDiskReserve,proto3" json:"below_disk_reserve,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ClockResponse) Reset() {
+	*x = ClockResponse{}
+	mi := &file_idem_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClockResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClockResponse) ProtoMessage() {}
+
+func (x *ClockResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClockResponse.ProtoReflect.Descriptor instead.
+func (*ClockResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ClockResponse) GetUnixNanos() int64 {
+	if x != nil {
+		return x.UnixNanos
+	}
+	return 0
+}
+
+func (x *ClockResponse) GetBelowDiskReserve() bool {
+	if x != nil {
+		return x.BelowDiskReserve
+	}
+	return false
+}
+
 var File_idem_proto protoreflect.FileDescriptor
 
 const file_idem_proto_rawDesc = "" +
@@ -1417,7 +1606,17 @@ const file_idem_proto_rawDesc = "" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\"<\n" +
 	"\x10SnapshotResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
-	"\x04term\x18\x02 \x01(\x04R\x04term*y\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\"D\n" +
+	"\x13ReplaceVoterRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"3\n" +
+	"\x14ReplaceVoterResponse\x12\x1b\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\x0e\n" +
+	"\fClockRequest\"\\\n" +
+	"\rClockResponse\x12\x1d\n" +
+	"\n" +
+	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\x12,\n" +
+	"\x12below_disk_reserve\x18\x02 \x01(\bR\x10belowDiskReserve*y\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACQUIRED\x10\x01\x12\r\n" +
@@ -1434,11 +1633,13 @@ const file_idem_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x19.idem.v1.HeartbeatRequest\x1a\x1a.idem.v1.HeartbeatResponse\x12?\n" +
 	"\bComplete\x12\x18.idem.v1.CompleteRequest\x1a\x19.idem.v1.CompleteResponse\x12<\n" +
 	"\aRelease\x12\x17.idem.v1.ReleaseRequest\x1a\x18.idem.v1.ReleaseResponse\x120\n" +
-	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse2\xd6\x01\n" +
+	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse2\xdb\x02\n" +
 	"\x05Admin\x129\n" +
 	"\x06Status\x12\x16.idem.v1.StatusRequest\x1a\x17.idem.v1.StatusResponse\x12Q\n" +
 	"\x0eTransferLeader\x12\x1e.idem.v1.TransferLeaderRequest\x1a\x1f.idem.v1.TransferLeaderResponse\x12?\n" +
-	"\bSnapshot\x12\x18.idem.v1.SnapshotRequest\x1a\x19.idem.v1.SnapshotResponseB-Z+github.com/idem-dev/idem/api/idem/v1;idemv1b\x06proto3"
+	"\bSnapshot\x12\x18.idem.v1.SnapshotRequest\x1a\x19.idem.v1.SnapshotResponse\x12K\n" +
+	"\fReplaceVoter\x12\x1c.idem.v1.ReplaceVoterRequest\x1a\x1d.idem.v1.ReplaceVoterResponse\x126\n" +
+	"\x05Clock\x12\x15.idem.v1.ClockRequest\x1a\x16.idem.v1.ClockResponseB-Z+github.com/idem-dev/idem/api/idem/v1;idemv1b\x06proto3"
 
 var (
 	file_idem_proto_rawDescOnce sync.Once
@@ -1453,7 +1654,7 @@ func file_idem_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_idem_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: idem.v1.Outcome
 	(State)(0),                     // 1: idem.v1.State
@@ -1475,24 +1676,28 @@ var file_idem_proto_goTypes = []any{
 	(*TransferLeaderResponse)(nil), // 17: idem.v1.TransferLeaderResponse
 	(*SnapshotRequest)(nil),        // 18: idem.v1.SnapshotRequest
 	(*SnapshotResponse)(nil),       // 19: idem.v1.SnapshotResponse
-	nil,                            // 20: idem.v1.StoredResponse.HeadersEntry
-	(*timestamppb.Timestamp)(nil),  // 21: google.protobuf.Timestamp
+	(*ReplaceVoterRequest)(nil),    // 20: idem.v1.ReplaceVoterRequest
+	(*ReplaceVoterResponse)(nil),   // 21: idem.v1.ReplaceVoterResponse
+	(*ClockRequest)(nil),           // 22: idem.v1.ClockRequest
+	(*ClockResponse)(nil),          // 23: idem.v1.ClockResponse
+	nil,                            // 24: idem.v1.StoredResponse.HeadersEntry
+	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
 }
 var file_idem_proto_depIdxs = []int32{
-	20, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
+	24, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
 	0,  // 1: idem.v1.ReserveResponse.outcome:type_name -> idem.v1.Outcome
-	21, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	25, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 3: idem.v1.ReserveResponse.response:type_name -> idem.v1.StoredResponse
-	21, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
-	21, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	25, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
+	25, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	25, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 7: idem.v1.CompleteRequest.response:type_name -> idem.v1.StoredResponse
-	21, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	21, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	25, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	25, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 10: idem.v1.GetResponse.state:type_name -> idem.v1.State
-	21, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	21, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
-	21, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
+	25, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	25, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
+	25, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 14: idem.v1.GetResponse.response:type_name -> idem.v1.StoredResponse
 	14, // 15: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
 	3,  // 16: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
@@ -1503,16 +1708,20 @@ var file_idem_proto_depIdxs = []int32{
 	13, // 21: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
 	16, // 22: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
 	18, // 23: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
-	4,  // 24: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
-	6,  // 25: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
-	8,  // 26: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
-	10, // 27: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
-	12, // 28: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
-	15, // 29: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
-	17, // 30: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
-	19, // 31: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
-	24, // [24:32] is the sub-list for method output_type
-	16, // [16:24] is the sub-list for method input_type
+	20, // 24: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
+	22, // 25: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
+	4,  // 26: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
+	6,  // 27: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
+	8,  // 28: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
+	10, // 29: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
+	12, // 30: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
+	15, // 31: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
+	17, // 32: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
+	19, // 33: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
+	21, // 34: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
+	23, // 35: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
+	26, // [26:36] is the sub-list for method output_type
+	16, // [16:26] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
@@ -1529,7 +1738,7 @@ func file_idem_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_proto_rawDesc), len(file_idem_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
