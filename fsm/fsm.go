@@ -95,6 +95,10 @@ func (f *FSM) Apply(index uint64, cmd *Command) Result {
 		return f.release(now, cmd)
 	case OpSweep:
 		return f.sweep(now, cmd)
+	case OpForceRelease:
+		return f.forceRelease(now, cmd)
+	case OpDelete:
+		return f.delete(now, cmd)
 	}
 	return Result{Outcome: OutcomeInvalid}
 }
@@ -105,7 +109,13 @@ func valid(cmd *Command) bool {
 	if cmd.Op == OpSweep {
 		return cmd.AbandonAfter >= 0 && cmd.MaxSweep >= 0
 	}
-	if cmd.Namespace == "" || cmd.Key == "" || cmd.OwnerToken == "" {
+	if cmd.Namespace == "" || cmd.Key == "" {
+		return false
+	}
+	if cmd.Op == OpForceRelease || cmd.Op == OpDelete {
+		return true
+	}
+	if cmd.OwnerToken == "" {
 		return false
 	}
 	switch cmd.Op {
@@ -156,7 +166,7 @@ func (f *FSM) reserve(index uint64, now int64, cmd *Command) Result {
 		f.put(k, rec, &renewed)
 		return acquiredResult(&renewed)
 	}
-	reclaimAt := rec.LeaseExpiresAt + cmd.SkewMargin
+	reclaimAt := reclaimTime(rec, cmd.SkewMargin)
 	if now < reclaimAt {
 		return Result{
 			Outcome:        OutcomeInProgress,

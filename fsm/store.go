@@ -31,6 +31,9 @@ type Store interface {
 	Len() int
 	// Range visits every record, in no particular order, until fn returns false.
 	Range(fn func(k RecordKey, r *Record) bool)
+	// Scan visits the records of namespace with keys greater than after,
+	// in key order, until fn returns false.
+	Scan(namespace, after string, fn func(key string, r *Record) bool)
 }
 
 // NewMemStore returns an empty in-memory Store.
@@ -45,6 +48,23 @@ func (s *memStore) Len() int                        { return len(s.m) }
 func (s *memStore) Range(fn func(RecordKey, *Record) bool) {
 	for k, r := range s.m {
 		if !fn(k, r) {
+			return
+		}
+	}
+}
+
+// Scan sorts the namespace's keys on every call: the in-memory store serves
+// tests and small servers; a disk store scans its ordered keyspace.
+func (s *memStore) Scan(namespace, after string, fn func(string, *Record) bool) {
+	var keys []string
+	for k := range s.m {
+		if k.Namespace == namespace && k.Key > after {
+			keys = append(keys, k.Key)
+		}
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		if !fn(key, s.m[RecordKey{namespace, key}]) {
 			return
 		}
 	}

@@ -35,7 +35,7 @@ func GRPCCode(c contract.Code) codes.Code {
 		return codes.NotFound
 	case contract.CodeMethodNotAllowed:
 		return codes.Unimplemented
-	case contract.CodeNotOwner:
+	case contract.CodeNotOwner, contract.CodeFailedPrecondition:
 		return codes.FailedPrecondition
 	case contract.CodePayloadTooLarge, contract.CodeResourceExhausted:
 		return codes.ResourceExhausted
