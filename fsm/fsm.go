@@ -44,6 +44,9 @@ type FSM struct {
 	inProgress map[RecordKey]struct{}
 	expiry     expiryHeap
 	bytes      int64
+
+	// onApply observes every entry ApplyEntry applied (OnApply).
+	onApply func(cmd *Command, res Result)
 }
 
 // New returns an empty FSM over an in-memory store.
@@ -64,8 +67,18 @@ func (f *FSM) ApplyEntry(index uint64, data []byte) Result {
 	if err != nil {
 		cmd = &Command{} // Op 0: invalid, but the index still advances.
 	}
-	return f.Apply(index, cmd)
+	res := f.Apply(index, cmd)
+	if f.onApply != nil {
+		f.onApply(cmd, res)
+	}
+	return res
 }
+
+// OnApply sets fn to be called, outside the FSM's lock, with each command
+// ApplyEntry applied and its result: the node wakes waiting reserves with
+// it. fn must not block and must not change anything the FSM decides; set it
+// before the first entry is applied.
+func (f *FSM) OnApply(fn func(cmd *Command, res Result)) { f.onApply = fn }
 
 // Apply applies cmd as the log entry at index. index must be greater than
 // every index applied before: it is the fencing token of an acquisition.

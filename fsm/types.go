@@ -164,6 +164,9 @@ type Command struct {
 	// wait_ms). It is never encoded: waiting happens around proposals, on
 	// the node that leads the shard, not in the log.
 	Wait int64
+	// Reason (force-release, delete) is the operator's reason, for the
+	// logs of the processes the action passes through; never encoded.
+	Reason string
 
 	// MaxSweep (sweep) bounds how many completed records one sweep drops, so
 	// a mass expiry cannot stall the apply loop; 0 means no bound.

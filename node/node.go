@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
@@ -35,6 +36,9 @@ type shard struct {
 	info  topology.Shard
 	group *raftstore.Group
 	fsm   *fsm.FSM
+	// waiters are the reserves waiting here for a key of the shard; the
+	// FSM's OnApply wakes them.
+	waiters *backend.Waiters
 }
 
 // Node is one idemnode: the Raft groups of the shards it hosts, the public
@@ -84,15 +88,21 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 	info := n.ring.Locate(cmd.Namespace, cmd.Key)
 	prefer := ""
 	if s := n.shards[info.ID]; s != nil {
-		stamped := *cmd
-		stamped.Now = n.now()
-		stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
-		v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
+		if cmd.Op == fsm.OpReserve && cmd.Wait > 0 {
+			// A waiting reserve waits here, where the shard's applies wake
+			// it, while this node leads; if it stops leading, the rest of
+			// the wait goes to the new leader.
+			var left time.Duration
+			res, left, err = s.waiters.Reserve(ctx, cmd, n.cfg.ClockSkewMargin, n.now, func(ctx context.Context, c *fsm.Command) (fsm.Result, error) {
+				return n.propose(ctx, s, c)
+			})
+			rest := *cmd
+			rest.Wait = int64(left)
+			cmd = &rest
+		} else {
+			res, err = n.propose(ctx, s, cmd)
+		}
 		if err == nil {
-			res, ok := v.(fsm.Result)
-			if !ok {
-				return fsm.Result{}, n.cfg.NodeID, fmt.Errorf("node: shard %s returned %T", info.ID, v)
-			}
 			return res, n.cfg.NodeID, nil
 		}
 		var nle *raftstore.NotLeaderError
@@ -109,6 +119,23 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 		}
 	}
 	return res, leader, err
+}
+
+// propose stamps cmd (Now, SkewMargin; Wait is not replicated) and applies
+// it through s's Raft group. The error is the group's.
+func (n *Node) propose(ctx context.Context, s *shard, cmd *fsm.Command) (fsm.Result, error) {
+	stamped := *cmd
+	stamped.Now = n.now()
+	stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
+	v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	res, ok := v.(fsm.Result)
+	if !ok {
+		return fsm.Result{}, fmt.Errorf("node: shard %s returned %T", s.info.ID, v)
+	}
+	return res, nil
 }
 
 // Get implements backend.Backend: GetRouted for a request that was not
@@ -137,6 +164,39 @@ func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (
 	}
 	rec, found, err := n.fwd.Get(ctx, info, namespace, key, prefer, hops)
 	return rec, found, "", err
+}
+
+// List implements backend.Backend: one page over every shard of the ring,
+// each shard's part read on its leader (here after a read barrier, or
+// forwarded).
+func (n *Node) List(ctx context.Context, q backend.ListQuery) (backend.ListPage, error) {
+	return backend.ListShards(ctx, router.ShardIDs(n.ring), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
+		return n.ListShard(ctx, id, sq, 0)
+	})
+}
+
+// ListShard answers one shard's part of a listing page: from the local
+// state machine after a read barrier when this node leads the shard,
+// otherwise forwarded to the leader (hops: how often it was forwarded).
+func (n *Node) ListShard(ctx context.Context, id string, q backend.ShardQuery, hops int) (fsm.ListPage, error) {
+	info, ok := n.ring.ShardByID(id)
+	if !ok {
+		return fsm.ListPage{}, &backend.Error{Code: server.CodeInvalidArgument, Message: fmt.Sprintf("no shard %q in this cluster's ring", id)}
+	}
+	prefer := ""
+	if s := n.shards[id]; s != nil {
+		err := s.group.ReadBarrier(ctx)
+		if err == nil {
+			now := n.now()
+			return s.fsm.List(q.FSMQuery(now), now), nil
+		}
+		var nle *raftstore.NotLeaderError
+		if !errors.As(err, &nle) {
+			return fsm.ListPage{}, unavailable(info, err)
+		}
+		prefer = nle.LeaderID
+	}
+	return n.fwd.ListShard(ctx, info, q, prefer, hops)
 }
 
 func unavailable(info topology.Shard, err error) error {

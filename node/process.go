@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
@@ -99,7 +100,8 @@ func (n *Node) Start() (err error) {
 		if spansRegions(cfg.Topology, info) && cfg.Topology.WANRTTMs > 0 {
 			gc.Timing = raftstore.WANTiming(rcfg, time.Duration(cfg.Topology.WANRTTMs)*time.Millisecond)
 		}
-		s := &shard{info: info, fsm: fsm.New()}
+		s := &shard{info: info, fsm: fsm.New(), waiters: new(backend.Waiters)}
+		s.fsm.OnApply(s.waiters.Settled)
 		if s.group, err = n.host.AddGroup(gc, stateMachine{s.fsm}); err != nil {
 			return err
 		}
@@ -118,7 +120,7 @@ func (n *Node) Start() (err error) {
 		return fmt.Errorf("node: grpc listener: %w", err)
 	}
 	grpcSrv := n.api.NewGRPCServer()
-	idemv1.RegisterAdminServer(grpcSrv, &admin{n: n})
+	idemv1.RegisterAdminServer(grpcSrv, &admin{KeysAdmin: n.api.KeysAdmin(), n: n})
 	n.servers = append(n.servers, serving.GRPC("node: grpc", n.grpcLn, grpcSrv))
 	n.startLoops()
 	return nil

@@ -2,8 +2,8 @@ package router
 
 import (
 	"context"
-	"log/slog"
 	"errors"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"

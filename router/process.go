@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/server"
@@ -164,7 +165,9 @@ func (p *Process) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	p.servers = append(p.servers, serving.GRPC("grpc", grpcLn, api.NewGRPCServer()))
+	grpcSrv := api.NewGRPCServer()
+	idemv1.RegisterAdminServer(grpcSrv, api.KeysAdmin())
+	p.servers = append(p.servers, serving.GRPC("grpc", grpcLn, grpcSrv))
 
 	if cfg.Proxy != nil {
 		pcfg := *cfg.Proxy

@@ -195,12 +195,15 @@ func (x *StoredResponse) GetBody() []byte {
 }
 
 type ReserveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Fingerprint   string                 `protobuf:"bytes,3,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
-	LeaseMs       int64                  `protobuf:"varint,4,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
-	OwnerToken    string                 `protobuf:"bytes,5,opt,name=owner_token,json=ownerToken,proto3" json:"owner_token,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Namespace   string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Key         string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Fingerprint string                 `protobuf:"bytes,3,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	LeaseMs     int64                  `protobuf:"varint,4,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	OwnerToken  string                 `protobuf:"bytes,5,opt,name=owner_token,json=ownerToken,proto3" json:"owner_token,omitempty"`
+	// v1.1: wait up to this long (0..30000 ms) for an IN_PROGRESS key to stop
+	// being in progress, then decide as usual.
+	WaitMs        int64 `protobuf:"varint,6,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -268,6 +271,13 @@ func (x *ReserveRequest) GetOwnerToken() string {
 		return x.OwnerToken
 	}
 	return ""
+}
+
+func (x *ReserveRequest) GetWaitMs() int64 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
 }
 
 type ReserveResponse struct {
@@ -1312,6 +1322,579 @@ func (x *SnapshotResponse) GetTerm() uint64 {
 	return 0
 }
 
+// KeyInfo is one listed key.
+type KeyInfo struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Key            string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	State          State                  `protobuf:"varint,2,opt,name=state,proto3,enum=idem.v1.State" json:"state,omitempty"`
+	FencingToken   uint64                 `protobuf:"varint,3,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	CreatedAt      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	LeaseExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=lease_expires_at,json=leaseExpiresAt,proto3" json:"lease_expires_at,omitempty"`
+	CompletedAt    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	ExpiresAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *KeyInfo) Reset() {
+	*x = KeyInfo{}
+	mi := &file_idem_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyInfo) ProtoMessage() {}
+
+func (x *KeyInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
+func (*KeyInfo) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *KeyInfo) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyInfo) GetState() State {
+	if x != nil {
+		return x.State
+	}
+	return State_STATE_UNSPECIFIED
+}
+
+func (x *KeyInfo) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *KeyInfo) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *KeyInfo) GetLeaseExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpiresAt
+	}
+	return nil
+}
+
+func (x *KeyInfo) GetCompletedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CompletedAt
+	}
+	return nil
+}
+
+func (x *KeyInfo) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+type ListKeysRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// STATE_UNSPECIFIED lists both states.
+	State State `protobuf:"varint,2,opt,name=state,proto3,enum=idem.v1.State" json:"state,omitempty"`
+	// Only keys whose current owner reserved them at least this long ago.
+	OlderThanS int64 `protobuf:"varint,3,opt,name=older_than_s,json=olderThanS,proto3" json:"older_than_s,omitempty"`
+	// 1..1000, default 100.
+	Limit int32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The next_page_token of the previous page; empty starts at the beginning.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKeysRequest) Reset() {
+	*x = ListKeysRequest{}
+	mi := &file_idem_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKeysRequest) ProtoMessage() {}
+
+func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
+func (*ListKeysRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListKeysRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListKeysRequest) GetState() State {
+	if x != nil {
+		return x.State
+	}
+	return State_STATE_UNSPECIFIED
+}
+
+func (x *ListKeysRequest) GetOlderThanS() int64 {
+	if x != nil {
+		return x.OlderThanS
+	}
+	return 0
+}
+
+func (x *ListKeysRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListKeysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []*KeyInfo             `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKeysResponse) Reset() {
+	*x = ListKeysResponse{}
+	mi := &file_idem_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKeysResponse) ProtoMessage() {}
+
+func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
+func (*ListKeysResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListKeysResponse) GetKeys() []*KeyInfo {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ListKeysResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type ForceReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForceReleaseRequest) Reset() {
+	*x = ForceReleaseRequest{}
+	mi := &file_idem_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForceReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForceReleaseRequest) ProtoMessage() {}
+
+func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ForceReleaseRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ForceReleaseRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ForceReleaseRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ForceReleaseResponse struct {
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	PreviousFencingToken uint64                 `protobuf:"varint,1,opt,name=previous_fencing_token,json=previousFencingToken,proto3" json:"previous_fencing_token,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *ForceReleaseResponse) Reset() {
+	*x = ForceReleaseResponse{}
+	mi := &file_idem_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForceReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForceReleaseResponse) ProtoMessage() {}
+
+func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ForceReleaseResponse) GetPreviousFencingToken() uint64 {
+	if x != nil {
+		return x.PreviousFencingToken
+	}
+	return 0
+}
+
+type DeleteKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteKeyRequest) Reset() {
+	*x = DeleteKeyRequest{}
+	mi := &file_idem_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteKeyRequest) ProtoMessage() {}
+
+func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
+func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *DeleteKeyRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *DeleteKeyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *DeleteKeyRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type DeleteKeyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteKeyResponse) Reset() {
+	*x = DeleteKeyResponse{}
+	mi := &file_idem_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteKeyResponse) ProtoMessage() {}
+
+func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
+func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{24}
+}
+
+type ListShardRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Shard      string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	Namespace  string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	State      State                  `protobuf:"varint,3,opt,name=state,proto3,enum=idem.v1.State" json:"state,omitempty"`
+	OlderThanS int64                  `protobuf:"varint,4,opt,name=older_than_s,json=olderThanS,proto3" json:"older_than_s,omitempty"`
+	Limit      int32                  `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Only keys greater than this.
+	After         string `protobuf:"bytes,6,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListShardRequest) Reset() {
+	*x = ListShardRequest{}
+	mi := &file_idem_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListShardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListShardRequest) ProtoMessage() {}
+
+func (x *ListShardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListShardRequest.ProtoReflect.Descriptor instead.
+func (*ListShardRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ListShardRequest) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+func (x *ListShardRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListShardRequest) GetState() State {
+	if x != nil {
+		return x.State
+	}
+	return State_STATE_UNSPECIFIED
+}
+
+func (x *ListShardRequest) GetOlderThanS() int64 {
+	if x != nil {
+		return x.OlderThanS
+	}
+	return 0
+}
+
+func (x *ListShardRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListShardRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+type ListShardResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []*KeyInfo             `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The last key examined; the shard's next page starts after it.
+	Last string `protobuf:"bytes,2,opt,name=last,proto3" json:"last,omitempty"`
+	// The scan reached the end of the namespace in this shard.
+	Done          bool `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListShardResponse) Reset() {
+	*x = ListShardResponse{}
+	mi := &file_idem_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListShardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListShardResponse) ProtoMessage() {}
+
+func (x *ListShardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListShardResponse.ProtoReflect.Descriptor instead.
+func (*ListShardResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ListShardResponse) GetKeys() []*KeyInfo {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ListShardResponse) GetLast() string {
+	if x != nil {
+		return x.Last
+	}
+	return ""
+}
+
+func (x *ListShardResponse) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
 var File_idem_proto protoreflect.FileDescriptor
 
 const file_idem_proto_rawDesc = "" +
@@ -1324,14 +1907,15 @@ const file_idem_proto_rawDesc = "" +
 	"\x04body\x18\x03 \x01(\fR\x04body\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9e\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb7\x01\n" +
 	"\x0eReserveRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12 \n" +
 	"\vfingerprint\x18\x03 \x01(\tR\vfingerprint\x12\x19\n" +
 	"\blease_ms\x18\x04 \x01(\x03R\aleaseMs\x12\x1f\n" +
 	"\vowner_token\x18\x05 \x01(\tR\n" +
-	"ownerToken\"\xd4\x03\n" +
+	"ownerToken\x12\x17\n" +
+	"\await_ms\x18\x06 \x01(\x03R\x06waitMs\"\xd4\x03\n" +
 	"\x0fReserveResponse\x12*\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x10.idem.v1.OutcomeR\aoutcome\x12\x1f\n" +
 	"\vowner_token\x18\x02 \x01(\tR\n" +
@@ -1417,7 +2001,51 @@ const file_idem_proto_rawDesc = "" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\"<\n" +
 	"\x10SnapshotResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
-	"\x04term\x18\x02 \x01(\x04R\x04term*y\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\"\xe1\x02\n" +
+	"\aKeyInfo\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12$\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x0e.idem.v1.StateR\x05state\x12#\n" +
+	"\rfencing_token\x18\x03 \x01(\x04R\ffencingToken\x129\n" +
+	"\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12D\n" +
+	"\x10lease_expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x12=\n" +
+	"\fcompleted_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xac\x01\n" +
+	"\x0fListKeysRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12$\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x0e.idem.v1.StateR\x05state\x12 \n" +
+	"\folder_than_s\x18\x03 \x01(\x03R\n" +
+	"olderThanS\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"`\n" +
+	"\x10ListKeysResponse\x12$\n" +
+	"\x04keys\x18\x01 \x03(\v2\x10.idem.v1.KeyInfoR\x04keys\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"]\n" +
+	"\x13ForceReleaseRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"L\n" +
+	"\x14ForceReleaseResponse\x124\n" +
+	"\x16previous_fencing_token\x18\x01 \x01(\x04R\x14previousFencingToken\"Z\n" +
+	"\x10DeleteKeyRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x13\n" +
+	"\x11DeleteKeyResponse\"\xba\x01\n" +
+	"\x10ListShardRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12$\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x0e.idem.v1.StateR\x05state\x12 \n" +
+	"\folder_than_s\x18\x04 \x01(\x03R\n" +
+	"olderThanS\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\x05R\x05limit\x12\x14\n" +
+	"\x05after\x18\x06 \x01(\tR\x05after\"a\n" +
+	"\x11ListShardResponse\x12$\n" +
+	"\x04keys\x18\x01 \x03(\v2\x10.idem.v1.KeyInfoR\x04keys\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\tR\x04last\x12\x12\n" +
+	"\x04done\x18\x03 \x01(\bR\x04done*y\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACQUIRED\x10\x01\x12\r\n" +
@@ -1434,11 +2062,15 @@ const file_idem_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x19.idem.v1.HeartbeatRequest\x1a\x1a.idem.v1.HeartbeatResponse\x12?\n" +
 	"\bComplete\x12\x18.idem.v1.CompleteRequest\x1a\x19.idem.v1.CompleteResponse\x12<\n" +
 	"\aRelease\x12\x17.idem.v1.ReleaseRequest\x1a\x18.idem.v1.ReleaseResponse\x120\n" +
-	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse2\xd6\x01\n" +
+	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse2\xec\x03\n" +
 	"\x05Admin\x129\n" +
 	"\x06Status\x12\x16.idem.v1.StatusRequest\x1a\x17.idem.v1.StatusResponse\x12Q\n" +
 	"\x0eTransferLeader\x12\x1e.idem.v1.TransferLeaderRequest\x1a\x1f.idem.v1.TransferLeaderResponse\x12?\n" +
-	"\bSnapshot\x12\x18.idem.v1.SnapshotRequest\x1a\x19.idem.v1.SnapshotResponseB-Z+github.com/idem-dev/idem/api/idem/v1;idemv1b\x06proto3"
+	"\bSnapshot\x12\x18.idem.v1.SnapshotRequest\x1a\x19.idem.v1.SnapshotResponse\x12?\n" +
+	"\bListKeys\x12\x18.idem.v1.ListKeysRequest\x1a\x19.idem.v1.ListKeysResponse\x12K\n" +
+	"\fForceRelease\x12\x1c.idem.v1.ForceReleaseRequest\x1a\x1d.idem.v1.ForceReleaseResponse\x12B\n" +
+	"\tDeleteKey\x12\x19.idem.v1.DeleteKeyRequest\x1a\x1a.idem.v1.DeleteKeyResponse\x12B\n" +
+	"\tListShard\x12\x19.idem.v1.ListShardRequest\x1a\x1a.idem.v1.ListShardResponseB-Z+github.com/idem-dev/idem/api/idem/v1;idemv1b\x06proto3"
 
 var (
 	file_idem_proto_rawDescOnce sync.Once
@@ -1453,7 +2085,7 @@ func file_idem_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_idem_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: idem.v1.Outcome
 	(State)(0),                     // 1: idem.v1.State
@@ -1475,47 +2107,73 @@ var file_idem_proto_goTypes = []any{
 	(*TransferLeaderResponse)(nil), // 17: idem.v1.TransferLeaderResponse
 	(*SnapshotRequest)(nil),        // 18: idem.v1.SnapshotRequest
 	(*SnapshotResponse)(nil),       // 19: idem.v1.SnapshotResponse
-	nil,                            // 20: idem.v1.StoredResponse.HeadersEntry
-	(*timestamppb.Timestamp)(nil),  // 21: google.protobuf.Timestamp
+	(*KeyInfo)(nil),                // 20: idem.v1.KeyInfo
+	(*ListKeysRequest)(nil),        // 21: idem.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),       // 22: idem.v1.ListKeysResponse
+	(*ForceReleaseRequest)(nil),    // 23: idem.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),   // 24: idem.v1.ForceReleaseResponse
+	(*DeleteKeyRequest)(nil),       // 25: idem.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),      // 26: idem.v1.DeleteKeyResponse
+	(*ListShardRequest)(nil),       // 27: idem.v1.ListShardRequest
+	(*ListShardResponse)(nil),      // 28: idem.v1.ListShardResponse
+	nil,                            // 29: idem.v1.StoredResponse.HeadersEntry
+	(*timestamppb.Timestamp)(nil),  // 30: google.protobuf.Timestamp
 }
 var file_idem_proto_depIdxs = []int32{
-	20, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
+	29, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
 	0,  // 1: idem.v1.ReserveResponse.outcome:type_name -> idem.v1.Outcome
-	21, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	30, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 3: idem.v1.ReserveResponse.response:type_name -> idem.v1.StoredResponse
-	21, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
-	21, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	30, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
+	30, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	30, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 7: idem.v1.CompleteRequest.response:type_name -> idem.v1.StoredResponse
-	21, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	21, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	30, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	30, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 10: idem.v1.GetResponse.state:type_name -> idem.v1.State
-	21, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	21, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
-	21, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
+	30, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	30, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
+	30, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 14: idem.v1.GetResponse.response:type_name -> idem.v1.StoredResponse
 	14, // 15: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
-	3,  // 16: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
-	5,  // 17: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
-	7,  // 18: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
-	9,  // 19: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
-	11, // 20: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
-	13, // 21: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
-	16, // 22: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
-	18, // 23: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
-	4,  // 24: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
-	6,  // 25: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
-	8,  // 26: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
-	10, // 27: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
-	12, // 28: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
-	15, // 29: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
-	17, // 30: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
-	19, // 31: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
-	24, // [24:32] is the sub-list for method output_type
-	16, // [16:24] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	1,  // 16: idem.v1.KeyInfo.state:type_name -> idem.v1.State
+	30, // 17: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
+	30, // 18: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
+	30, // 19: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
+	30, // 20: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 21: idem.v1.ListKeysRequest.state:type_name -> idem.v1.State
+	20, // 22: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
+	1,  // 23: idem.v1.ListShardRequest.state:type_name -> idem.v1.State
+	20, // 24: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
+	3,  // 25: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
+	5,  // 26: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
+	7,  // 27: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
+	9,  // 28: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
+	11, // 29: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
+	13, // 30: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
+	16, // 31: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
+	18, // 32: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
+	21, // 33: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
+	23, // 34: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
+	25, // 35: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
+	27, // 36: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
+	4,  // 37: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
+	6,  // 38: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
+	8,  // 39: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
+	10, // 40: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
+	12, // 41: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
+	15, // 42: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
+	17, // 43: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
+	19, // 44: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
+	22, // 45: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
+	24, // 46: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
+	26, // 47: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
+	28, // 48: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
+	37, // [37:49] is the sub-list for method output_type
+	25, // [25:37] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_idem_proto_init() }
@@ -1529,7 +2187,7 @@ func file_idem_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_proto_rawDesc), len(file_idem_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -290,6 +290,10 @@ const (
 	Admin_Status_FullMethodName         = "/idem.v1.Admin/Status"
 	Admin_TransferLeader_FullMethodName = "/idem.v1.Admin/TransferLeader"
 	Admin_Snapshot_FullMethodName       = "/idem.v1.Admin/Snapshot"
+	Admin_ListKeys_FullMethodName       = "/idem.v1.Admin/ListKeys"
+	Admin_ForceRelease_FullMethodName   = "/idem.v1.Admin/ForceRelease"
+	Admin_DeleteKey_FullMethodName      = "/idem.v1.Admin/DeleteKey"
+	Admin_ListShard_FullMethodName      = "/idem.v1.Admin/ListShard"
 )
 
 // AdminClient is the client API for Admin service.
@@ -305,6 +309,21 @@ type AdminClient interface {
 	TransferLeader(ctx context.Context, in *TransferLeaderRequest, opts ...grpc.CallOption) (*TransferLeaderResponse, error)
 	// Snapshot forces a Raft snapshot of a shard on the node that serves it.
 	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotResponse, error)
+	// The operator actions on keys (API-v1.md, "Operator actions"), served by
+	// every node and router. Each is logged with its principal, key and reason.
+	//
+	// ListKeys lists the keys of a namespace, a page at a time, across every
+	// shard of the namespace.
+	ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error)
+	// ForceRelease takes an IN_PROGRESS key from its owner: the owner gets
+	// FAILED_PRECONDITION (NOT_OWNER) afterwards, the next reserve RECLAIMED.
+	ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error)
+	// DeleteKey removes a record; the next reserve gets ACQUIRED.
+	DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*DeleteKeyResponse, error)
+	// ListShard is one shard's part of a ListKeys page, answered by the
+	// shard's leader (forwarded there like any request). Nodes and routers
+	// call it; clients use ListKeys.
+	ListShard(ctx context.Context, in *ListShardRequest, opts ...grpc.CallOption) (*ListShardResponse, error)
 }
 
 type adminClient struct {
@@ -345,6 +364,46 @@ func (c *adminClient) Snapshot(ctx context.Context, in *SnapshotRequest, opts ..
 	return out, nil
 }
 
+func (c *adminClient) ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListKeysResponse)
+	err := c.cc.Invoke(ctx, Admin_ListKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForceReleaseResponse)
+	err := c.cc.Invoke(ctx, Admin_ForceRelease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*DeleteKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteKeyResponse)
+	err := c.cc.Invoke(ctx, Admin_DeleteKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListShard(ctx context.Context, in *ListShardRequest, opts ...grpc.CallOption) (*ListShardResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListShardResponse)
+	err := c.cc.Invoke(ctx, Admin_ListShard_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -358,6 +417,21 @@ type AdminServer interface {
 	TransferLeader(context.Context, *TransferLeaderRequest) (*TransferLeaderResponse, error)
 	// Snapshot forces a Raft snapshot of a shard on the node that serves it.
 	Snapshot(context.Context, *SnapshotRequest) (*SnapshotResponse, error)
+	// The operator actions on keys (API-v1.md, "Operator actions"), served by
+	// every node and router. Each is logged with its principal, key and reason.
+	//
+	// ListKeys lists the keys of a namespace, a page at a time, across every
+	// shard of the namespace.
+	ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error)
+	// ForceRelease takes an IN_PROGRESS key from its owner: the owner gets
+	// FAILED_PRECONDITION (NOT_OWNER) afterwards, the next reserve RECLAIMED.
+	ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error)
+	// DeleteKey removes a record; the next reserve gets ACQUIRED.
+	DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error)
+	// ListShard is one shard's part of a ListKeys page, answered by the
+	// shard's leader (forwarded there like any request). Nodes and routers
+	// call it; clients use ListKeys.
+	ListShard(context.Context, *ListShardRequest) (*ListShardResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -376,6 +450,18 @@ func (UnimplementedAdminServer) TransferLeader(context.Context, *TransferLeaderR
 }
 func (UnimplementedAdminServer) Snapshot(context.Context, *SnapshotRequest) (*SnapshotResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Snapshot not implemented")
+}
+func (UnimplementedAdminServer) ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListKeys not implemented")
+}
+func (UnimplementedAdminServer) ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForceRelease not implemented")
+}
+func (UnimplementedAdminServer) DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteKey not implemented")
+}
+func (UnimplementedAdminServer) ListShard(context.Context, *ListShardRequest) (*ListShardResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListShard not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -452,6 +538,78 @@ func _Admin_Snapshot_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListKeys(ctx, req.(*ListKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ForceRelease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForceReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ForceRelease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ForceRelease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ForceRelease(ctx, req.(*ForceReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DeleteKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DeleteKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DeleteKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DeleteKey(ctx, req.(*DeleteKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListShard_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListShardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListShard(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListShard_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListShard(ctx, req.(*ListShardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -470,6 +628,22 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Snapshot",
 			Handler:    _Admin_Snapshot_Handler,
+		},
+		{
+			MethodName: "ListKeys",
+			Handler:    _Admin_ListKeys_Handler,
+		},
+		{
+			MethodName: "ForceRelease",
+			Handler:    _Admin_ForceRelease_Handler,
+		},
+		{
+			MethodName: "DeleteKey",
+			Handler:    _Admin_DeleteKey_Handler,
+		},
+		{
+			MethodName: "ListShard",
+			Handler:    _Admin_ListShard_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
