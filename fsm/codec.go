@@ -12,6 +12,69 @@ import (
 // instead of guessing.
 const commandVersion = 1
 
+// packedVersion is the first byte of a packed entry (EncodePacked): many
+// commands in one Raft entry. A replica of a version before packing reads it
+// as an unknown command version, which is why packing is switched on only
+// once every replica understands it.
+const packedVersion = 2
+
+// IsPacked reports whether a log entry's bytes are a packed entry.
+func IsPacked(data []byte) bool { return len(data) > 0 && data[0] == packedVersion }
+
+// EncodePacked packs encoded commands (EncodeCommand) into one log entry:
+//
+//	packedVersion | uvarint count | count x (uvarint length | command bytes)
+//
+// At most MaxPackedCommands commands; FSM.ApplyPackedEntry applies them in
+// order, each with its own fencing-token slot.
+func EncodePacked(cmds [][]byte) []byte {
+	n := 1 + binary.MaxVarintLen64
+	for _, c := range cmds {
+		n += binary.MaxVarintLen32 + len(c)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, packedVersion)
+	b = binary.AppendUvarint(b, uint64(len(cmds)))
+	for _, c := range cmds {
+		b = binary.AppendUvarint(b, uint64(len(c)))
+		b = append(b, c...)
+	}
+	return b
+}
+
+// DecodePacked is the inverse of EncodePacked; the commands alias data.
+func DecodePacked(data []byte) ([][]byte, error) {
+	if !IsPacked(data) {
+		return nil, fmt.Errorf("%w: not a packed entry", ErrCorrupt)
+	}
+	buf := data[1:]
+	count, n := binary.Uvarint(buf)
+	if n <= 0 || count == 0 || count > MaxPackedCommands {
+		return nil, fmt.Errorf("%w: packed entry count", ErrCorrupt)
+	}
+	buf = buf[n:]
+	out := make([][]byte, 0, count)
+	for range count {
+		l, n := binary.Uvarint(buf)
+		if n <= 0 || l > uint64(len(buf)-n) {
+			return nil, fmt.Errorf("%w: packed entry command %d of %d is cut short", ErrCorrupt, len(out), count)
+		}
+		out = append(out, buf[n:n+int(l)])
+		buf = buf[n+int(l):]
+	}
+	if len(buf) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes after a packed entry", ErrCorrupt, len(buf))
+	}
+	return out, nil
+}
+
+// Packer packs encoded commands with EncodePacked; it is what raftstore's
+// proposal buffer (raftstore.Config.Packer) is given.
+type Packer struct{}
+
+// PackCommands implements raftstore.CommandPacker.
+func (Packer) PackCommands(cmds [][]byte) []byte { return EncodePacked(cmds) }
+
 // EncodeCommand encodes cmd for the Raft log. The encoding is deterministic
 // (headers are written in sorted order), compact, and versioned.
 func EncodeCommand(cmd *Command) []byte {

@@ -37,7 +37,10 @@ type FSM struct {
 	// clock is the highest command time applied: the FSM's notion of now
 	// never runs backwards, whatever the proposers' clocks do.
 	clock int64
-	// lastIndex is the highest log index applied; indexes must increase.
+	// lastIndex is the highest fencing-token slot issued (see tokenSlot):
+	// every command takes one, and slots strictly increase. Before the first
+	// packed entry a slot is the command's log index, hence the name; the
+	// index of the last entry applied is always entryOf(lastIndex).
 	lastIndex uint64
 
 	// Derived indexes, rebuilt on Restore, never snapshotted.
@@ -81,14 +84,94 @@ func (f *FSM) ApplyEntry(index uint64, data []byte) Result {
 func (f *FSM) OnApply(fn func(cmd *Command, res Result)) { f.onApply = fn }
 
 // Apply applies cmd as the log entry at index. index must be greater than
-// every index applied before: it is the fencing token of an acquisition.
+// every index applied before; the entry's fencing-token slot (tokenSlot) is
+// the fencing token of an acquisition.
 func (f *FSM) Apply(index uint64, cmd *Command) Result {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if index <= f.lastIndex {
-		panic(fmt.Sprintf("fsm: log index %d applied after index %d: fencing tokens would repeat", index, f.lastIndex))
+	f.enterEntry(index)
+	return f.applyAt(f.tokenSlot(index, 0, false), cmd)
+}
+
+// ApplyPackedEntry applies a packed entry (EncodePacked) at index: its
+// commands in order, command i with fencing-token slot index<<16 | i. Bytes
+// that do not decode count as one invalid command; a command that does not
+// decode is invalid, and the others still apply. One Result per command.
+func (f *FSM) ApplyPackedEntry(index uint64, data []byte) []Result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.enterEntry(index)
+	raw, err := DecodePacked(data)
+	if err != nil {
+		return []Result{f.applyAt(f.tokenSlot(index, 0, true), &Command{})}
 	}
-	f.lastIndex = index
+	out := make([]Result, len(raw))
+	for i, b := range raw {
+		cmd, err := DecodeCommand(b)
+		if err != nil {
+			cmd = &Command{}
+		}
+		out[i] = f.applyAt(f.tokenSlot(index, i, true), cmd)
+	}
+	return out
+}
+
+func (f *FSM) enterEntry(index uint64) {
+	if last := entryOf(f.lastIndex); index <= last {
+		panic(fmt.Sprintf("fsm: log index %d applied after index %d: fencing tokens would repeat", index, last))
+	}
+	if index >= 1<<maxIndexBits {
+		panic(fmt.Sprintf("fsm: log index %d leaves no room for fencing-token positions", index))
+	}
+}
+
+// Fencing-token slots of packed mode: packedSlotMark | index<<16 | position.
+const (
+	tokenPositionBits = 16      // a command's position within its entry
+	maxIndexBits      = 46      // log indexes below 2^46 (7e13 entries)
+	packedSlotMark    = 1 << 62 // set in every packed-mode slot; tokens still fit an int64
+)
+
+// MaxPackedCommands is the most commands one packed entry may carry.
+const MaxPackedCommands = 1 << tokenPositionBits
+
+// entryOf is the log index of the entry that took slot.
+func entryOf(slot uint64) uint64 {
+	if slot&packedSlotMark == 0 {
+		return slot
+	}
+	return (slot &^ packedSlotMark) >> tokenPositionBits
+}
+
+// tokenSlot is the fencing-token slot of command pos of the entry at index,
+// the scheme that lets one Raft entry carry many commands (raftstore
+// DESIGN.md, "Many commands per entry"):
+//
+//   - until the first packed entry, a single-command entry's slot is its
+//     index, exactly as before packing existed, so an old log replays to
+//     the same tokens;
+//   - from the first packed entry on, every command's slot (packed or not)
+//     is packedSlotMark | index<<16 | pos.
+//
+// Every packed-mode slot is above every index (2^62 > 2^46), and within a
+// mode slots grow with (index, pos), so each slot exceeds every slot issued
+// before (checked): tokens strictly increase per key and overall, across
+// the switch, and across a leader that packs followed by one that does not.
+// The mode is read off lastIndex, which snapshots carry, so replicas agree.
+func (f *FSM) tokenSlot(index uint64, pos int, packed bool) uint64 {
+	slot := index
+	if packed || f.lastIndex&packedSlotMark != 0 {
+		slot = packedSlotMark | index<<tokenPositionBits | uint64(pos)
+	}
+	if slot <= f.lastIndex {
+		panic(fmt.Sprintf("fsm: fencing-token slot %d (index %d, position %d) would not exceed %d", slot, index, pos, f.lastIndex))
+	}
+	f.lastIndex = slot
+	return slot
+}
+
+// applyAt applies cmd with fencing-token slot token; f.mu is held.
+func (f *FSM) applyAt(index uint64, cmd *Command) Result {
 	if cmd.Now > f.clock {
 		f.clock = cmd.Now
 	}

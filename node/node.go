@@ -247,7 +247,18 @@ func (n *Node) shardIDs() []string {
 // stateMachine adapts an *fsm.FSM to raftstore.StateMachine.
 type stateMachine struct{ f *fsm.FSM }
 
-func (m stateMachine) Apply(index uint64, data []byte) any { return m.f.ApplyEntry(index, data) }
+func (m stateMachine) Apply(index uint64, data []byte) any {
+	if fsm.IsPacked(data) {
+		// raftstore's proposal buffer wants one result per packed command.
+		rs := m.f.ApplyPackedEntry(index, data)
+		out := make([]any, len(rs))
+		for i, r := range rs {
+			out[i] = r
+		}
+		return out
+	}
+	return m.f.ApplyEntry(index, data)
+}
 func (m stateMachine) Snapshot() (raftstore.SnapshotWriter, error) {
 	return m.f.Snapshot(), nil
 }

@@ -356,8 +356,8 @@ func TestHeartbeatsKeepTheLease(t *testing.T) {
 	up := newUpstream(t)
 	be := newBackend(10 * time.Millisecond)
 	srv, _ := startProxy(t, up.srv.URL, proxy.BackendStore(be), func(c *proxy.Config) {
-		c.Lease = 300 * time.Millisecond
-		c.HeartbeatInterval = 30 * time.Millisecond
+		c.Lease = 2 * time.Second
+		c.HeartbeatInterval = 200 * time.Millisecond
 	})
 	done := make(chan reply, 1)
 	go func() {
@@ -365,10 +365,12 @@ func TestHeartbeatsKeepTheLease(t *testing.T) {
 		done <- rep
 	}()
 	<-up.started
-	// Wait well past the lease: only heartbeats keep the key.
-	testutil.Eventually(t, 10*time.Second, "heartbeats past the lease", func() (bool, string) {
+	// Wait past the lease (15 heartbeats 200 ms apart are 3 s > 2 s): only
+	// heartbeats keep the key. A 2 s lease leaves a loaded box ample slack
+	// for a late heartbeat.
+	testutil.Eventually(t, 30*time.Second, "heartbeats past the lease", func() (bool, string) {
 		n := be.Calls(fsm.OpHeartbeat)
-		return n >= 16, fmt.Sprintf("%d heartbeats", n)
+		return n >= 15, fmt.Sprintf("%d heartbeats", n)
 	})
 	problem(t, send(t, srv.URL, "POST", "/slow", "x", "Idempotency-Key", "k-hb"), 409)
 	close(up.gate)

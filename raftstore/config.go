@@ -1,6 +1,7 @@
 package raftstore
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -94,6 +95,61 @@ type Config struct {
 	// NoFsync skips fsync on log writes. UNSAFE: a power loss can lose
 	// acknowledged writes. Tests and benchmarks only; false (fsync) by default.
 	NoFsync bool
+
+	// TLS secures the Raft port (mutual TLS, node certificates only). Nil
+	// means plaintext: anyone who reaches the port can speak Raft, so nil is
+	// for loopback and tests only.
+	TLS *TLSConfig
+
+	// MaxInboundConns caps the inbound Raft connections open at once
+	// (handshaking, sending their header, or routed to a group); past it an
+	// accepted connection is closed at once and counted. Zero means
+	// DefaultMaxInboundConns.
+	MaxInboundConns int
+
+	// Packer, when set, turns on the proposal buffer (propbuf.go,
+	// DESIGN.md "Many commands per entry"): commands proposed while a group
+	// has entries in flight are packed into one Raft entry by Packer,
+	// and the StateMachine's Apply of such an entry must return a []any
+	// with one result per command, in order. A lone command is proposed as
+	// itself, unpacked. The StateMachine must tell packed entries from
+	// single commands by their bytes. Every replica must understand packed
+	// entries before any leader packs, so turn it on only once every node
+	// of the cluster runs a version that does. nil: one entry per command.
+	Packer CommandPacker
+}
+
+// CommandPacker packs commands into the bytes of one Raft entry, in a form
+// the StateMachine recognises (an interface rather than a func, so Config
+// stays comparable).
+type CommandPacker interface {
+	PackCommands(cmds [][]byte) []byte
+}
+
+// DefaultMaxInboundConns is the default Config.MaxInboundConns: far above
+// what peers open (each group keeps up to transportMaxPool idle connections
+// plus a pipeline per peer) for the shard counts idem runs.
+const DefaultMaxInboundConns = 4096
+
+// TLSConfig is the Raft port's mutual TLS.
+type TLSConfig struct {
+	// Server handshakes every accepted connection before any byte of it is
+	// read as a header. It must require and verify client certificates and
+	// accept only node certificates of the cluster CA
+	// (pki.Reloader.NodeServerTLS does); a handshake that ends without a
+	// verified peer certificate is refused whatever the config says.
+	Server *tls.Config
+	// Client returns the config to dial a peer at host (the host part of
+	// its Raft address): present this node's certificate, accept only a
+	// node certificate valid for host (pki.Reloader.NodeClientTLS).
+	Client func(host string) *tls.Config
+}
+
+func (c Config) maxInboundConns() int {
+	if c.MaxInboundConns == 0 {
+		return DefaultMaxInboundConns
+	}
+	return c.MaxInboundConns
 }
 
 // DefaultConfig returns the tuned defaults; NodeID, RaftListenAddr and
@@ -181,6 +237,12 @@ func (c Config) Validate() error {
 	}
 	if c.ApplyTimeout <= 0 {
 		bad("ApplyTimeout must be > 0")
+	}
+	if c.TLS != nil && (c.TLS.Server == nil || c.TLS.Client == nil) {
+		bad("TLS needs both Server and Client")
+	}
+	if c.MaxInboundConns < 0 {
+		bad("MaxInboundConns is %d, must be >= 0 (0: %d)", c.MaxInboundConns, DefaultMaxInboundConns)
 	}
 	return errors.Join(errs...)
 }

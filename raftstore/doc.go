@@ -34,6 +34,9 @@
 // The groups of a host keep their logs and stable stores in one bolt file
 // written by a group-commit writer, so that writes of all groups arriving
 // together share one fsync (Config.SharedLog; a group created with its own
-// bolt file keeps it), and their snapshots in DataDir/shards/<id>/. See DESIGN.md for the wire format, the
+// bolt file keeps it), and their snapshots in DataDir/shards/<id>/. With
+// Config.Packer, commands proposed while a group's entries are in flight
+// are packed into one Raft entry (the proposal buffer); each proposer still
+// gets its own result and error. See DESIGN.md for the wire format, the
 // read barrier's proof sketch, the timeouts and the trade-offs.
 package raftstore

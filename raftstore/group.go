@@ -29,6 +29,7 @@ type Group struct {
 	trans     *raft.NetworkTransport
 	stream    *streamLayer
 	metrics   *groupMetrics
+	buf       *propBuffer // nil unless Config.Packer is set
 
 	observer *raft.Observer
 	obsCh    chan raft.Observation
@@ -99,6 +100,9 @@ func (g *Group) Apply(ctx context.Context, data []byte) (any, error) {
 	}
 	ctx, cancel := g.opContext(ctx)
 	defer cancel()
+	if g.buf != nil {
+		return g.buf.apply(ctx, data)
+	}
 	enqueueTimeout := remaining(ctx)
 	if enqueueTimeout <= 0 { // raft reads 0 as "wait forever"
 		return nil, g.translate(context.DeadlineExceeded, phaseBeforeEnqueue)
@@ -497,6 +501,9 @@ type GroupStats struct {
 	LogCommits      uint64        // log store writes (StoreLogs): own fsync'd bolt transactions, or parts of shared ones
 	LogEntries      uint64        // entries written by those writes
 	LogCommitTime   time.Duration // total time spent in those writes (until durable)
+
+	ProposedEntries  uint64 // entries proposed through the proposal buffer (0 without Config.Packer)
+	ProposedCommands uint64 // commands in those entries: ProposedCommands/ProposedEntries per entry
 }
 
 // Stats returns the group's current figures.
@@ -521,6 +528,9 @@ func (g *Group) Stats() GroupStats {
 	if g.raft.State() != raft.Leader {
 		s.LastContact = g.raft.LastContact()
 	}
+	if g.buf != nil {
+		s.ProposedEntries, s.ProposedCommands = g.buf.entries.Load(), g.buf.commands.Load()
+	}
 	return s
 }
 
@@ -529,6 +539,9 @@ func (g *Group) Stats() GroupStats {
 func (g *Group) shutdown() error {
 	g.shutdownOnce.Do(func() {
 		g.closed.Store(true)
+		if g.buf != nil {
+			g.buf.close() // before closedCh: queued proposals learn they were never proposed
+		}
 		close(g.closedCh)
 		var errs []error
 		if err := g.raft.Shutdown().Error(); err != nil {

@@ -25,11 +25,13 @@ type kvSM struct {
 	data      map[string]string
 	lastIndex uint64
 	applies   int // commands applied since this instance was created
+	packed    int // packed entries applied
 	restores  int
 }
 
 type kvResult struct {
 	Index uint64
+	Pos   int // position in a packed entry
 	Key   string
 }
 
@@ -41,11 +43,41 @@ func (s *kvSM) Apply(index uint64, data []byte) any {
 	if index <= s.lastIndex {
 		panic(fmt.Sprintf("kvSM: index went backwards: %d after %d", index, s.lastIndex))
 	}
-	k, v, _ := strings.Cut(string(data), "=")
-	s.data[k] = v
 	s.lastIndex = index
+	if len(data) > 0 && data[0] == kvPackedMark {
+		// A packed entry (testPacker): one result per command, in order.
+		var out []any
+		for i, cmd := range strings.Split(string(data[1:]), "\n") {
+			out = append(out, s.set(index, i, cmd))
+		}
+		s.packed++
+		return out
+	}
+	return s.set(index, 0, string(data))
+}
+
+func (s *kvSM) set(index uint64, pos int, cmd string) kvResult {
+	k, v, _ := strings.Cut(cmd, "=")
+	s.data[k] = v
 	s.applies++
-	return kvResult{Index: index, Key: k}
+	return kvResult{Index: index, Pos: pos, Key: k}
+}
+
+// kvPackedMark starts a packed kvSM entry: commands joined by newlines.
+const kvPackedMark = 0
+
+// testPacker packs kvSM commands for the proposal buffer.
+type testPacker struct{}
+
+func (testPacker) PackCommands(cmds [][]byte) []byte {
+	b := []byte{kvPackedMark}
+	for i, c := range cmds {
+		if i > 0 {
+			b = append(b, '\n')
+		}
+		b = append(b, c...)
+	}
+	return b
 }
 
 type kvSnapshot struct {

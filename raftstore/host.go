@@ -89,14 +89,14 @@ func NewHost(cfg Config) (*Host, error) {
 		groups:  map[string]*Group{},
 		opening: map[string]bool{},
 	}
-	h.mux = newMux(ln, advertise, logger)
+	h.mux = newMux(ln, advertise, logger, cfg.TLS, cfg.maxInboundConns())
 	m, err := newHostMetrics(h, cfg.Registry)
 	if err != nil {
 		h.mux.close()
 		return nil, err
 	}
 	h.metrics = m
-	logger.Info("raft host listening", "node", cfg.NodeID, "listen", ln.Addr().String(), "advertise", advertise)
+	logger.Info("raft host listening", "node", cfg.NodeID, "listen", ln.Addr().String(), "advertise", advertise, "tls", cfg.TLS != nil)
 	return h, nil
 }
 
@@ -278,6 +278,9 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		obsDone:       make(chan struct{}),
 		leaderChanged: make(chan struct{}),
 		closedCh:      make(chan struct{}),
+	}
+	if h.cfg.Packer != nil {
+		g.buf = newPropBuffer(g, h.cfg.Packer.PackCommands)
 	}
 	g.observer = raft.NewObserver(g.obsCh, false, func(o *raft.Observation) bool {
 		_, ok := o.Data.(raft.LeaderObservation)

@@ -16,13 +16,14 @@ import (
 type hostMetrics struct {
 	applyDuration    *prometheus.HistogramVec
 	batchSize        *prometheus.HistogramVec
+	packSize         *prometheus.HistogramVec
 	logStoreBatch    *prometheus.HistogramVec
 	logCommit        *prometheus.HistogramVec
 	leaderChanges    *prometheus.CounterVec
 	snapshots        *prometheus.CounterVec
 	snapshotDuration *prometheus.HistogramVec
 	restores         *prometheus.CounterVec
-	rejectedConns    prometheus.CounterFunc
+	rejectedConns    collectors // one counter per reject reason
 
 	// The shared log's (Config.SharedLog): unlabelled, one per host.
 	sharedCommits        prometheus.Counter
@@ -39,6 +40,7 @@ type hostMetrics struct {
 type groupMetrics struct {
 	applyDuration    prometheus.Observer
 	batchSize        prometheus.Observer
+	packSize         prometheus.Observer
 	logStoreBatch    prometheus.Observer
 	logCommit        prometheus.Observer
 	leaderChanges    prometheus.Counter
@@ -59,6 +61,11 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_raft_apply_batch_commands",
 			Help:    "Commands applied to the state machine per ApplyBatch call.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11), // 1 .. 1024
+		}, shard),
+		packSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_raft_proposal_entry_commands",
+			Help:    "Commands per Raft entry proposed through the proposal buffer (Config.Packer); absent without it.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11), // 1 .. 1024
 		}, shard),
 		logStoreBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -121,15 +128,18 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		Name: "idem_raft_storage_failures_total",
 		Help: "Failed writes or fsyncs of the node's Raft log; after one the log takes no more writes (fail-stop) until the node restarts.",
 	})
-	m.rejectedConns = prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "idem_raft_rejected_connections_total",
-		Help: "Inbound Raft connections closed for a bad header or an unknown shard.",
-	}, func() float64 { return float64(h.mux.rejectedTotal.Load()) })
+	for reason, name := range rejectReasonNames {
+		m.rejectedConns = append(m.rejectedConns, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "idem_raft_rejected_connections_total",
+			Help:        "Inbound Raft connections closed before routing: reason header (bad header, unknown shard), tls (failed handshake, no node certificate of the CA), limit (over the connection cap).",
+			ConstLabels: prometheus.Labels{"reason": name},
+		}, func() float64 { return float64(h.mux.rejected[reason].Load()) }))
+	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.logStoreBatch, m.logCommit,
+	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.packSize, m.logStoreBatch, m.logCommit,
 		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
 		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures, m} {
 		if err := reg.Register(c); err != nil {
@@ -147,7 +157,7 @@ func (m *hostMetrics) unregister(reg *prometheus.Registry) {
 	if reg == nil {
 		return
 	}
-	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.logStoreBatch, m.logCommit,
+	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.packSize, m.logStoreBatch, m.logCommit,
 		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
 		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures, m} {
 		reg.Unregister(c)
@@ -158,6 +168,7 @@ func (m *hostMetrics) forGroup(id string) *groupMetrics {
 	return &groupMetrics{
 		applyDuration:    m.applyDuration.WithLabelValues(id),
 		batchSize:        m.batchSize.WithLabelValues(id),
+		packSize:         m.packSize.WithLabelValues(id),
 		logStoreBatch:    m.logStoreBatch.WithLabelValues(id),
 		logCommit:        m.logCommit.WithLabelValues(id),
 		leaderChanges:    m.leaderChanges.WithLabelValues(id),
@@ -169,7 +180,7 @@ func (m *hostMetrics) forGroup(id string) *groupMetrics {
 
 // forgetGroup drops the series of a group that failed to start.
 func (m *hostMetrics) forgetGroup(id string) {
-	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.applyDuration, m.batchSize,
+	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.applyDuration, m.batchSize, m.packSize,
 		m.logStoreBatch, m.logCommit, m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores} {
 		v.DeleteLabelValues(id)
 	}
@@ -240,4 +251,19 @@ func (s *countingLogStore) StoreLogs(logs []*raft.Log) error {
 	s.metrics.logStoreBatch.Observe(float64(len(logs)))
 	s.metrics.logCommit.Observe(took.Seconds())
 	return nil
+}
+
+// collectors registers as one Collector.
+type collectors []prometheus.Collector
+
+func (cs collectors) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range cs {
+		c.Describe(ch)
+	}
+}
+
+func (cs collectors) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range cs {
+		c.Collect(ch)
+	}
 }

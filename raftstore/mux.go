@@ -1,6 +1,8 @@
 package raftstore
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -25,7 +27,8 @@ var muxMagic = [4]byte{'I', 'D', 'R', 'M'}
 const (
 	muxVersion = 1
 	// muxHeaderTimeout bounds how long an accepted connection may take to
-	// send its header; it stops idle or slow sockets from pinning goroutines.
+	// finish its TLS handshake (in secure mode) and send its header; it stops
+	// idle or slow sockets from pinning goroutines.
 	muxHeaderTimeout = 5 * time.Second
 	// muxRejectLogEvery rate-limits the log line about rejected connections.
 	muxRejectLogEvery = 30 * time.Second
@@ -65,12 +68,33 @@ func readMuxHeader(r io.Reader) (string, error) {
 	return string(id), nil
 }
 
+// Why the mux closed an inbound connection (the reason label of
+// idem_raft_rejected_connections_total).
+const (
+	rejectHeader = iota // bad header or unknown shard
+	rejectTLS           // failed handshake, or no verified node certificate
+	rejectLimit         // over Config.MaxInboundConns
+	numRejectReasons
+)
+
+var rejectReasonNames = [numRejectReasons]string{"header", "tls", "limit"}
+
 // mux owns the host's one TCP listener and demultiplexes accepted
 // connections onto per-group virtual listeners by the header's shard id.
+//
+// In secure mode (tlsCfg set) every accepted connection first completes a
+// TLS handshake that must verify a node certificate of the cluster CA,
+// within muxHeaderTimeout; only then is the header read from the TLS
+// stream. A plaintext peer, one without a certificate, with a client
+// certificate or with another CA's is closed there: no byte it sent is
+// read as a header or a Raft message.
 type mux struct {
 	ln        net.Listener
 	advertise string
 	logger    *slog.Logger
+	tlsCfg    *TLSConfig // nil: plaintext (insecure mode)
+	maxConns  int64      // inbound connections open at once, handshaking or routed
+	inbound   atomic.Int64
 
 	mu     sync.Mutex
 	groups map[string]*streamLayer
@@ -85,14 +109,17 @@ type mux struct {
 	rejectLastLog  time.Time
 	rejectDropped  int
 	rejectedTotal  atomic.Uint64
+	rejected       [numRejectReasons]atomic.Uint64
 	acceptLoopDone chan struct{}
 }
 
-func newMux(ln net.Listener, advertise string, logger *slog.Logger) *mux {
+func newMux(ln net.Listener, advertise string, logger *slog.Logger, tlsCfg *TLSConfig, maxConns int) *mux {
 	m := &mux{
 		ln:             ln,
 		advertise:      advertise,
 		logger:         logger,
+		tlsCfg:         tlsCfg,
+		maxConns:       int64(maxConns),
 		groups:         map[string]*streamLayer{},
 		conns:          map[*trackedConn]struct{}{},
 		acceptLoopDone: make(chan struct{}),
@@ -117,29 +144,46 @@ func (m *mux) acceptLoop() {
 			continue
 		}
 		delay = 0
-		go m.route(c)
+		// The cap counts every inbound connection from accept to close, so
+		// a flood of idle or handshaking sockets cannot pin unbounded
+		// goroutines and file descriptors.
+		if m.inbound.Add(1) > m.maxConns {
+			m.inbound.Add(-1)
+			m.reject(c, rejectLimit, fmt.Errorf("%d inbound connections open (the cap)", m.maxConns))
+			continue
+		}
+		go m.route(&countedConn{Conn: c, n: &m.inbound})
 	}
 }
 
-// route reads the header of an accepted connection and queues it for its
-// group, or closes it.
+// route authenticates an accepted connection (secure mode), reads its header
+// and queues it for its group, or closes it.
 func (m *mux) route(c net.Conn) {
 	if m.isolated.Load() {
 		c.Close()
 		return
 	}
-	_ = c.SetReadDeadline(time.Now().Add(muxHeaderTimeout))
+	deadline := time.Now().Add(muxHeaderTimeout)
+	_ = c.SetDeadline(deadline)
+	if m.tlsCfg != nil {
+		tc, err := m.handshake(c, deadline)
+		if err != nil {
+			m.reject(c, rejectTLS, err)
+			return
+		}
+		c = tc
+	}
 	id, err := readMuxHeader(c)
 	if err != nil {
-		m.reject(c, err)
+		m.reject(c, rejectHeader, err)
 		return
 	}
-	_ = c.SetReadDeadline(time.Time{})
+	_ = c.SetDeadline(time.Time{})
 	m.mu.Lock()
 	sl := m.groups[id]
 	m.mu.Unlock()
 	if sl == nil {
-		m.reject(c, fmt.Errorf("unknown shard %q", id))
+		m.reject(c, rejectHeader, fmt.Errorf("unknown shard %q", id))
 		return
 	}
 	tc := m.track(c)
@@ -153,12 +197,32 @@ func (m *mux) route(c net.Conn) {
 	}
 }
 
+// handshake runs the server side of TLS on c and requires a verified peer
+// certificate. The node-certificate rule itself is the tls.Config's
+// (pki.Reloader.NodeServerTLS); requiring verified chains here means a
+// config that forgot to ask for client certificates fails closed.
+func (m *mux) handshake(c net.Conn, deadline time.Time) (*tls.Conn, error) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	tc := tls.Server(c, m.tlsCfg.Server)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return nil, fmt.Errorf("tls handshake: %w", err)
+	}
+	if len(tc.ConnectionState().VerifiedChains) == 0 {
+		return nil, errors.New("tls: peer presented no verified certificate")
+	}
+	return tc, nil
+}
+
 // reject closes c and logs why, at most once per muxRejectLogEvery (a
 // misconfigured or hostile peer could otherwise flood the log).
-func (m *mux) reject(c net.Conn, why error) {
+func (m *mux) reject(c net.Conn, reason int, why error) {
 	remote := c.RemoteAddr().String()
-	c.Close()
+	// Counted before the close, so a peer that sees the close also sees
+	// the count.
 	m.rejectedTotal.Add(1)
+	m.rejected[reason].Add(1)
+	c.Close()
 	m.rejectMu.Lock()
 	defer m.rejectMu.Unlock()
 	now := time.Now()
@@ -166,7 +230,7 @@ func (m *mux) reject(c net.Conn, why error) {
 		m.rejectDropped++
 		return
 	}
-	m.logger.Warn("rejected raft connection", "remote", remote, "reason", why.Error(),
+	m.logger.Warn("rejected raft connection", "remote", remote, "reason", rejectReasonNames[reason], "error", why.Error(),
 		"suppressed_since_last", m.rejectDropped)
 	m.rejectLastLog = now
 	m.rejectDropped = 0
@@ -250,6 +314,40 @@ func (m *mux) close() error {
 	return err
 }
 
+// countedConn gives back its slot of the inbound cap when closed.
+type countedConn struct {
+	net.Conn
+	n    *atomic.Int64
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.n.Add(-1) })
+	return c.Conn.Close()
+}
+
+// MuxStats are the Raft port's connection figures.
+type MuxStats struct {
+	// Inbound is how many accepted connections are open now (handshaking,
+	// reading the header, or routed to a group).
+	Inbound int64
+	// RejectedHeader, RejectedTLS and RejectedLimit count inbound
+	// connections closed for a bad header or unknown shard, for a failed
+	// TLS handshake or a missing node certificate, and for exceeding
+	// Config.MaxInboundConns.
+	RejectedHeader, RejectedTLS, RejectedLimit uint64
+}
+
+// MuxStats returns the Raft port's connection figures.
+func (h *Host) MuxStats() MuxStats {
+	return MuxStats{
+		Inbound:        h.mux.inbound.Load(),
+		RejectedHeader: h.mux.rejected[rejectHeader].Load(),
+		RejectedTLS:    h.mux.rejected[rejectTLS].Load(),
+		RejectedLimit:  h.mux.rejected[rejectLimit].Load(),
+	}
+}
+
 // trackedConn removes itself from the mux's live set when closed.
 type trackedConn struct {
 	net.Conn
@@ -321,13 +419,22 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 		return nil, err
 	}
 	if timeout > 0 {
-		_ = c.SetWriteDeadline(time.Now().Add(timeout))
+		_ = c.SetDeadline(time.Now().Add(timeout))
+	}
+	if s.m.tlsCfg != nil {
+		host, _, _ := net.SplitHostPort(string(address))
+		tc := tls.Client(c, s.m.tlsCfg.Client(host))
+		if err := tc.Handshake(); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("raftstore: dial %s: tls handshake: %w", address, err)
+		}
+		c = tc
 	}
 	if _, err := c.Write(s.header); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("raftstore: dial %s: writing header: %w", address, err)
 	}
-	_ = c.SetWriteDeadline(time.Time{})
+	_ = c.SetDeadline(time.Time{})
 	tc := s.m.track(c)
 	if tc == nil {
 		return nil, fmt.Errorf("raftstore: dial %s: %w", address, ErrShutdown)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -410,7 +411,7 @@ func (c *simCluster) busiestLeader(ctx context.Context, candidates []string) (st
 	}
 	best, most := "", -1
 	for _, id := range c.nodeIDs {
-		if len(candidates) > 0 && !contains(candidates, id) {
+		if len(candidates) > 0 && !slices.Contains(candidates, id) {
 			continue
 		}
 		if counts[id] > most {
@@ -418,15 +419,6 @@ func (c *simCluster) busiestLeader(ctx context.Context, candidates []string) (st
 		}
 	}
 	return best, most
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // transferLeadership asks the leader of every shard node id hosts to hand

@@ -318,7 +318,7 @@ func TestBackendForwardsToLeaderAndCachesIt(t *testing.T) {
 // dead node until the deadline.
 func TestBackendFailsOverFromDeadLeader(t *testing.T) {
 	c := newFakeCluster(t, "r1")
-	b, _, _ := newTestBackend(t, c, "r1", func(cfg *BackendConfig) { cfg.RequestTimeout = 3 * time.Second })
+	b, _, reg := newTestBackend(t, c, "r1", func(cfg *BackendConfig) { cfg.RequestTimeout = time.Minute })
 	ctx := t.Context()
 	key, shard := c.keyIn(t, "pay", "r1")
 	if res, err := reserve(ctx, b, "pay", key, "owner-aaaaaaaaaaaaaaaa"); err != nil || res.Outcome != fsm.OutcomeAcquired {
@@ -329,14 +329,18 @@ func TestBackendFailsOverFromDeadLeader(t *testing.T) {
 	}
 	c.nodes[shard.Voters[0]].stop()
 	c.setLeader(shard.ID, shard.Voters[2])
+	// The first retry finds the new leader (the request timeout is a
+	// minute: a router stuck on the dead node would not answer at all);
+	// every later one goes straight to it: one forward attempt per request,
+	// none spent on the dead node. Counted, not timed.
 	for i := 0; i < 10; i++ {
-		start := time.Now()
+		attempts := metricValue(t, reg, "idem_forward_requests_total")
 		res, err := reserve(ctx, b, "pay", key, "owner-aaaaaaaaaaaaaaaa")
 		if err != nil || res.Outcome != fsm.OutcomeAcquired {
 			t.Fatalf("retry %d after the leader died: %+v, %v", i, res, err)
 		}
-		if d := time.Since(start); d > time.Second {
-			t.Fatalf("retry %d took %s: the dead leader is tried for too long", i, d)
+		if n := metricValue(t, reg, "idem_forward_requests_total") - attempts; i > 0 && n != 1 {
+			t.Fatalf("retry %d took %v forward attempts, want 1: the dead leader is still tried", i, n)
 		}
 	}
 	if got, _ := b.Forwarder().Leader(shard.ID); got != shard.Voters[2] {
@@ -349,7 +353,10 @@ func TestBackendFailsOverFromDeadLeader(t *testing.T) {
 // region's keys keep working and the router stays ready.
 func TestBackendUnreachableRegionIs503(t *testing.T) {
 	c := newFakeCluster(t, "r1", "r2")
-	b, hs, reg := newTestBackend(t, c, "r1", func(cfg *BackendConfig) { cfg.RetryAfter = 3 * time.Second })
+	b, hs, reg := newTestBackend(t, c, "r1", func(cfg *BackendConfig) {
+		cfg.RetryAfter = 3 * time.Second
+		cfg.RequestTimeout = time.Minute
+	})
 	ctx := t.Context()
 	lostKey, lostShard := c.keyIn(t, "pay", "r2")
 	liveKey, _ := c.keyIn(t, "pay", "r1")
@@ -365,8 +372,10 @@ func TestBackendUnreachableRegionIs503(t *testing.T) {
 	if !errors.As(err, &ue) || ue.RetryAfter != 3*time.Second || !strings.Contains(ue.Reason, "r2") {
 		t.Fatalf("reserve of a key of the lost region: %v (%T), want an UnavailableError naming r2 with RetryAfter 3s", err, err)
 	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("refused connections took %s to answer; want well under the request timeout", d)
+	// Refused connections answer at once, not at the one-minute deadline;
+	// half of it is a margin no loaded box needs.
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("refused connections took %s to answer; want well under the request timeout (1m)", d)
 	}
 	if _, _, err := b.Get(ctx, "pay", lostKey); !errors.As(err, &ue) {
 		t.Fatalf("get of a key of the lost region: %v", err)
@@ -431,8 +440,11 @@ func TestBackendRequestTimeout(t *testing.T) {
 	if !errors.Is(err, backend.ErrUnavailable) {
 		t.Fatalf("reserve against swallowing nodes: %v, want UNAVAILABLE", err)
 	}
-	if d < 350*time.Millisecond || d > 1500*time.Millisecond {
-		t.Fatalf("answered after %s, want about the 400ms request timeout", d)
+	// Not before the request timeout (the swallowing nodes never answer),
+	// and bounded by it: the margin covers a loaded box, not a router that
+	// keeps retrying past its deadline.
+	if d < 400*time.Millisecond || d > 400*time.Millisecond+10*time.Second {
+		t.Fatalf("answered after %s, want the 400ms request timeout", d)
 	}
 }
 

@@ -7,21 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/idem-dev/idem/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "idembench:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("idembench", run) }
 
 // Default addresses per target: the dev node's.
 const (

@@ -6,10 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/idem-dev/idem/internal/cli"
@@ -19,14 +16,7 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "v0.1.0-dev"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "idemctl:", strings.ReplaceAll(err.Error(), "\n", "; "))
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("idemctl", run) }
 
 // globals are the flags every command takes, before or after its name.
 type globals struct {
@@ -192,6 +182,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		printUsage(stdout, fs)
 		return nil
+	}
+	if name == certCommandName {
+		return runCert(ctx, rest, stdout)
 	}
 	c := findCommand(name)
 	if c == nil {

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,64 +12,33 @@ import (
 // errors, and validation done before any network call.
 func TestRunArgs(t *testing.T) {
 	dir := t.TempDir()
-	topo, err := cluster.Topology(cluster.Spec{Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "topology.yaml")
-	if err := cluster.WriteTopology(topo, cfg); err != nil {
-		t.Fatal(err)
-	}
-	bad := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(bad, []byte("cluster: x\nshards_per_region: 0\nreplicas: 9\nregions: []\n"), 0o644)
-	for _, tc := range []struct {
-		name    string
-		args    []string
-		wantErr string // substring; "" means success
-		wantOut string
-	}{
-		{name: "help", args: []string{"--help"}, wantOut: "transfer-leader SHARD [TARGET_NODE]"},
-		{name: "help command", args: []string{"help"}, wantOut: "Commands:"},
-		{name: "help of a command", args: []string{"help", "snapshot"}, wantOut: "--node ID"},
-		{name: "command --help", args: []string{"get", "--help"}, wantOut: "--addr HOST:PORT"},
-		{name: "status --help", args: []string{"status", "-h"}, wantOut: "--json"},
-		{name: "version", args: []string{"--version"}, wantOut: "idemctl v"},
-		{name: "no command", args: nil, wantErr: "a command is required"},
-		{name: "unknown command", args: []string{"stats"}, wantErr: `unknown command "stats"`},
-		{name: "unknown flag", args: []string{"--bogus", "status"}, wantErr: "flag provided but not defined: -bogus"},
-		{name: "unknown command flag", args: []string{"status", "--node", "x"}, wantErr: "status: flag provided but not defined: -node"},
-		{name: "status without config", args: []string{"status"}, wantErr: "status needs the topology: pass --config FILE"},
-		{name: "status takes no arguments", args: []string{"--config", cfg, "status", "now"}, wantErr: "status takes no arguments"},
-		{name: "locate arity", args: []string{"--config", cfg, "locate", "payments"}, wantErr: "locate needs NAMESPACE KEY, got 1"},
-		{name: "locate bad namespace", args: []string{"--config", cfg, "locate", "Pay", "k"}, wantErr: `namespace "Pay" must match`},
-		{name: "locate bad key", args: []string{"--config", cfg, "locate", "pay", "a b"}, wantErr: "not printable ASCII"},
-		{name: "get without config or addr", args: []string{"get", "pay", "k"}, wantErr: "get without --addr needs the topology"},
-		{name: "transfer unknown shard", args: []string{"--config", cfg, "transfer-leader", "r9-0"}, wantErr: `no shard "r9-0"`},
-		{name: "transfer to non-voter", args: []string{"--config", cfg, "transfer-leader", "r1-0", "r2-1"}, wantErr: `"r2-1" is not a voter of shard r1-0`},
-		{name: "snapshot non-voter", args: []string{"--config", cfg, "snapshot", "r1-0", "--node", "r2-1"}, wantErr: `--node "r2-1" is not a voter`},
-		{name: "snapshot arity", args: []string{"--config", cfg, "snapshot"}, wantErr: "snapshot needs SHARD"},
-		{name: "bad timeout", args: []string{"--timeout", "0s", "--config", cfg, "status"}, wantErr: "--timeout must be positive"},
-		{name: "missing config file", args: []string{"--config", filepath.Join(dir, "nope.yaml"), "status"}, wantErr: "nope.yaml"},
-		{name: "invalid config", args: []string{"--config", bad, "status"}, wantErr: "shards_per_region"},
-		{name: "flags after arguments", args: []string{"locate", "pay", "k", "--config", bad}, wantErr: "shards_per_region"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			err := run(t.Context(), tc.args, &stdout, &stderr)
-			if tc.wantErr == "" {
-				if err != nil {
-					t.Fatalf("unexpected error %v", err)
-				}
-			} else if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Fatalf("error %v, want it to mention %q", err, tc.wantErr)
-			} else if strings.Contains(err.Error(), "\n") {
-				t.Fatalf("error spans lines: %q", err)
-			}
-			if !strings.Contains(stdout.String(), tc.wantOut) {
-				t.Fatalf("stdout %q lacks %q", stdout.String(), tc.wantOut)
-			}
-		})
-	}
+	cfg, bad := cluster.TopologyFiles(t, dir)
+	cluster.TestRun(t, run, []cluster.RunCase{
+		{Name: "help", Args: []string{"--help"}, WantOut: "transfer-leader SHARD [TARGET_NODE]"},
+		{Name: "help command", Args: []string{"help"}, WantOut: "Commands:"},
+		{Name: "help of a command", Args: []string{"help", "snapshot"}, WantOut: "--node ID"},
+		{Name: "command --help", Args: []string{"get", "--help"}, WantOut: "--addr HOST:PORT"},
+		{Name: "status --help", Args: []string{"status", "-h"}, WantOut: "--json"},
+		{Name: "version", Args: []string{"--version"}, WantOut: "idemctl v"},
+		{Name: "no command", Args: nil, WantErr: "a command is required"},
+		{Name: "unknown command", Args: []string{"stats"}, WantErr: `unknown command "stats"`},
+		{Name: "unknown flag", Args: []string{"--bogus", "status"}, WantErr: "flag provided but not defined: -bogus"},
+		{Name: "unknown command flag", Args: []string{"status", "--node", "x"}, WantErr: "status: flag provided but not defined: -node"},
+		{Name: "status without config", Args: []string{"status"}, WantErr: "status needs the topology: pass --config FILE"},
+		{Name: "status takes no arguments", Args: []string{"--config", cfg, "status", "now"}, WantErr: "status takes no arguments"},
+		{Name: "locate arity", Args: []string{"--config", cfg, "locate", "payments"}, WantErr: "locate needs NAMESPACE KEY, got 1"},
+		{Name: "locate bad namespace", Args: []string{"--config", cfg, "locate", "Pay", "k"}, WantErr: `namespace "Pay" must match`},
+		{Name: "locate bad key", Args: []string{"--config", cfg, "locate", "pay", "a b"}, WantErr: "not printable ASCII"},
+		{Name: "get without config or addr", Args: []string{"get", "pay", "k"}, WantErr: "get without --addr needs the topology"},
+		{Name: "transfer unknown shard", Args: []string{"--config", cfg, "transfer-leader", "r9-0"}, WantErr: `no shard "r9-0"`},
+		{Name: "transfer to non-voter", Args: []string{"--config", cfg, "transfer-leader", "r1-0", "r2-1"}, WantErr: `"r2-1" is not a voter of shard r1-0`},
+		{Name: "snapshot non-voter", Args: []string{"--config", cfg, "snapshot", "r1-0", "--node", "r2-1"}, WantErr: `--node "r2-1" is not a voter`},
+		{Name: "snapshot arity", Args: []string{"--config", cfg, "snapshot"}, WantErr: "snapshot needs SHARD"},
+		{Name: "bad timeout", Args: []string{"--timeout", "0s", "--config", cfg, "status"}, WantErr: "--timeout must be positive"},
+		{Name: "missing config file", Args: []string{"--config", filepath.Join(dir, "nope.yaml"), "status"}, WantErr: "nope.yaml"},
+		{Name: "invalid config", Args: []string{"--config", bad, "status"}, WantErr: "shards_per_region"},
+		{Name: "flags after arguments", Args: []string{"locate", "pay", "k", "--config", bad}, WantErr: "shards_per_region"},
+	})
 }
 
 func TestParseInterleaved(t *testing.T) {

@@ -240,7 +240,13 @@ func workload(t *testing.T, c *cluster.Cluster, seed uint64, workers int, stop <
 // during a concurrent workload; every acknowledged completion survives and
 // writes resume after the election.
 func TestLeaderKillLosesNothing(t *testing.T) {
-	c := startCluster(t, cluster.Spec{})
+	killLeaderUnderLoad(t, startCluster(t, cluster.Spec{}))
+}
+
+// killLeaderUnderLoad kills the node leading most shards while 12 workers
+// complete keys, restarts it, and checks every acknowledged completion.
+func killLeaderUnderLoad(t *testing.T, c *cluster.Cluster) {
+	t.Helper()
 	ctx := t.Context()
 	acked := make(chan completion, 100000)
 	stop := make(chan struct{})

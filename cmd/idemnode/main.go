@@ -13,15 +13,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/raftstore"
@@ -31,14 +29,7 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "v0.1.0-dev"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "idemnode:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("idemnode", run) }
 
 type options struct {
 	dev              bool
@@ -56,6 +47,8 @@ type options struct {
 	snapshotInterval time.Duration
 	trailingLogs     uint64
 	testClockOffset  time.Duration
+	pprofAddr        string
+	packCommands     bool
 	showVersion      bool
 }
 
@@ -91,6 +84,8 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.DurationVar(&o.snapshotInterval, "snapshot-interval", 0, "how often each shard checks whether to snapshot (0: the default, 2m)")
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
 	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY: shift this node's clock by `D` (fault injection for clock-skew scenarios)")
+	fs.BoolVar(&o.packCommands, "raft-pack-commands", false, "pack commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load; turn on only once every node runs a version that has this flag)")
+	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `HOST:PORT`, e.g. 127.0.0.1:6060 (default: off)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
 		return nil, err
@@ -125,6 +120,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.pprofAddr != "" {
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		if _, err := cli.ServePprof(pctx, o.pprofAddr, logger); err != nil {
+			return err
+		}
+	}
 	return n.Run(ctx)
 }
 
@@ -142,6 +144,9 @@ func nodeConfig(o *options) (node.Config, error) {
 		Version:          version,
 		Raft:             raftstore.DefaultConfig(),
 	}
+	if o.packCommands {
+		cfg.Raft.Packer = fsm.Packer{}
+	}
 	if o.snapshotEvery > 0 {
 		cfg.Raft.SnapshotThreshold = o.snapshotEvery
 	}
@@ -150,6 +155,11 @@ func nodeConfig(o *options) (node.Config, error) {
 	}
 	if o.snapshotInterval > 0 {
 		cfg.Raft.SnapshotInterval = o.snapshotInterval
+	}
+	if o.pprofAddr != "" {
+		if err := cli.CheckLoopback("--pprof-addr", o.pprofAddr); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if o.maxResponseBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-response-bytes must be positive, got %d", o.maxResponseBytes))

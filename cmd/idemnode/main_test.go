@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,44 +17,23 @@ import (
 
 func TestRunFlags(t *testing.T) {
 	dir := t.TempDir()
-	badTopo := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(badTopo, []byte("cluster: x\nshards_per_region: 0\nreplicas: 9\nregions: []\n"), 0o644)
-	for _, tc := range []struct {
-		name    string
-		args    []string
-		wantErr string // substring; "" means success
-		wantOut string
-	}{
-		{name: "help", args: []string{"--help"}, wantOut: "--clock-skew-margin"},
-		{name: "version", args: []string{"--version"}, wantOut: "idemnode v"},
-		{name: "nothing", args: nil, wantErr: "either --dev or --config"},
-		{name: "unknown flag", args: []string{"--bogus"}, wantErr: "flag provided but not defined: -bogus"},
-		{name: "stray argument", args: []string{"--dev", "extra"}, wantErr: `unexpected argument "extra"`},
-		{name: "dev and config", args: []string{"--dev", "--config", "x.yaml"}, wantErr: "exclude each other"},
-		{name: "config without id", args: []string{"--config", badTopo}, wantErr: "--id is required"},
-		{name: "missing file", args: []string{"--config", filepath.Join(dir, "nope.yaml"), "--id", "a"}, wantErr: "nope.yaml"},
-		{name: "invalid topology", args: []string{"--config", badTopo, "--id", "a"}, wantErr: "shards_per_region"},
-		{name: "bad margin", args: []string{"--dev", "--clock-skew-margin", "-1s"}, wantErr: "--clock-skew-margin must not be negative"},
-		{name: "bad max response", args: []string{"--dev", "--max-response-bytes", "0"}, wantErr: "--max-response-bytes must be positive"},
-		{name: "bad log level", args: []string{"--dev", "--log-level", "loud"}, wantErr: "--log-level"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			err := run(t.Context(), tc.args, &stdout, &stderr)
-			if tc.wantErr == "" {
-				if err != nil {
-					t.Fatalf("unexpected error %v", err)
-				}
-			} else if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Fatalf("error %v, want it to mention %q", err, tc.wantErr)
-			} else if strings.Contains(err.Error(), "\n") {
-				t.Fatalf("error spans lines: %q", err)
-			}
-			if !strings.Contains(stdout.String(), tc.wantOut) {
-				t.Fatalf("stdout %q lacks %q", stdout.String(), tc.wantOut)
-			}
-		})
-	}
+	_, badTopo := cluster.TopologyFiles(t, dir)
+	cluster.TestRun(t, run, []cluster.RunCase{
+		{Name: "help", Args: []string{"--help"}, WantOut: "--clock-skew-margin"},
+		{Name: "version", Args: []string{"--version"}, WantOut: "idemnode v"},
+		{Name: "nothing", Args: nil, WantErr: "either --dev or --config"},
+		{Name: "unknown flag", Args: []string{"--bogus"}, WantErr: "flag provided but not defined: -bogus"},
+		{Name: "stray argument", Args: []string{"--dev", "extra"}, WantErr: `unexpected argument "extra"`},
+		{Name: "dev and config", Args: []string{"--dev", "--config", "x.yaml"}, WantErr: "exclude each other"},
+		{Name: "config without id", Args: []string{"--config", badTopo}, WantErr: "--id is required"},
+		{Name: "missing file", Args: []string{"--config", filepath.Join(dir, "nope.yaml"), "--id", "a"}, WantErr: "nope.yaml"},
+		{Name: "invalid topology", Args: []string{"--config", badTopo, "--id", "a"}, WantErr: "shards_per_region"},
+		{Name: "bad margin", Args: []string{"--dev", "--clock-skew-margin", "-1s"}, WantErr: "--clock-skew-margin must not be negative"},
+		{Name: "bad max response", Args: []string{"--dev", "--max-response-bytes", "0"}, WantErr: "--max-response-bytes must be positive"},
+		{Name: "pprof not loopback", Args: []string{"--dev", "--pprof-addr", "0.0.0.0:6060"}, WantErr: "--pprof-addr \"0.0.0.0:6060\": only a loopback address"},
+		{Name: "pprof not host:port", Args: []string{"--dev", "--pprof-addr", "6060"}, WantErr: "--pprof-addr \"6060\" is not HOST:PORT"},
+		{Name: "bad log level", Args: []string{"--dev", "--log-level", "loud"}, WantErr: "--log-level"},
+	})
 }
 
 // TestDevModeEndToEnd runs the real binary in dev mode and walks every

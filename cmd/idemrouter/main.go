@@ -7,9 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,14 +22,7 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "v0.1.0-dev"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "idemrouter:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("idemrouter", run) }
 
 type options struct {
 	config         string

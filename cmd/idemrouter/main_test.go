@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,57 +15,26 @@ import (
 
 func TestRunFlags(t *testing.T) {
 	dir := t.TempDir()
-	topo, err := cluster.Topology(cluster.Spec{Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	good := filepath.Join(dir, "topology.yaml")
-	if err := cluster.WriteTopology(topo, good); err != nil {
-		t.Fatal(err)
-	}
-	bad := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(bad, []byte("cluster: x\nshards_per_region: 0\nreplicas: 9\nregions: []\n"), 0o644)
-	for _, tc := range []struct {
-		name    string
-		args    []string
-		wantErr string // substring; "" means success
-		wantOut string
-	}{
-		{name: "help", args: []string{"--help"}, wantOut: "--request-timeout"},
-		{name: "help lists region", args: []string{"-h"}, wantOut: "--region NAME"},
-		{name: "version", args: []string{"--version"}, wantOut: "idemrouter v"},
-		{name: "nothing", args: nil, wantErr: "--config FILE is required"},
-		{name: "no region", args: []string{"--config", good}, wantErr: "--region NAME is required"},
-		{name: "unknown region", args: []string{"--config", good, "--region", "mars"}, wantErr: `--region "mars" is not a region of`},
-		{name: "unknown flag", args: []string{"--bogus"}, wantErr: "flag provided but not defined: -bogus"},
-		{name: "stray argument", args: []string{"--config", good, "--region", "r1", "extra"}, wantErr: `unexpected argument "extra"`},
-		{name: "missing file", args: []string{"--config", filepath.Join(dir, "nope.yaml"), "--region", "r1"}, wantErr: "nope.yaml"},
-		{name: "invalid topology", args: []string{"--config", bad, "--region", "r1"}, wantErr: "shards_per_region"},
-		{name: "zero timeout", args: []string{"--config", good, "--region", "r1", "--request-timeout", "0s"}, wantErr: "--request-timeout must be positive"},
-		{name: "bad timeout", args: []string{"--config", good, "--region", "r1", "--request-timeout", "soon"}, wantErr: "request-timeout"},
-		{name: "bad address", args: []string{"--config", good, "--region", "r1", "--http-addr", "localhost"}, wantErr: `--http-addr "localhost" is not HOST:PORT`},
-		{name: "every problem at once", args: []string{"--request-timeout", "-1s", "--grpc-addr", "x"}, wantErr: "--request-timeout must be positive, got -1s; --config FILE is required"},
-		{name: "bad max response", args: []string{"--config", good, "--region", "r1", "--max-response-bytes", "0"}, wantErr: "--max-response-bytes must be 1.."},
-		{name: "bad log level", args: []string{"--config", good, "--region", "r1", "--log-level", "loud"}, wantErr: "--log-level"},
-		{name: "bad log format", args: []string{"--config", good, "--region", "r1", "--log-format", "xml"}, wantErr: "--log-format"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			err := run(t.Context(), tc.args, &stdout, &stderr)
-			if tc.wantErr == "" {
-				if err != nil {
-					t.Fatalf("unexpected error %v", err)
-				}
-			} else if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Fatalf("error %v, want it to mention %q", err, tc.wantErr)
-			} else if strings.Contains(err.Error(), "\n") {
-				t.Fatalf("error spans lines: %q", err)
-			}
-			if !strings.Contains(stdout.String(), tc.wantOut) {
-				t.Fatalf("stdout %q lacks %q", stdout.String(), tc.wantOut)
-			}
-		})
-	}
+	good, bad := cluster.TopologyFiles(t, dir)
+	cluster.TestRun(t, run, []cluster.RunCase{
+		{Name: "help", Args: []string{"--help"}, WantOut: "--request-timeout"},
+		{Name: "help lists region", Args: []string{"-h"}, WantOut: "--region NAME"},
+		{Name: "version", Args: []string{"--version"}, WantOut: "idemrouter v"},
+		{Name: "nothing", Args: nil, WantErr: "--config FILE is required"},
+		{Name: "no region", Args: []string{"--config", good}, WantErr: "--region NAME is required"},
+		{Name: "unknown region", Args: []string{"--config", good, "--region", "mars"}, WantErr: `--region "mars" is not a region of`},
+		{Name: "unknown flag", Args: []string{"--bogus"}, WantErr: "flag provided but not defined: -bogus"},
+		{Name: "stray argument", Args: []string{"--config", good, "--region", "r1", "extra"}, WantErr: `unexpected argument "extra"`},
+		{Name: "missing file", Args: []string{"--config", filepath.Join(dir, "nope.yaml"), "--region", "r1"}, WantErr: "nope.yaml"},
+		{Name: "invalid topology", Args: []string{"--config", bad, "--region", "r1"}, WantErr: "shards_per_region"},
+		{Name: "zero timeout", Args: []string{"--config", good, "--region", "r1", "--request-timeout", "0s"}, WantErr: "--request-timeout must be positive"},
+		{Name: "bad timeout", Args: []string{"--config", good, "--region", "r1", "--request-timeout", "soon"}, WantErr: "request-timeout"},
+		{Name: "bad address", Args: []string{"--config", good, "--region", "r1", "--http-addr", "localhost"}, WantErr: `--http-addr "localhost" is not HOST:PORT`},
+		{Name: "every problem at once", Args: []string{"--request-timeout", "-1s", "--grpc-addr", "x"}, WantErr: "--request-timeout must be positive, got -1s; --config FILE is required"},
+		{Name: "bad max response", Args: []string{"--config", good, "--region", "r1", "--max-response-bytes", "0"}, WantErr: "--max-response-bytes must be 1.."},
+		{Name: "bad log level", Args: []string{"--config", good, "--region", "r1", "--log-level", "loud"}, WantErr: "--log-level"},
+		{Name: "bad log format", Args: []string{"--config", good, "--region", "r1", "--log-format", "xml"}, WantErr: "--log-format"},
+	})
 }
 
 // TestRunWithoutNodes runs the router in-process against a topology whose

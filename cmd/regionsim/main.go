@@ -18,9 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/idem-dev/idem/internal/cli"
@@ -33,14 +31,7 @@ var version = "v0.1.0-dev"
 // errViolations: the run finished and some invariant broke.
 var errViolations = errors.New("invariants broke (see the report)")
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "regionsim:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("regionsim", run) }
 
 const usageHeader = `regionsim: shows that idem holds when the world misbehaves.
 

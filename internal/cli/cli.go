@@ -3,12 +3,16 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 )
 
 // PrintFlags writes fs's flags as "--name VALUE" with their usage and
@@ -77,4 +81,18 @@ func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+}
+
+// Main is the body of every idem command's main: it runs run with the
+// process's arguments and standard streams under a context that SIGINT and
+// SIGTERM cancel (the command then drains), and exits 1 after printing the
+// error as "name: error" on one line (newlines inside it folded).
+func Main(name string, run func(ctx context.Context, args []string, stdout, stderr io.Writer) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, name+":", OneLine(err))
+		stop()
+		os.Exit(1)
+	}
 }

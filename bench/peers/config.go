@@ -1,0 +1,177 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The systems the benchmark knows, in the order rows are printed.
+const (
+	sysIdem3GRPC = "idem3-grpc" // three-node idem region, Go client over gRPC
+	sysIdem3JSON = "idem3-json" // three-node idem region, JSON API over HTTP
+	sysIdem1GRPC = "idem1-grpc" // one-node dev node, Go client over gRPC
+	sysIdem1JSON = "idem1-json" // one-node dev node, JSON API over HTTP
+	// The same with --raft-pack-commands (many commands per Raft entry).
+	sysIdem3PackGRPC = "idem3pack-grpc"
+	sysIdem3PackJSON = "idem3pack-json"
+	sysIdem1PackGRPC = "idem1pack-grpc"
+	sysRedis         = "redis"    // Redis, AOF appendfsync always, Lua scripts
+	sysPostgres      = "postgres" // PostgreSQL, fsync + synchronous_commit
+	sysEtcd          = "etcd"     // etcd, three members, transactions
+)
+
+var allSystems = []string{sysIdem3GRPC, sysIdem3JSON, sysIdem3PackGRPC, sysIdem3PackJSON, sysIdem1GRPC, sysIdem1JSON, sysIdem1PackGRPC, sysRedis, sysPostgres, sysEtcd}
+
+// peers are the systems idem rows are compared with.
+var peers = []string{sysRedis, sysPostgres, sysEtcd}
+
+func isIdem(sys string) bool { return strings.HasPrefix(sys, "idem") }
+
+// config is one benchmark run.
+type config struct {
+	Duration       time.Duration // measured time of one (system, clients, round) cell
+	Warmup         time.Duration // unmeasured load before each cell
+	Rounds         int           // interleaved rounds; the table shows medians and ranges
+	Concurrency    []int         // client counts, one column of cells each
+	Systems        []string      // which systems to start and load
+	BodyBytes      int           // size of the stored response
+	RaceKeys       int           // keys of the race phase (0: no race phase)
+	RaceContenders int           // concurrent reserves per race key
+	WorkDir        string        // where data dirs and logs go ("": a fresh temp dir)
+	Keep           bool          // keep WorkDir afterwards
+	Install        bool          // apt-get install missing servers
+	IdemNode       string        // a prebuilt idemnode ("": build it from the repository)
+	ProfileDir     string        // write pprof profiles of the three idem nodes here ("": none)
+	ProfileClients int           // the client count of the profiled cell
+	RequestTimeout time.Duration // deadline of one request
+}
+
+const usageHeader = `peers: idem against Redis, PostgreSQL and etcd on this machine.
+
+Starts Redis (AOF, appendfsync always), PostgreSQL (fsync, synchronous_commit
+on), a three-member etcd, a three-node idem region and a one-node idem dev
+node, all on 127.0.0.1 in a temporary directory, then runs the same cycle
+against each: reserve a fresh key, complete it with a --body-bytes response.
+Systems and client counts are interleaved in --rounds rounds; the table shows
+the median cycles/s over rounds, the p50 and p99 ranges, and idem's ratio to
+each peer. A race phase then sends --race-contenders concurrent reserves of
+one fresh key to each system, --race-keys times, and requires exactly one
+winner per key (exit status 1 otherwise). Every process is stopped at the
+end, on failure and on Ctrl-C.
+
+Usage (from bench/peers):
+  go run . [flags]
+
+Flags:
+`
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	cfg := config{}
+	var conc, systems string
+	fs := flag.NewFlagSet("peers", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.DurationVar(&cfg.Duration, "duration", 8*time.Second, "measured time of each (system, clients) cell per round")
+	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured load before each cell")
+	fs.IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
+	fs.StringVar(&conc, "concurrency", "1,64,256", "comma-separated client `COUNTS`")
+	fs.StringVar(&systems, "systems", strings.Join(allSystems, ","), "comma-separated `SYSTEMS` to run: "+strings.Join(allSystems, ", "))
+	fs.IntVar(&cfg.BodyBytes, "body-bytes", 512, "size of the response each complete stores")
+	fs.IntVar(&cfg.RaceKeys, "race-keys", 20, "keys of the race phase per system (0: skip it)")
+	fs.IntVar(&cfg.RaceContenders, "race-contenders", 16, "concurrent reserves of each race key")
+	fs.StringVar(&cfg.WorkDir, "work-dir", "", "`DIR` for data and logs (default: a new temporary directory, removed afterwards)")
+	fs.BoolVar(&cfg.Keep, "keep", false, "keep the work directory (data and logs) afterwards")
+	fs.BoolVar(&cfg.Install, "install", true, "apt-get install redis-server, postgresql, etcd-server and etcd-client when missing")
+	fs.StringVar(&cfg.IdemNode, "idemnode", "", "prebuilt idemnode `BINARY` (default: go build ./cmd/idemnode of this repository)")
+	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "write CPU and allocation profiles of the three idem nodes under load to `DIR` (taken in round 1 of idem3-grpc at --profile-clients)")
+	fs.IntVar(&cfg.ProfileClients, "profile-clients", 64, "client count of the profiled cell")
+	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", 10*time.Second, "deadline of one request")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stderr, usageHeader)
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+		}
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected argument %q; peers takes flags only", fs.Arg(0))
+	}
+	var errs []error
+	for _, f := range splitList(conc) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			errs = append(errs, fmt.Errorf("--concurrency: %q is not a positive integer", f))
+			continue
+		}
+		if !slices.Contains(cfg.Concurrency, n) {
+			cfg.Concurrency = append(cfg.Concurrency, n)
+		}
+	}
+	for _, s := range splitList(systems) {
+		if !slices.Contains(allSystems, s) {
+			errs = append(errs, fmt.Errorf("--systems: unknown system %q (known: %s)", s, strings.Join(allSystems, ", ")))
+			continue
+		}
+		if !slices.Contains(cfg.Systems, s) {
+			cfg.Systems = append(cfg.Systems, s)
+		}
+	}
+	// Rows follow the canonical order whatever order the flag gave.
+	slices.SortFunc(cfg.Systems, func(a, b string) int { return slices.Index(allSystems, a) - slices.Index(allSystems, b) })
+	errs = append(errs, cfg.validate())
+	return cfg, errors.Join(errs...)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func (c config) validate() error {
+	var errs []error
+	if c.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("--duration %v: want a positive duration", c.Duration))
+	}
+	if c.Warmup < 0 {
+		errs = append(errs, fmt.Errorf("--warmup %v is negative", c.Warmup))
+	}
+	if c.Rounds < 1 {
+		errs = append(errs, fmt.Errorf("--rounds %d: want at least 1", c.Rounds))
+	}
+	if len(c.Concurrency) == 0 {
+		errs = append(errs, errors.New("--concurrency is empty"))
+	}
+	if len(c.Systems) == 0 {
+		errs = append(errs, errors.New("--systems is empty"))
+	}
+	if c.BodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("--body-bytes %d is negative", c.BodyBytes))
+	}
+	if c.RaceKeys < 0 {
+		errs = append(errs, fmt.Errorf("--race-keys %d is negative", c.RaceKeys))
+	}
+	if c.RaceKeys > 0 && c.RaceContenders < 2 {
+		errs = append(errs, fmt.Errorf("--race-contenders %d: want at least 2", c.RaceContenders))
+	}
+	if c.ProfileDir != "" && !slices.Contains(c.Systems, sysIdem3GRPC) {
+		errs = append(errs, fmt.Errorf("--profile-dir profiles %s, which --systems leaves out", sysIdem3GRPC))
+	}
+	if c.ProfileDir != "" && !slices.Contains(c.Concurrency, c.ProfileClients) {
+		errs = append(errs, fmt.Errorf("--profile-clients %d is not one of --concurrency", c.ProfileClients))
+	}
+	if c.RequestTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--request-timeout %v: want a positive duration", c.RequestTimeout))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,46 @@
+// Command peers measures idem against the stores teams build idempotency on
+// today, on this machine and in one run: Redis (AOF, appendfsync always, two
+// Lua scripts), PostgreSQL (fsync and synchronous_commit on, INSERT ... ON
+// CONFLICT DO NOTHING and an owner-checked UPDATE), etcd (three members,
+// create-if-absent and compare-and-swap transactions), a three-node idem
+// region (Go client over gRPC, and the JSON API) and a one-node idem dev node.
+//
+//	cd bench/peers && go run .                  # or: bench/peers/run.sh
+//	go run . --duration 2s --rounds 1 --concurrency 64 --systems idem3-grpc,redis
+//	go run . --profile-dir /tmp/prof            # plus pprof profiles of the three idem nodes
+//
+// It installs the missing servers from Debian's packages (apt-get), starts
+// every server as its own process on 127.0.0.1 with a data directory in a
+// temporary directory, builds cmd/idemnode from this repository, and runs the
+// same cycle against each: reserve a fresh key for a fresh owner id, then
+// complete it with a --body-bytes response, which must be accepted. Each
+// (system, client count) cell runs --warmup then --duration; cells are
+// interleaved in --rounds rounds (the order of systems rotates each round),
+// and the Markdown table gives the median cycles/s over rounds, the ranges
+// of p50 and p99 over rounds, the servers' CPU time per cycle (user+system of
+// the system's processes and their children, read from /proc), and the ratio
+// of every idem row to every peer at the same client count.
+//
+// The race phase then sends --race-contenders concurrent reserves of one
+// fresh key to each system, --race-keys times, and requires exactly one
+// winner per key; every loser's complete must be refused and the winner's
+// accepted. A violation makes the command exit 1.
+//
+// Semantics kept equal: every reservation carries a 30 s lease and every
+// completed record a 1 h retention (Redis: PEXPIRE; PostgreSQL: columns;
+// idem: its lease and retention), except etcd, where a TTL would need a lease
+// grant per key (another Raft round trip), so its records do not expire.
+// Every client is the system's usual Go library with one request in flight
+// per worker and no retries: github.com/redis/go-redis/v9 (pool of
+// max(--concurrency) connections), github.com/jackc/pgx/v5 (pgxpool of as
+// many, statements prepared and cached), go.etcd.io/etcd/client/v3 (one
+// client balancing over the three members), idem's client package (one gRPC
+// connection per node, requests round-robin) and net/http keep-alive for
+// idem's JSON API.
+//
+// Every process runs in its own process group with a parent-death signal,
+// and is stopped (SIGTERM; PostgreSQL SIGINT, its fast shutdown) at the end,
+// on failure and on Ctrl-C. It is its own Go module so that its clients stay
+// out of idem's go.mod; `go test ./...` at the repository root does not enter
+// it: run `go test ./...` in bench/peers.
+package main

@@ -1,0 +1,405 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idem-dev/idem/client"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+func nopZap() *zap.Logger { return zap.NewNop() }
+
+// system is one started system: its client and its server processes.
+type system struct {
+	name    string
+	tgt     target
+	procs   []*proc
+	pprof   []string // idem only: the nodes' pprof addresses, when profiling
+	http    []string // idem only: the nodes' HTTP addresses (/metrics)
+	variant string   // idem only: the cluster it runs on (idem3, idem3pack, ...)
+	detail  string   // how it runs, for the header
+}
+
+const startTimeout = 90 * time.Second
+
+// lab starts and holds the systems of one run.
+type lab struct {
+	cfg      config
+	dir      string
+	ps       procs
+	idemnode string
+	logf     func(string, ...any)
+	maxConns int
+	body     []byte
+}
+
+func (l *lab) sub(name string) (string, error) {
+	d := filepath.Join(l.dir, name)
+	return d, os.MkdirAll(d, 0o755)
+}
+
+func (l *lab) startRedis(ctx context.Context) (*system, error) {
+	bin, err := lookBin("redis-server")
+	if err != nil {
+		return nil, err
+	}
+	dir, err := l.sub("redis")
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	addr := loopback(ports[0])
+	p, err := l.ps.start("redis", filepath.Join(l.dir, "redis.log"), nil, syscall.SIGTERM, bin,
+		"--bind", "127.0.0.1", "--port", strconv.Itoa(ports[0]), "--dir", dir, "--daemonize", "no", "--protected-mode", "yes",
+		"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--maxclients", "1024")
+	if err != nil {
+		return nil, err
+	}
+	t := newRedis(addr, l.body, l.maxConns, l.cfg.RequestTimeout)
+	err = poll(ctx, startTimeout, p, "redis", func(ctx context.Context) error { return t.rdb.Ping(ctx).Err() })
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	ver, _ := t.rdb.Info(ctx, "server").Result()
+	return &system{name: sysRedis, tgt: t, procs: []*proc{p}, detail: "Redis " + infoField(ver, "redis_version") + ", one process, appendonly yes, appendfsync always, two Lua scripts"}, nil
+}
+
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return "?"
+}
+
+// pgCredential runs PostgreSQL as the postgres user when the benchmark runs
+// as root (it refuses to run as root), and makes dir theirs.
+func pgCredential(dir string) (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("running as root, PostgreSQL needs the postgres user: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return nil, err
+	}
+	// The work directory's parents must be traversable by that user.
+	for d := filepath.Dir(dir); d != "/" && d != "."; d = filepath.Dir(d) {
+		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			os.Chmod(d, fi.Mode().Perm()|0o011)
+		}
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func (l *lab) startPostgres(ctx context.Context) (*system, error) {
+	initdb, err := lookBin("initdb")
+	if err != nil {
+		return nil, err
+	}
+	postgres, err := lookBin("postgres")
+	if err != nil {
+		return nil, err
+	}
+	dir, err := l.sub("postgres")
+	if err != nil {
+		return nil, err
+	}
+	cred, err := pgCredential(dir)
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ictx, initdb, "-D", data, "-U", "bench", "--auth=trust", "-E", "UTF8", "--no-sync")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	// SIGINT is PostgreSQL's fast shutdown.
+	p, err := l.ps.start("postgres", filepath.Join(l.dir, "postgres.log"), cred, syscall.SIGINT, postgres,
+		"-D", data, "-p", strconv.Itoa(ports[0]), "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="+dir,
+		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on",
+		"-c", fmt.Sprintf("max_connections=%d", l.maxConns+20), "-c", "shared_buffers=256MB")
+	if err != nil {
+		return nil, err
+	}
+	dsn := fmt.Sprintf("postgres://bench@127.0.0.1:%d/postgres?sslmode=disable", ports[0])
+	err = poll(ctx, startTimeout, p, "postgres", func(ctx context.Context) error {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, pgSchema)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	t, err := newPostgres(ctx, dsn, l.body, l.maxConns)
+	if err != nil {
+		return nil, err
+	}
+	var ver string
+	t.pool.QueryRow(ctx, "SHOW server_version").Scan(&ver)
+	return &system{name: sysPostgres, tgt: t, procs: []*proc{p}, detail: "PostgreSQL " + ver + ", one server, fsync on, synchronous_commit on, INSERT ON CONFLICT DO NOTHING + owner-checked UPDATE"}, nil
+}
+
+func (l *lab) startEtcd(ctx context.Context) (*system, error) {
+	bin, err := lookBin("etcd")
+	if err != nil {
+		return nil, err
+	}
+	dir, err := l.sub("etcd")
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(6)
+	if err != nil {
+		return nil, err
+	}
+	var cluster, endpoints []string
+	for i := range 3 {
+		cluster = append(cluster, fmt.Sprintf("e%d=http://%s", i+1, loopback(ports[3+i])))
+		endpoints = append(endpoints, loopback(ports[i]))
+	}
+	sys := &system{name: sysEtcd, detail: "etcd, three members, create-if-absent and compare-and-swap transactions"}
+	for i := range 3 {
+		name := fmt.Sprintf("e%d", i+1)
+		cu, pu := "http://"+loopback(ports[i]), "http://"+loopback(ports[3+i])
+		p, err := l.ps.start("etcd-"+name, filepath.Join(l.dir, "etcd-"+name+".log"), nil, syscall.SIGTERM, bin,
+			"--name", name, "--data-dir", filepath.Join(dir, name),
+			"--listen-client-urls", cu, "--advertise-client-urls", cu,
+			"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
+			"--initial-cluster", strings.Join(cluster, ","), "--initial-cluster-token", "bench", "--initial-cluster-state", "new",
+			"--logger", "zap", "--log-level", "warn")
+		if err != nil {
+			return nil, err
+		}
+		sys.procs = append(sys.procs, p)
+	}
+	t, err := newEtcd(endpoints, l.body, l.cfg.RequestTimeout)
+	if err != nil {
+		return nil, err
+	}
+	err = poll(ctx, startTimeout, sys.procs[0], "etcd", func(ctx context.Context) error {
+		for _, p := range sys.procs {
+			if err := p.alive(); err != nil {
+				return err
+			}
+		}
+		_, err := t.cli.Put(ctx, "ready", "1")
+		return err
+	})
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	if st, err := t.cli.Status(ctx, endpoints[0]); err == nil {
+		sys.detail = "etcd " + st.Version + ", three members, create-if-absent and compare-and-swap transactions"
+	}
+	sys.tgt = t
+	return sys, nil
+}
+
+// idemNodes is a started idem cluster: its processes and addresses.
+type idemNodes struct {
+	procs       []*proc
+	grpc, http  []string
+	pprof       []string
+	description string
+}
+
+// startIdem3 starts a three-node region in deploy/examples/three-node.yaml's
+// shape (four shards, three replicas) on free loopback ports.
+func (l *lab) startIdem3(ctx context.Context, name string, extra ...string) (*idemNodes, error) {
+	dir, err := l.sub(name)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(12)
+	if err != nil {
+		return nil, err
+	}
+	var topo strings.Builder
+	topo.WriteString("cluster: bench\nshards_per_region: 4\nreplicas: 3\nsurvival: zone\nregions:\n  - name: us-east\n    nodes:\n")
+	n := &idemNodes{description: "idem, three-node region (4 shards x 3 replicas, fsync)" + variant(extra)}
+	for i := range 3 {
+		fmt.Fprintf(&topo, "      - id: us-east-%d\n        raft_addr: %s\n        grpc_addr: %s\n        http_addr: %s\n",
+			i+1, loopback(ports[3*i]), loopback(ports[3*i+1]), loopback(ports[3*i+2]))
+		n.grpc = append(n.grpc, loopback(ports[3*i+1]))
+		n.http = append(n.http, loopback(ports[3*i+2]))
+	}
+	topoPath := filepath.Join(dir, "topology.yaml")
+	if err := os.WriteFile(topoPath, []byte(topo.String()), 0o644); err != nil {
+		return nil, err
+	}
+	for i := range 3 {
+		id := fmt.Sprintf("us-east-%d", i+1)
+		args := append([]string{"--config", topoPath, "--id", id, "--data-dir", filepath.Join(dir, id), "--log-level", "warn"}, extra...)
+		if l.cfg.ProfileDir != "" {
+			n.pprof = append(n.pprof, loopback(ports[9+i]))
+			args = append(args, "--pprof-addr", n.pprof[i])
+		}
+		p, err := l.ps.start("idemnode "+name+" "+id, filepath.Join(l.dir, name+"-"+id+".log"), nil, syscall.SIGTERM, l.idemnode, args...)
+		if err != nil {
+			return nil, err
+		}
+		n.procs = append(n.procs, p)
+	}
+	return n, l.waitIdem(ctx, n)
+}
+
+// startIdem1 starts a one-node dev node.
+func (l *lab) startIdem1(ctx context.Context, name string, extra ...string) (*idemNodes, error) {
+	dir, err := l.sub(name)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	n := &idemNodes{grpc: []string{loopback(ports[1])}, http: []string{loopback(ports[2])}, description: "idem, one-node dev node (4 shards, 1 replica, fsync)" + variant(extra)}
+	p, err := l.ps.start("idemnode "+name, filepath.Join(l.dir, name+".log"), nil, syscall.SIGTERM, l.idemnode,
+		append([]string{"--dev", "--data-dir", dir, "--raft-addr", loopback(ports[0]), "--grpc-addr", n.grpc[0], "--http-addr", n.http[0], "--log-level", "warn"}, extra...)...)
+	if err != nil {
+		return nil, err
+	}
+	n.procs = []*proc{p}
+	return n, l.waitIdem(ctx, n)
+}
+
+// waitIdem waits for /readyz of every node, then for cycles to succeed on
+// keys of every shard (a few dozen fresh keys through every node).
+func (l *lab) waitIdem(ctx context.Context, n *idemNodes) error {
+	for i, addr := range n.http {
+		err := poll(ctx, startTimeout, n.procs[i], "idemnode "+addr, func(ctx context.Context) error {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("/readyz: %s", resp.Status)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	g, err := newIdemGRPC(n.grpc, l.body, l.cfg.RequestTimeout)
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	return poll(ctx, startTimeout, n.procs[0], "idem cycles", func(ctx context.Context) error {
+		for range 32 {
+			key, owner := client.NewKey(), client.NewOwnerToken()
+			if won, err := g.reserve(ctx, key, owner); err != nil || !won {
+				return fmt.Errorf("probe reserve: won=%v, %v", won, err)
+			}
+			if ok, err := g.complete(ctx, key, owner); err != nil || !ok {
+				return fmt.Errorf("probe complete: ok=%v, %v", ok, err)
+			}
+		}
+		return nil
+	})
+}
+
+func variant(extra []string) string {
+	if len(extra) == 0 {
+		return ""
+	}
+	return ", " + strings.Join(extra, " ")
+}
+
+// idemSystem is one client of a started idem cluster.
+func (l *lab) idemSystem(name string, n *idemNodes, useGRPC bool) (*system, error) {
+	variant, _, _ := strings.Cut(name, "-")
+	s := &system{name: name, procs: n.procs, pprof: n.pprof, http: n.http, variant: variant}
+	if useGRPC {
+		t, err := newIdemGRPC(n.grpc, l.body, l.cfg.RequestTimeout)
+		if err != nil {
+			return nil, err
+		}
+		s.tgt, s.detail = t, n.description+", Go client over gRPC to every node"
+	} else {
+		s.tgt, s.detail = newIdemJSON(n.http, l.body, l.maxConns, l.cfg.RequestTimeout), n.description+", JSON over HTTP/1.1 to every node"
+	}
+	return s, nil
+}
+
+// startAll starts every system of cfg; on error the caller stops what began.
+func (l *lab) startAll(ctx context.Context) ([]*system, error) {
+	var out []*system
+	clusters := map[string]*idemNodes{} // idem clusters by variant, each started once
+	for _, name := range l.cfg.Systems {
+		l.logf("starting %s", name)
+		var s *system
+		var err error
+		switch name {
+		case sysRedis:
+			s, err = l.startRedis(ctx)
+		case sysPostgres:
+			s, err = l.startPostgres(ctx)
+		case sysEtcd:
+			s, err = l.startEtcd(ctx)
+		default: // idem<nodes>[pack]-<api>
+			variant, api, _ := strings.Cut(name, "-")
+			n := clusters[variant]
+			if n == nil {
+				var extra []string
+				if strings.HasSuffix(variant, "pack") {
+					extra = []string{"--raft-pack-commands"}
+				}
+				if strings.HasPrefix(variant, "idem3") {
+					n, err = l.startIdem3(ctx, variant, extra...)
+				} else {
+					n, err = l.startIdem1(ctx, variant, extra...)
+				}
+				if err != nil {
+					break
+				}
+				clusters[variant] = n
+			}
+			s, err = l.idemSystem(name, n, api == "grpc")
+		}
+		if err != nil {
+			for _, s := range out {
+				s.tgt.close()
+			}
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}

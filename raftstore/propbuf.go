@@ -1,0 +1,215 @@
+package raftstore
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// The proposal buffer (Config.Packer) puts many commands into one Raft
+// entry. Commands proposed while the group already has maxInflightEntries
+// entries between raft.Apply and their result queue here; as soon as one of
+// those entries finishes, everything queued (up to maxPackCommands commands
+// or maxPackBytes bytes) goes into the next entry. An idle group therefore
+// proposes each command at once and alone (no added latency), and a busy one
+// packs what arrived during the previous entry's round, like CockroachDB's
+// proposal buffer. Two entries may be in flight, so raft's own pipeline (the
+// leader storing one batch while the previous replicates) stays busy.
+//
+// Every proposer still gets its own result (the StateMachine returns []any
+// for a packed entry, one per command, in order) and its own error: an error
+// of the entry is every one of its commands' error, with the same
+// applied/not applied/unknown meaning as for Group.Apply.
+const (
+	maxInflightEntries = 2
+	maxPackCommands    = 1024 // fsm numbers a command's position in 16 bits
+	maxPackBytes       = 4 << 20
+)
+
+// proposal is one command waiting in or travelling through the buffer.
+type proposal struct {
+	data  []byte
+	ctx   context.Context
+	done  chan proposalResult // buffered; written once
+	start time.Time
+}
+
+type proposalResult struct {
+	v   any
+	err error
+}
+
+type propBuffer struct {
+	g    *Group
+	pack func([][]byte) []byte
+
+	entries, commands atomic.Uint64 // proposed through the buffer (GroupStats)
+
+	mu       sync.Mutex
+	queue    []*proposal
+	inflight int
+	closed   bool
+}
+
+func newPropBuffer(g *Group, pack func([][]byte) []byte) *propBuffer {
+	return &propBuffer{g: g, pack: pack}
+}
+
+// apply is Group.Apply through the buffer; ctx already carries the
+// ApplyTimeout bound.
+func (b *propBuffer) apply(ctx context.Context, data []byte) (any, error) {
+	p := &proposal{data: data, ctx: ctx, done: make(chan proposalResult, 1), start: time.Now()}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, shardErr(b.g.id, "%w", ErrShutdown)
+	}
+	b.queue = append(b.queue, p)
+	var batch []*proposal
+	if b.inflight < maxInflightEntries {
+		batch = b.takeLocked()
+	}
+	b.mu.Unlock()
+	if batch != nil {
+		b.propose(batch)
+	}
+	select {
+	case r := <-p.done:
+		if r.err == nil {
+			b.g.metrics.applyDuration.Observe(time.Since(p.start).Seconds())
+		}
+		return r.v, r.err
+	case <-ctx.Done():
+		// Still queued: never proposed, so withdraw it. Otherwise it is in
+		// an entry whose fate is open.
+		if b.withdraw(p) {
+			return nil, b.g.translate(ctx.Err(), phaseBeforeEnqueue)
+		}
+		return nil, b.g.translate(ctx.Err(), phaseAfterEnqueue)
+	case <-b.g.closedCh:
+		if b.withdraw(p) {
+			return nil, shardErr(b.g.id, "%w", ErrShutdown)
+		}
+		return nil, b.g.translate(raft.ErrRaftShutdown, phaseAfterEnqueue)
+	}
+}
+
+// takeLocked removes the next entry's worth of proposals from the queue and
+// counts the entry as in flight; nil if the queue is empty.
+func (b *propBuffer) takeLocked() []*proposal {
+	n, size := 0, 0
+	for n < len(b.queue) && n < maxPackCommands {
+		size += len(b.queue[n].data)
+		if n > 0 && size > maxPackBytes {
+			break
+		}
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	batch := make([]*proposal, n)
+	copy(batch, b.queue)
+	b.queue = append(b.queue[:0], b.queue[n:]...)
+	b.inflight++
+	return batch
+}
+
+// withdraw removes p from the queue; false if it was already taken.
+func (b *propBuffer) withdraw(p *proposal) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, q := range b.queue {
+		if q == p {
+			b.queue = append(b.queue[:i], b.queue[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// propose hands batch to raft as one entry (a lone command as itself) and
+// delivers the results when it is done; then the next queued batch goes.
+func (b *propBuffer) propose(batch []*proposal) {
+	go func() {
+		for batch != nil {
+			b.run(batch)
+			b.mu.Lock()
+			b.inflight--
+			batch = nil
+			if !b.closed {
+				batch = b.takeLocked()
+			}
+			b.mu.Unlock()
+		}
+	}()
+}
+
+func (b *propBuffer) run(batch []*proposal) {
+	g := b.g
+	var data []byte
+	if len(batch) == 1 {
+		data = batch[0].data
+	} else {
+		cmds := make([][]byte, len(batch))
+		for i, p := range batch {
+			cmds[i] = p.data
+		}
+		data = b.pack(cmds)
+	}
+	// The entry may wait in raft's queue as long as its most patient
+	// proposer; the others give up on their own contexts.
+	enqueue := time.Duration(0)
+	for _, p := range batch {
+		enqueue = max(enqueue, remaining(p.ctx))
+	}
+	if enqueue <= 0 {
+		for _, p := range batch {
+			p.done <- proposalResult{err: g.translate(context.DeadlineExceeded, phaseBeforeEnqueue)}
+		}
+		return
+	}
+	g.metrics.packSize.Observe(float64(len(batch)))
+	b.entries.Add(1)
+	b.commands.Add(uint64(len(batch)))
+	f := g.raft.Apply(data, enqueue)
+	err := f.Error() // raft resolves every future, at the latest on shutdown
+	if err != nil {
+		err = g.translate(err, phaseAfterEnqueue)
+		for _, p := range batch {
+			p.done <- proposalResult{err: err}
+		}
+		return
+	}
+	if len(batch) == 1 {
+		batch[0].done <- proposalResult{v: f.Response()}
+		return
+	}
+	results, ok := f.Response().([]any)
+	if !ok || len(results) != len(batch) {
+		// The StateMachine broke its contract: the commands were applied,
+		// but what each did is unknown.
+		err := shardErr(g.id, "%w: state machine answered a packed entry of %d commands with %T", ErrUnknownOutcome, len(batch), f.Response())
+		for _, p := range batch {
+			p.done <- proposalResult{err: err}
+		}
+		return
+	}
+	for i, p := range batch {
+		p.done <- proposalResult{v: results[i]}
+	}
+}
+
+// close fails what is still queued (never proposed) with ErrShutdown.
+func (b *propBuffer) close() {
+	b.mu.Lock()
+	queued := b.queue
+	b.queue, b.closed = nil, true
+	b.mu.Unlock()
+	for _, p := range queued {
+		p.done <- proposalResult{err: shardErr(b.g.id, "%w", ErrShutdown)}
+	}
+}

@@ -1,0 +1,166 @@
+package auth
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// Verb is what a request does, for authorization.
+type Verb string
+
+// The verbs of the contract. Namespace verbs need the namespace among the
+// principal's; cluster verbs (the Admin service's Status, TransferLeader,
+// Snapshot) act on no one namespace and need role admin with "*".
+const (
+	VerbGet          Verb = "get"           // reader
+	VerbList         Verb = "list"          // reader
+	VerbReserve      Verb = "reserve"       // writer
+	VerbHeartbeat    Verb = "heartbeat"     // writer
+	VerbComplete     Verb = "complete"      // writer
+	VerbRelease      Verb = "release"       // writer
+	VerbForceRelease Verb = "force-release" // admin, on its namespaces
+	VerbDelete       Verb = "delete"        // admin, on its namespaces
+
+	VerbStatus         Verb = "status"          // admin, "*"
+	VerbTransferLeader Verb = "transfer-leader" // admin, "*"
+	VerbSnapshot       Verb = "snapshot"        // admin, "*"
+	// VerbUnknown is a request the extractor could not classify; it fails
+	// closed: role admin with "*".
+	VerbUnknown Verb = "unknown"
+	// VerbAuthenticate needs a known principal and nothing else: a request
+	// that reaches no record (a malformed path the handler answers 400 or
+	// 404).
+	VerbAuthenticate Verb = "authenticate"
+)
+
+// MinRole is the least role that may use v.
+func (v Verb) MinRole() Role {
+	switch v {
+	case VerbGet, VerbList, VerbAuthenticate:
+		return RoleReader
+	case VerbReserve, VerbHeartbeat, VerbComplete, VerbRelease:
+		return RoleWriter
+	}
+	return RoleAdmin
+}
+
+// Cluster reports whether v acts on the whole cluster rather than a
+// namespace.
+func (v Verb) Cluster() bool {
+	switch v {
+	case VerbStatus, VerbTransferLeader, VerbSnapshot, VerbUnknown:
+		return true
+	}
+	return false
+}
+
+// Target is what a request asks to do: a verb on a namespace ("" for
+// cluster verbs and VerbAuthenticate).
+type Target struct {
+	Namespace string
+	Verb      Verb
+}
+
+// Probe paths need no credentials and reveal no record (contract: "/healthz,
+// /readyz and /metrics need no credentials").
+var probePaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
+
+// JSONAPITarget classifies a request to the JSON API (API-v1.md): ok=false
+// for the probes, which need no credentials; everything else needs a known
+// principal. Paths it does not recognise under /v1/namespaces/{ns}/keys are
+// VerbUnknown (fail closed); other unknown paths and invalid namespaces are
+// VerbAuthenticate, so that the handler's 404 or 400 still reaches a known
+// caller. A wiring whose router grows a new endpoint adds it here.
+func JSONAPITarget(r *http.Request) (Target, bool) {
+	raw := r.URL.EscapedPath()
+	if probePaths[raw] {
+		return Target{}, false
+	}
+	rest, ok := strings.CutPrefix(raw, "/v1/namespaces/")
+	if !ok {
+		return Target{Verb: VerbAuthenticate}, true
+	}
+	nsRaw, rest, _ := strings.Cut(rest, "/")
+	ns, err := url.PathUnescape(nsRaw)
+	if err != nil || !validNamespace(ns) {
+		return Target{Verb: VerbAuthenticate}, true
+	}
+	switch {
+	case rest == "keys":
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			return Target{ns, VerbList}, true
+		}
+		return Target{ns, VerbUnknown}, true
+	case strings.HasPrefix(rest, "keys/") && len(rest) > len("keys/"):
+		key := rest[len("keys/"):]
+		if strings.Contains(key, "/") {
+			return Target{Verb: VerbAuthenticate}, true // no such path: 404
+		}
+		switch r.Method {
+		case http.MethodGet, http.MethodHead:
+			return Target{ns, VerbGet}, true
+		case http.MethodDelete:
+			return Target{ns, VerbDelete}, true
+		case http.MethodPost:
+			i := strings.LastIndexByte(key, ':')
+			if i < 0 {
+				return Target{ns, VerbUnknown}, true
+			}
+			switch Verb(key[i+1:]) {
+			case VerbReserve, VerbHeartbeat, VerbComplete, VerbRelease, VerbForceRelease:
+				return Target{ns, Verb(key[i+1:])}, true
+			}
+		}
+		return Target{ns, VerbUnknown}, true
+	}
+	return Target{Verb: VerbAuthenticate}, true
+}
+
+// GRPCTarget classifies an RPC of the idem.v1 services by its full method
+// name and request (whose GetNamespace names the namespace). An RPC it does
+// not know is VerbUnknown: it fails closed (admin, "*") until added here.
+func GRPCTarget(fullMethod string, req any) Target {
+	service, method, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	ns := ""
+	if n, ok := req.(interface{ GetNamespace() string }); ok {
+		ns = n.GetNamespace()
+	}
+	nsVerb := func(v Verb) Target {
+		if !validNamespace(ns) {
+			return Target{Verb: VerbAuthenticate} // the handler answers INVALID_ARGUMENT
+		}
+		return Target{ns, v}
+	}
+	switch service {
+	case "idem.v1.Idempotency":
+		switch method {
+		case "Reserve":
+			return nsVerb(VerbReserve)
+		case "Heartbeat":
+			return nsVerb(VerbHeartbeat)
+		case "Complete":
+			return nsVerb(VerbComplete)
+		case "Release":
+			return nsVerb(VerbRelease)
+		case "Get":
+			return nsVerb(VerbGet)
+		}
+	case "idem.v1.Admin":
+		switch method {
+		case "Status":
+			return Target{Verb: VerbStatus}
+		case "TransferLeader":
+			return Target{Verb: VerbTransferLeader}
+		case "Snapshot":
+			return Target{Verb: VerbSnapshot}
+		case "ListKeys":
+			return nsVerb(VerbList)
+		case "ForceRelease":
+			return nsVerb(VerbForceRelease)
+		case "DeleteKey", "Delete":
+			return nsVerb(VerbDelete)
+		}
+	}
+	return Target{Verb: VerbUnknown}
+}
