@@ -118,7 +118,7 @@ func (m *Mem) List(ctx context.Context, q ListQuery) (ListPage, error) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		now := m.now()
-		return m.fsm.List(sq.FSMQuery(now), now), nil
+		return m.fsm.List(sq.FSMQuery(now), now)
 	})
 }
 

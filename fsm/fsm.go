@@ -2,7 +2,6 @@ package fsm
 
 import (
 	"bytes"
-	"container/heap"
 	"errors"
 	"fmt"
 	"maps"
@@ -34,19 +33,11 @@ type FSM struct {
 	mu sync.RWMutex
 
 	store Store
-	// clock is the highest command time applied: the FSM's notion of now
-	// never runs backwards, whatever the proposers' clocks do.
-	clock int64
-	// lastIndex is the highest fencing-token slot issued (see tokenSlot):
-	// every command takes one, and slots strictly increase. Before the first
-	// packed entry a slot is the command's log index, hence the name; the
-	// index of the last entry applied is always entryOf(lastIndex).
-	lastIndex uint64
-
-	// Derived indexes, rebuilt on Restore, never snapshotted.
-	inProgress map[RecordKey]struct{}
-	expiry     expiryHeap
-	bytes      int64
+	// meta holds the clock (the highest command time applied: the FSM's
+	// notion of now never runs backwards, whatever the proposers' clocks
+	// do), the highest log index applied (indexes must increase) and the
+	// record counts. It is handed to the store after every command.
+	meta Meta
 
 	// onApply observes every entry ApplyEntry applied (OnApply).
 	onApply func(cmd *Command, res Result)
@@ -55,12 +46,10 @@ type FSM struct {
 // New returns an empty FSM over an in-memory store.
 func New() *FSM { return NewWithStore(NewMemStore()) }
 
-// NewWithStore returns an FSM over s, which must be empty.
+// NewWithStore returns an FSM over s, continuing from the state s holds
+// (empty, or what a disk store kept from an earlier run).
 func NewWithStore(s Store) *FSM {
-	if s.Len() != 0 {
-		panic("fsm: NewWithStore needs an empty store")
-	}
-	return &FSM{store: s, inProgress: make(map[RecordKey]struct{})}
+	return &FSM{store: s, meta: s.Meta()}
 }
 
 // ApplyEntry decodes and applies one log entry. Bytes that do not decode
@@ -78,7 +67,7 @@ func (f *FSM) ApplyEntry(index uint64, data []byte) Result {
 }
 
 // OnApply sets fn to be called, outside the FSM's lock, with each command
-// ApplyEntry applied and its result: the node wakes waiting reserves with
+// ApplyEntry or ApplyPackedEntry applied and its result: the node wakes waiting reserves with
 // it. fn must not block and must not change anything the FSM decides; set it
 // before the first entry is applied.
 func (f *FSM) OnApply(fn func(cmd *Command, res Result)) { f.onApply = fn }
@@ -98,26 +87,39 @@ func (f *FSM) Apply(index uint64, cmd *Command) Result {
 // that do not decode count as one invalid command; a command that does not
 // decode is invalid, and the others still apply. One Result per command.
 func (f *FSM) ApplyPackedEntry(index uint64, data []byte) []Result {
+	cmds, out := f.applyPacked(index, data)
+	if f.onApply != nil {
+		for i, cmd := range cmds {
+			f.onApply(cmd, out[i])
+		}
+	}
+	return out
+}
+
+func (f *FSM) applyPacked(index uint64, data []byte) ([]*Command, []Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.enterEntry(index)
 	raw, err := DecodePacked(data)
 	if err != nil {
-		return []Result{f.applyAt(f.tokenSlot(index, 0, true), &Command{})}
+		cmd := &Command{}
+		return []*Command{cmd}, []Result{f.applyAt(f.tokenSlot(index, 0, true), cmd)}
 	}
+	cmds := make([]*Command, len(raw))
 	out := make([]Result, len(raw))
 	for i, b := range raw {
 		cmd, err := DecodeCommand(b)
 		if err != nil {
 			cmd = &Command{}
 		}
+		cmds[i] = cmd
 		out[i] = f.applyAt(f.tokenSlot(index, i, true), cmd)
 	}
-	return out
+	return cmds, out
 }
 
 func (f *FSM) enterEntry(index uint64) {
-	if last := entryOf(f.lastIndex); index <= last {
+	if last := entryOf(f.meta.LastIndex); index <= last {
 		panic(fmt.Sprintf("fsm: log index %d applied after index %d: fencing tokens would repeat", index, last))
 	}
 	if index >= 1<<maxIndexBits {
@@ -157,25 +159,30 @@ func entryOf(slot uint64) uint64 {
 // mode slots grow with (index, pos), so each slot exceeds every slot issued
 // before (checked): tokens strictly increase per key and overall, across
 // the switch, and across a leader that packs followed by one that does not.
-// The mode is read off lastIndex, which snapshots carry, so replicas agree.
+// The mode is read off meta.LastIndex, which snapshots and the disk store
+// carry, so replicas agree.
 func (f *FSM) tokenSlot(index uint64, pos int, packed bool) uint64 {
 	slot := index
-	if packed || f.lastIndex&packedSlotMark != 0 {
+	if packed || f.meta.LastIndex&packedSlotMark != 0 {
 		slot = packedSlotMark | index<<tokenPositionBits | uint64(pos)
 	}
-	if slot <= f.lastIndex {
-		panic(fmt.Sprintf("fsm: fencing-token slot %d (index %d, position %d) would not exceed %d", slot, index, pos, f.lastIndex))
+	if slot <= f.meta.LastIndex {
+		panic(fmt.Sprintf("fsm: fencing-token slot %d (index %d, position %d) would not exceed %d", slot, index, pos, f.meta.LastIndex))
 	}
-	f.lastIndex = slot
+	f.meta.LastIndex = slot
 	return slot
 }
 
 // applyAt applies cmd with fencing-token slot token; f.mu is held.
 func (f *FSM) applyAt(index uint64, cmd *Command) Result {
-	if cmd.Now > f.clock {
-		f.clock = cmd.Now
+	if cmd.Now > f.meta.Clock {
+		f.meta.Clock = cmd.Now
 	}
-	now := f.clock
+	defer func() { f.store.SetMeta(f.meta) }()
+	return f.apply(index, f.meta.Clock, cmd)
+}
+
+func (f *FSM) apply(index uint64, now int64, cmd *Command) Result {
 
 	if !valid(cmd) {
 		return Result{Outcome: OutcomeInvalid}
@@ -230,6 +237,10 @@ func valid(cmd *Command) bool {
 // live returns the record at k unless it is absent or past retention.
 func (f *FSM) live(k RecordKey, now int64) (*Record, bool) {
 	rec, ok := f.store.Get(k)
+	return liveRecord(rec, ok, now)
+}
+
+func liveRecord(rec *Record, ok bool, now int64) (*Record, bool) {
 	if !ok || (rec.State == StateCompleted && rec.ExpiresAt <= now) {
 		return nil, false
 	}
@@ -353,62 +364,49 @@ func (f *FSM) release(now int64, cmd *Command) Result {
 }
 
 // sweep drops completed records past retention (oldest first, at most
-// MaxSweep) and reservations whose lease ended more than AbandonAfter ago.
+// MaxSweep) and reservations whose lease ended more than AbandonAfter ago
+// (oldest lease first, at most MaxSweep more). Both come from the store's
+// indexes in a total order, so a bounded sweep drops the same records on
+// every replica, and its cost is bounded by MaxSweep, not by the state.
 func (f *FSM) sweep(now int64, cmd *Command) Result {
-	swept := 0
-	for len(f.expiry) > 0 && f.expiry[0].at <= now && (cmd.MaxSweep == 0 || swept < cmd.MaxSweep) {
-		e := heap.Pop(&f.expiry).(expiryEntry)
-		rec, ok := f.store.Get(e.k)
-		if !ok || rec.State != StateCompleted || rec.ExpiresAt != e.at {
-			continue // stale entry: the record changed since
-		}
-		f.put(e.k, rec, nil)
-		swept++
-	}
+	n, bytes := f.store.DropExpired(now, cmd.MaxSweep)
+	f.meta.Completed -= int64(n)
+	f.meta.Bytes -= bytes
+	swept := n
 	if cmd.AbandonAfter > 0 {
-		var abandoned []RecordKey
-		for k := range f.inProgress {
-			if rec, _ := f.store.Get(k); rec.LeaseExpiresAt <= now-cmd.AbandonAfter {
-				abandoned = append(abandoned, k)
-			}
-		}
-		for _, k := range abandoned { // every one goes, so map order does not matter
-			rec, _ := f.store.Get(k)
-			f.put(k, rec, nil)
-			swept++
-		}
+		n, bytes := f.store.DropLeasesEnded(now-cmd.AbandonAfter, cmd.MaxSweep)
+		f.meta.InProgress -= int64(n)
+		f.meta.Bytes -= bytes
+		swept += n
 	}
 	return Result{Outcome: OutcomeOK, Swept: swept}
 }
 
 // put replaces old (nil if absent) at k with rec (nil deletes) and keeps the
-// derived indexes and byte count in step.
+// counts in step.
 func (f *FSM) put(k RecordKey, old, rec *Record) {
 	if old != nil {
-		f.bytes -= recordBytes(k, old)
-		if old.State == StateInProgress {
-			delete(f.inProgress, k)
-		}
+		f.meta.count(k, old, -1)
 	}
-	if rec == nil {
-		f.store.Delete(k)
-		return
+	if rec != nil {
+		f.meta.count(k, rec, +1)
 	}
-	f.store.Put(k, rec)
-	f.index(k, rec)
+	f.store.Put(k, old, rec)
 }
 
-func (f *FSM) index(k RecordKey, rec *Record) {
-	f.bytes += recordBytes(k, rec)
-	switch rec.State {
-	case StateInProgress:
-		f.inProgress[k] = struct{}{}
-	case StateCompleted:
-		heap.Push(&f.expiry, expiryEntry{at: rec.ExpiresAt, k: k})
+// count adds (sign +1) or removes (-1) r's share of the counts.
+func (m *Meta) count(k RecordKey, r *Record, sign int64) {
+	m.Bytes += sign * RecordBytes(k, r)
+	if r.State == StateInProgress {
+		m.InProgress += sign
+	} else {
+		m.Completed += sign
 	}
 }
 
-func recordBytes(k RecordKey, r *Record) int64 {
+// RecordBytes approximates what the record r at k costs (Stats().Bytes is
+// their sum): its strings and response plus a fixed overhead.
+func RecordBytes(k RecordKey, r *Record) int64 {
 	n := recordOverhead + len(k.Namespace) + len(k.Key) + len(r.Fingerprint) + len(r.OwnerToken)
 	if r.Response != nil {
 		n += responseSize(r.Response)
@@ -437,7 +435,8 @@ func cloneResponse(r *Response) *Response {
 func (f *FSM) Get(namespace, key string, now int64) (Record, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	rec, ok := f.live(RecordKey{namespace, key}, max(now, f.clock))
+	rec, ok := f.store.Lookup(RecordKey{namespace, key})
+	rec, ok = liveRecord(rec, ok, max(now, f.meta.Clock))
 	if !ok {
 		return Record{}, false
 	}
@@ -452,7 +451,8 @@ type Stats struct {
 	// Bytes approximates the memory the records take.
 	Bytes int64
 	// Clock is the highest command time applied (Unix nanoseconds).
-	Clock     int64
+	Clock int64
+	// LastIndex is the log index of the last entry applied.
 	LastIndex uint64
 }
 
@@ -460,13 +460,12 @@ type Stats struct {
 func (f *FSM) Stats() Stats {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	n := f.store.Len()
 	return Stats{
-		Records:    n,
-		InProgress: len(f.inProgress),
-		Completed:  n - len(f.inProgress),
-		Bytes:      f.bytes,
-		Clock:      f.clock,
-		LastIndex:  f.lastIndex,
+		Records:    int(f.meta.InProgress + f.meta.Completed),
+		InProgress: int(f.meta.InProgress),
+		Completed:  int(f.meta.Completed),
+		Bytes:      f.meta.Bytes,
+		Clock:      f.meta.Clock,
+		LastIndex:  entryOf(f.meta.LastIndex),
 	}
 }

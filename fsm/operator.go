@@ -62,8 +62,8 @@ func (f *FSM) forceRelease(now int64, cmd *Command) Result {
 
 // delete removes the live record at the command's key. Fencing tokens stay
 // strictly increasing without remembering the deleted one: a token is the
-// log index of the acquiring entry, and every later entry of the shard
-// has a larger index.
+// fencing-token slot of the acquiring command (tokenSlot), and every command
+// applied later in the shard takes a larger slot, whatever the key.
 func (f *FSM) delete(now int64, cmd *Command) Result {
 	k := RecordKey{cmd.Namespace, cmd.Key}
 	rec, ok := f.live(k, now)
@@ -126,18 +126,19 @@ func (q ListQuery) matches(rec *Record, now int64) bool {
 	return q.CreatedBefore == 0 || rec.CreatedAt < q.CreatedBefore
 }
 
-// List returns one page of q at now (the FSM's clock if later), read under
-// the read lock: the page is consistent, a single point of this shard's
-// state. It examines at most q.MaxScan records.
-func (f *FSM) List(q ListQuery, now int64) ListPage {
+// List returns one page of q at now (the FSM's clock if later), read from
+// the store's committed state in one consistent view (Store.Scan): a single
+// point of this shard's state. It examines at most q.MaxScan records, and
+// takes only the read lock, so the writer goes on applying.
+func (f *FSM) List(q ListQuery, now int64) (ListPage, error) {
 	q.Limit = max(q.Limit, 1)
 	q.MaxScan = max(q.MaxScan, q.Limit)
 	f.mu.RLock()
-	defer f.mu.RUnlock()
-	now = max(now, f.clock)
+	now = max(now, f.meta.Clock)
+	f.mu.RUnlock()
 	page := ListPage{Done: true}
 	scanned := 0
-	f.store.Scan(q.Namespace, q.After, func(key string, rec *Record) bool {
+	err := f.store.Scan(q.Namespace, q.After, func(key string, rec *Record) bool {
 		if scanned == q.MaxScan || len(page.Records) == q.Limit {
 			page.Done = false
 			return false
@@ -151,5 +152,28 @@ func (f *FSM) List(q ListQuery, now int64) ListPage {
 		}
 		return true
 	})
-	return page
+	if err != nil {
+		return ListPage{}, err
+	}
+	return page, nil
+}
+
+// MaxOldestScan bounds the IN_PROGRESS records OldestInProgress examines.
+const MaxOldestScan = 10000
+
+// OldestInProgress returns the earliest CreatedAt among committed
+// IN_PROGRESS records (ok=false when there is none), for the stuck-key
+// metric. It examines at most MaxOldestScan records, those whose leases end
+// first (a key abandoned by its owner is among them; one a live owner keeps
+// renewing is found while the shard holds fewer in-flight keys than that).
+func (f *FSM) OldestInProgress() (createdAt int64, ok bool, err error) {
+	n := 0
+	err = f.store.ScanInProgress(func(_ RecordKey, r *Record) bool {
+		if !ok || r.CreatedAt < createdAt {
+			createdAt, ok = r.CreatedAt, true
+		}
+		n++
+		return n < MaxOldestScan
+	})
+	return createdAt, ok, err
 }

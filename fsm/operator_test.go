@@ -90,7 +90,7 @@ func TestList(t *testing.T) {
 		if pages > 10 {
 			t.Fatal("paging does not end")
 		}
-		p := a.f.List(ListQuery{Namespace: "ns", After: after, Limit: 3}, now)
+		p := list(t, a.f, ListQuery{Namespace: "ns", After: after, Limit: 3}, now)
 		for _, r := range p.Records {
 			if r.Record.OwnerToken != "" || r.Record.Response != nil {
 				t.Fatalf("listed record carries owner token or response: %+v", r)
@@ -107,17 +107,41 @@ func TestList(t *testing.T) {
 	}
 
 	// Filters: state and age (created before).
-	p := a.f.List(ListQuery{Namespace: "ns", State: StateInProgress, CreatedBefore: t0 + 7*sec, Limit: 100}, now)
+	p := list(t, a.f, ListQuery{Namespace: "ns", State: StateInProgress, CreatedBefore: t0 + 7*sec, Limit: 100}, now)
 	if len(p.Records) != 2 || p.Records[0].Key != "k05" || p.Records[1].Key != "k06" || !p.Done {
 		t.Fatalf("in-progress older page %+v", p)
 	}
 	// Bounded work: a page examines at most MaxScan records, matching or not.
-	p = a.f.List(ListQuery{Namespace: "ns", State: StateInProgress, Limit: 1, MaxScan: 4}, now)
+	p = list(t, a.f, ListQuery{Namespace: "ns", State: StateInProgress, Limit: 1, MaxScan: 4}, now)
 	if len(p.Records) != 0 || p.Done || p.Last != "k03" {
 		t.Fatalf("bounded page %+v: want no match, not done, last k03", p)
 	}
 	// Past retention is not listed.
-	if p := a.f.List(ListQuery{Namespace: "ns", State: StateCompleted, Limit: 100}, t0+20*sec+3600*sec); len(p.Records) != 0 {
+	if p := list(t, a.f, ListQuery{Namespace: "ns", State: StateCompleted, Limit: 100}, t0+20*sec+3600*sec); len(p.Records) != 0 {
 		t.Fatalf("expired records listed: %+v", p)
+	}
+}
+
+func list(t *testing.T, f *FSM, q ListQuery, now int64) ListPage {
+	t.Helper()
+	p, err := f.List(q, now)
+	if err != nil {
+		t.Fatalf("List(%+v): %v", q, err)
+	}
+	return p
+}
+
+func TestOldestInProgress(t *testing.T) {
+	a := newApplier(t)
+	if _, ok, err := a.f.OldestInProgress(); ok || err != nil {
+		t.Fatalf("empty FSM: ok %v err %v", ok, err)
+	}
+	a.want(reserveCmd("done", "owner-a", "fp", t0-sec), OutcomeAcquired)
+	a.want(reserveCmd("old", "owner-a", "fp", t0), OutcomeAcquired)
+	a.want(reserveCmd("young", "owner-a", "fp", t0+5*sec), OutcomeAcquired)
+	a.want(heartbeatCmd("old", "owner-a", t0+10*sec), OutcomeOK) // its lease now ends last
+	a.want(completeCmd("done", "owner-a", t0+10*sec, "x"), OutcomeOK)
+	if at, ok, err := a.f.OldestInProgress(); !ok || err != nil || at != t0 {
+		t.Fatalf("oldest in progress %d %v %v, want %d", at, ok, err, t0)
 	}
 }

@@ -2,7 +2,6 @@ package fsm
 
 import (
 	"bufio"
-	"container/heap"
 	"encoding/binary"
 	"fmt"
 	"hash"
@@ -13,52 +12,52 @@ import (
 // snapshotMagic starts every snapshot stream; the last byte is the format version.
 var snapshotMagic = []byte("IDEMFSM\x01")
 
-// maxFrame bounds one encoded record on restore, so a corrupt length cannot
-// make the restorer allocate without bound. Records are far smaller (the
-// API limits responses to a few MiB).
-const maxFrame = 256 << 20
+// MaxFrame bounds one encoded record on restore, so a corrupt length cannot
+// make the restorer allocate without bound. It must exceed the largest
+// record the API accepts (a response body at the ceiling of
+// --max-response-bytes, 256 MiB, plus its headers, key, fingerprint and
+// owner token), or a snapshot holding that record could not be restored.
+const MaxFrame = 256<<20 + 8<<20
 
 // Snapshot is a point-in-time view of an FSM, taken cheaply under the lock
-// (records are immutable, so it holds pointers) and written out later while
-// Apply goes on.
+// and written out later while Apply goes on.
 type Snapshot struct {
-	clock     int64
-	lastIndex uint64
-	entries   []keyedRecord
+	view StoreView
 }
 
-// Snapshot captures the current state. It costs one pointer copy per record;
-// sorting and encoding happen in WriteTo.
+// Snapshot captures the current state (the store's View).
 func (f *FSM) Snapshot() *Snapshot {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	s := &Snapshot{clock: f.clock, lastIndex: f.lastIndex, entries: make([]keyedRecord, 0, f.store.Len())}
-	f.store.Range(func(k RecordKey, r *Record) bool {
-		s.entries = append(s.entries, keyedRecord{k, r})
-		return true
-	})
-	return s
+	return &Snapshot{view: f.store.View()}
 }
 
-// Release drops the snapshot's references.
-func (s *Snapshot) Release() { s.entries = nil }
+// Release drops the snapshot's view.
+func (s *Snapshot) Release() { s.view.Release() }
 
 // WriteTo streams the snapshot: magic, clock, last index, record count, the
 // records in (namespace, key) order as length-prefixed frames, and a CRC-32C
 // of everything before it. Equal states give equal bytes.
 func (s *Snapshot) WriteTo(w io.Writer) (int64, error) {
-	sortedRecords(s.entries)
+	meta := s.view.Meta()
 	cw := &countingWriter{w: bufio.NewWriterSize(w, 256<<10), crc: crc32.New(crc32.MakeTable(crc32.Castagnoli))}
 	hdr := append([]byte(nil), snapshotMagic...)
-	hdr = binary.AppendVarint(hdr, s.clock)
-	hdr = binary.AppendUvarint(hdr, s.lastIndex)
-	hdr = binary.AppendUvarint(hdr, uint64(len(s.entries)))
+	hdr = binary.AppendVarint(hdr, meta.Clock)
+	hdr = binary.AppendUvarint(hdr, meta.LastIndex)
+	hdr = binary.AppendUvarint(hdr, uint64(s.view.Len()))
 	cw.write(hdr)
-	var frame []byte
-	for _, e := range s.entries {
-		frame = appendRecord(frame[:0], e.k, e.r)
+	written := 0
+	err := s.view.Frames(func(frame []byte) error {
 		cw.write(binary.AppendUvarint(nil, uint64(len(frame))))
 		cw.write(frame)
+		written++
+		return cw.err
+	})
+	if err == nil && written != s.view.Len() {
+		err = fmt.Errorf("fsm: snapshot view yielded %d records, counted %d", written, s.view.Len())
+	}
+	if err != nil {
+		return cw.n, err
 	}
 	sum := cw.crc.Sum32()
 	cw.crc = nil
@@ -88,7 +87,9 @@ func (c *countingWriter) write(p []byte) {
 	c.err = err
 }
 
-func appendRecord(b []byte, k RecordKey, r *Record) []byte {
+// AppendRecord appends the encoding of the record r at k (the snapshot frame
+// format; a disk store keeps records in it too).
+func AppendRecord(b []byte, k RecordKey, r *Record) []byte {
 	b = appendString(b, k.Namespace)
 	b = appendString(b, k.Key)
 	b = append(b, byte(r.State))
@@ -103,7 +104,8 @@ func appendRecord(b []byte, k RecordKey, r *Record) []byte {
 	return appendResponse(b, r.Response)
 }
 
-func decodeRecord(frame []byte) (RecordKey, *Record, error) {
+// DecodeRecord is the inverse of AppendRecord.
+func DecodeRecord(frame []byte) (RecordKey, *Record, error) {
 	d := decoder{buf: frame}
 	k := RecordKey{Namespace: d.string(), Key: d.string()}
 	r := &Record{State: State(d.byte())}
@@ -146,12 +148,18 @@ func (f *FSM) Restore(r io.Reader) error {
 		return fmt.Errorf("%w: snapshot header fields", ErrCorrupt)
 	}
 
-	fresh := NewWithStore(NewMemStore())
-	fresh.clock, fresh.lastIndex = clock, lastIndex
+	rs := f.store.BeginRestore()
+	committed := false
+	defer func() {
+		if !committed {
+			rs.Abort()
+		}
+	}()
+	meta := Meta{Clock: clock, LastIndex: lastIndex}
 	var frame []byte
 	for i := uint64(0); i < count; i++ {
 		n, err := binary.ReadUvarint(cr)
-		if err != nil || n > maxFrame {
+		if err != nil || n > MaxFrame {
 			return fmt.Errorf("%w: record %d frame length", ErrCorrupt, i)
 		}
 		if uint64(cap(frame)) < n {
@@ -161,15 +169,21 @@ func (f *FSM) Restore(r io.Reader) error {
 		if _, err := io.ReadFull(cr, frame); err != nil {
 			return fmt.Errorf("%w: record %d: %v", ErrCorrupt, i, err)
 		}
-		k, rec, err := decodeRecord(frame)
+		k, rec, err := DecodeRecord(frame)
 		if err != nil {
 			return fmt.Errorf("record %d: %w", i, err)
 		}
-		if _, dup := fresh.store.Get(k); dup {
+		dup, err := rs.Has(k)
+		if err != nil {
+			return fmt.Errorf("fsm: restoring record %d: %w", i, err)
+		}
+		if dup {
 			return fmt.Errorf("%w: record %d duplicates key %q", ErrCorrupt, i, k.Key)
 		}
-		fresh.store.Put(k, rec)
-		fresh.index(k, rec)
+		if err := rs.Put(k, rec); err != nil {
+			return fmt.Errorf("fsm: restoring record %d: %w", i, err)
+		}
+		meta.count(k, rec, +1)
 	}
 	want := cr.crc.Sum32()
 	cr.crc = nil
@@ -180,12 +194,14 @@ func (f *FSM) Restore(r io.Reader) error {
 	if got := binary.BigEndian.Uint32(trailer[:]); got != want {
 		return fmt.Errorf("%w: snapshot checksum %08x, computed %08x", ErrCorrupt, got, want)
 	}
-	heap.Init(&fresh.expiry)
 
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.store, f.clock, f.lastIndex = fresh.store, fresh.clock, fresh.lastIndex
-	f.inProgress, f.expiry, f.bytes = fresh.inProgress, fresh.expiry, fresh.bytes
+	if err := rs.Commit(meta); err != nil {
+		return fmt.Errorf("fsm: switching to the restored state: %w", err)
+	}
+	committed = true
+	f.meta = meta
 	return nil
 }
 

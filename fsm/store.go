@@ -1,6 +1,8 @@
 package fsm
 
 import (
+	"container/heap"
+	"math"
 	"sort"
 	"strings"
 )
@@ -18,44 +20,179 @@ func (k RecordKey) less(o RecordKey) bool {
 	return k.Key < o.Key
 }
 
-// Store holds the records of one shard. The FSM is its only writer and
-// treats stored *Record values as immutable: a change stores a new Record,
-// so a snapshot may keep pointers to the old ones while Apply goes on.
+// Meta is what the FSM keeps besides its records: its clock, the last index
+// it applied, and its record counts. A Store keeps it with the records (a
+// disk store writes it in the same engine batch), so it is never recomputed
+// by a scan.
+type Meta struct {
+	// Clock is the highest command time applied (Unix nanoseconds).
+	Clock int64
+	// LastIndex is the highest fencing-token slot issued (FSM.tokenSlot):
+	// the log index of the last entry applied until the first packed entry,
+	// packed-mode slots after it (entryOf gives their log index).
+	LastIndex uint64
+	// InProgress and Completed count the records by state.
+	InProgress, Completed int64
+	// Bytes approximates the records' size (RecordBytes).
+	Bytes int64
+}
+
+// Store holds the records of one shard, the two indexes the sweep needs (by
+// end of retention, by end of lease) and the FSM's Meta. The FSM is its only
+// writer and treats stored *Record values as immutable: a change stores a
+// new Record.
 //
-// The in-memory store is the one in use; the interface is the seam for a
-// disk-backed store that bounds retained state by disk rather than RAM.
+// Two implementations: NewMemStore (tests, the idemtest server) and the
+// disk-backed store of package statedb, which keeps nothing in memory that
+// grows with the retained state.
 type Store interface {
+	// Get returns the record at k as the writer sees it (changes of the
+	// batch being applied included). Called only by the writer.
 	Get(k RecordKey) (*Record, bool)
-	Put(k RecordKey, r *Record)
-	Delete(k RecordKey)
+	// Lookup returns the record at k as readers see it (what has been
+	// applied and committed). Safe concurrently with the writer.
+	Lookup(k RecordKey) (*Record, bool)
+	// Scan visits the committed records of namespace with keys greater
+	// than after, in key order, from one consistent view, until fn returns
+	// false. Safe concurrently with the writer.
+	Scan(namespace, after string, fn func(key string, r *Record) bool) error
+	// ScanInProgress visits committed IN_PROGRESS records, in the order of
+	// their lease ends (earliest first), until fn returns false. Safe
+	// concurrently with the writer.
+	ScanInProgress(fn func(k RecordKey, r *Record) bool) error
+	// Put replaces old (nil when absent) at k with rec (nil deletes) and
+	// keeps the indexes in step.
+	Put(k RecordKey, old, rec *Record)
+	// DropExpired deletes up to limit (0: no bound) COMPLETED records with
+	// ExpiresAt <= at, in (ExpiresAt, key) order, and returns how many and
+	// the sum of their RecordBytes. A disk store does it from its index
+	// alone (blind deletes, no record reads).
+	DropExpired(at int64, limit int) (n int, bytes int64)
+	// DropLeasesEnded does the same for IN_PROGRESS records with
+	// LeaseExpiresAt <= at, in (LeaseExpiresAt, key) order.
+	DropLeasesEnded(at int64, limit int) (n int, bytes int64)
+	// Meta returns the Meta last set (or stored, for a reopened store).
+	Meta() Meta
+	// SetMeta records m; it is stored with the records it describes.
+	SetMeta(m Meta)
+	// View captures the committed state for a snapshot, cheaply; it is read
+	// later, concurrently with further writes.
+	View() StoreView
+	// BeginRestore starts filling a fresh, empty keyspace; the store's
+	// current state is untouched until StoreRestore.Commit.
+	BeginRestore() StoreRestore
+}
+
+// StoreView is a consistent, read-only view of a Store.
+type StoreView interface {
+	Meta() Meta
+	// Len is the number of records in the view.
 	Len() int
-	// Range visits every record, in no particular order, until fn returns false.
-	Range(fn func(k RecordKey, r *Record) bool)
-	// Scan visits the records of namespace with keys greater than after,
-	// in key order, until fn returns false.
-	Scan(namespace, after string, fn func(key string, r *Record) bool)
+	// Frames calls fn with every record encoded by AppendRecord, in
+	// (namespace, key) order, until fn returns an error, which it returns.
+	Frames(fn func(frame []byte) error) error
+	// Release frees the view; always called.
+	Release()
+}
+
+// StoreRestore is a keyspace being filled by Restore.
+type StoreRestore interface {
+	// Has reports whether k was already put.
+	Has(k RecordKey) (bool, error)
+	Put(k RecordKey, r *Record) error
+	// Commit makes the restored records (with m) the store's state,
+	// atomically: before it returns the old state is intact, after it the
+	// new one is complete.
+	Commit(m Meta) error
+	// Abort drops what was put; the old state stays.
+	Abort()
 }
 
 // NewMemStore returns an empty in-memory Store.
-func NewMemStore() Store { return &memStore{m: make(map[RecordKey]*Record)} }
+func NewMemStore() Store {
+	return &memStore{m: make(map[RecordKey]*Record), inProgress: make(map[RecordKey]struct{})}
+}
 
-type memStore struct{ m map[RecordKey]*Record }
+// memStore keeps everything in maps: fine for tests and small test servers,
+// which is all it is used for.
+type memStore struct {
+	m          map[RecordKey]*Record
+	meta       Meta
+	inProgress map[RecordKey]struct{}
+	expiry     expiryHeap
+}
 
-func (s *memStore) Get(k RecordKey) (*Record, bool) { r, ok := s.m[k]; return r, ok }
-func (s *memStore) Put(k RecordKey, r *Record)      { s.m[k] = r }
-func (s *memStore) Delete(k RecordKey)              { delete(s.m, k) }
-func (s *memStore) Len() int                        { return len(s.m) }
-func (s *memStore) Range(fn func(RecordKey, *Record) bool) {
-	for k, r := range s.m {
-		if !fn(k, r) {
-			return
-		}
+func (s *memStore) Get(k RecordKey) (*Record, bool)    { r, ok := s.m[k]; return r, ok }
+func (s *memStore) Lookup(k RecordKey) (*Record, bool) { return s.Get(k) }
+func (s *memStore) Meta() Meta                         { return s.meta }
+func (s *memStore) SetMeta(m Meta)                     { s.meta = m }
+
+func (s *memStore) Put(k RecordKey, old, rec *Record) {
+	if old != nil && old.State == StateInProgress {
+		delete(s.inProgress, k)
+	}
+	if rec == nil {
+		delete(s.m, k)
+		return
+	}
+	s.m[k] = rec
+	s.index(k, rec)
+}
+
+func (s *memStore) index(k RecordKey, rec *Record) {
+	switch rec.State {
+	case StateInProgress:
+		s.inProgress[k] = struct{}{}
+	case StateCompleted:
+		heap.Push(&s.expiry, expiryEntry{at: rec.ExpiresAt, k: k})
 	}
 }
 
+func (s *memStore) DropExpired(at int64, limit int) (n int, bytes int64) {
+	for len(s.expiry) > 0 && s.expiry[0].at <= at && (limit == 0 || n < limit) {
+		e := heap.Pop(&s.expiry).(expiryEntry)
+		rec, ok := s.m[e.k]
+		if !ok || rec.State != StateCompleted || rec.ExpiresAt != e.at {
+			continue // stale entry: the record changed since
+		}
+		bytes += RecordBytes(e.k, rec)
+		delete(s.m, e.k)
+		n++
+	}
+	return n, bytes
+}
+
+func (s *memStore) DropLeasesEnded(at int64, limit int) (n int, bytes int64) {
+	for _, k := range s.leasesEnded(at, limit) {
+		bytes += RecordBytes(k, s.m[k])
+		delete(s.m, k)
+		delete(s.inProgress, k)
+		n++
+	}
+	return n, bytes
+}
+
+func (s *memStore) leasesEnded(at int64, limit int) []RecordKey {
+	var ended []expiryEntry
+	for k := range s.inProgress {
+		if r := s.m[k]; r.LeaseExpiresAt <= at {
+			ended = append(ended, expiryEntry{at: r.LeaseExpiresAt, k: k})
+		}
+	}
+	sort.Sort(expiryHeap(ended))
+	if limit > 0 && len(ended) > limit {
+		ended = ended[:limit]
+	}
+	keys := make([]RecordKey, len(ended))
+	for i, e := range ended {
+		keys[i] = e.k
+	}
+	return keys
+}
+
 // Scan sorts the namespace's keys on every call: the in-memory store serves
-// tests and small servers; a disk store scans its ordered keyspace.
-func (s *memStore) Scan(namespace, after string, fn func(string, *Record) bool) {
+// tests and small servers; the disk store scans its ordered keyspace.
+func (s *memStore) Scan(namespace, after string, fn func(string, *Record) bool) error {
 	var keys []string
 	for k := range s.m {
 		if k.Namespace == namespace && k.Key > after {
@@ -65,9 +202,31 @@ func (s *memStore) Scan(namespace, after string, fn func(string, *Record) bool) 
 	sort.Strings(keys)
 	for _, key := range keys {
 		if !fn(key, s.m[RecordKey{namespace, key}]) {
-			return
+			break
 		}
 	}
+	return nil
+}
+
+func (s *memStore) ScanInProgress(fn func(RecordKey, *Record) bool) error {
+	for _, k := range s.leasesEnded(math.MaxInt64, 0) {
+		if !fn(k, s.m[k]) {
+			break
+		}
+	}
+	return nil
+}
+
+func (s *memStore) View() StoreView {
+	v := &memView{meta: s.meta, entries: make([]keyedRecord, 0, len(s.m))}
+	for k, r := range s.m {
+		v.entries = append(v.entries, keyedRecord{k, r})
+	}
+	return v
+}
+
+func (s *memStore) BeginRestore() StoreRestore {
+	return &memRestore{s: s, fresh: NewMemStore().(*memStore)}
 }
 
 type keyedRecord struct {
@@ -75,16 +234,49 @@ type keyedRecord struct {
 	r *Record
 }
 
-// sortedRecords returns the store's records in (namespace, key) order: the
-// order of snapshots, so that equal states give equal bytes.
-func sortedRecords(entries []keyedRecord) []keyedRecord {
-	sort.Slice(entries, func(i, j int) bool { return entries[i].k.less(entries[j].k) })
-	return entries
+// memView holds pointers to the (immutable) records; sorting and encoding
+// happen in Frames, outside the FSM's lock.
+type memView struct {
+	meta    Meta
+	entries []keyedRecord
 }
+
+func (v *memView) Meta() Meta { return v.meta }
+func (v *memView) Len() int   { return len(v.entries) }
+func (v *memView) Release()   { v.entries = nil }
+func (v *memView) Frames(fn func([]byte) error) error {
+	sort.Slice(v.entries, func(i, j int) bool { return v.entries[i].k.less(v.entries[j].k) })
+	var frame []byte
+	for _, e := range v.entries {
+		frame = AppendRecord(frame[:0], e.k, e.r)
+		if err := fn(frame); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type memRestore struct {
+	s     *memStore
+	fresh *memStore
+}
+
+func (r *memRestore) Has(k RecordKey) (bool, error) { _, ok := r.fresh.m[k]; return ok, nil }
+func (r *memRestore) Put(k RecordKey, rec *Record) error {
+	r.fresh.m[k] = rec
+	r.fresh.index(k, rec)
+	return nil
+}
+func (r *memRestore) Commit(m Meta) error {
+	r.fresh.meta = m
+	*r.s = *r.fresh
+	return nil
+}
+func (r *memRestore) Abort() { r.fresh = nil }
 
 // expiryHeap orders completed records by (ExpiresAt, key): a total order, so
 // a bounded sweep drops the same records on every replica however the heap
-// was built. Entries go stale when their record changes; sweep skips them.
+// was built. Entries go stale when their record changes; Expired skips them.
 type expiryHeap []expiryEntry
 
 type expiryEntry struct {

@@ -37,6 +37,10 @@ type Config struct {
 	// MaxResponseBytes is the largest stored response body (decoded bytes);
 	// 0 means 1 MiB.
 	MaxResponseBytes int64
+	// MaxStateBytes is the node's stored state (statedb.DB.StateBytes) at
+	// which requests that would add data get 429 RESOURCE_EXHAUSTED; 0
+	// means 80% of the free space of DataDir's filesystem at start.
+	MaxStateBytes int64
 	// ClockSkewMargin is how long past a lease's end before another caller
 	// may reclaim the key. Zero means no margin (not recommended).
 	ClockSkewMargin time.Duration
@@ -96,6 +100,9 @@ func (c Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		bad("a data dir is required")
+	}
+	if c.MaxStateBytes < 0 {
+		bad("max state bytes %d is negative", c.MaxStateBytes)
 	}
 	if c.MaxResponseBytes < 0 {
 		bad("max response bytes %d is negative", c.MaxResponseBytes)

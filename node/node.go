@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sort"
@@ -13,11 +12,13 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -35,6 +36,7 @@ var (
 type shard struct {
 	info  topology.Shard
 	group *raftstore.Group
+	sm    *statedb.StateMachine
 	fsm   *fsm.FSM
 	// waiters are the reserves waiting here for a key of the shard; the
 	// FSM's OnApply wakes them.
@@ -55,6 +57,7 @@ type Node struct {
 
 	// Set by Start.
 	host           *raftstore.Host
+	state          *statedb.DB // every hosted shard's records, on disk
 	shards         map[string]*shard
 	httpLn, grpcLn net.Listener
 	servers        []serving.Server
@@ -105,6 +108,10 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 		if err == nil {
 			return res, n.cfg.NodeID, nil
 		}
+		var be *backend.Error
+		if errors.As(err, &be) { // refused before proposing (--max-state-bytes)
+			return fsm.Result{}, n.cfg.NodeID, err
+		}
 		var nle *raftstore.NotLeaderError
 		if !errors.As(err, &nle) {
 			return fsm.Result{}, "", unavailable(info, err)
@@ -122,11 +129,18 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 }
 
 // propose stamps cmd (Now, SkewMargin; Wait is not replicated) and applies
-// it through s's Raft group. The error is the group's.
+// it through s's Raft group. The error is the group's, or a
+// *backend.Error RESOURCE_EXHAUSTED when the leader's state is at
+// --max-state-bytes and cmd would add data.
 func (n *Node) propose(ctx context.Context, s *shard, cmd *fsm.Command) (fsm.Result, error) {
 	stamped := *cmd
 	stamped.Now = n.now()
 	stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
+	if s.group.IsLeader() {
+		if err := s.sm.Admit(&stamped); err != nil { // --max-state-bytes reached
+			return fsm.Result{}, &backend.Error{Code: contract.CodeResourceExhausted, Message: err.Error(), RetryAfter: n.cfg.SweepInterval}
+		}
+	}
 	v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
 	if err != nil {
 		return fsm.Result{}, err
@@ -188,7 +202,11 @@ func (n *Node) ListShard(ctx context.Context, id string, q backend.ShardQuery, h
 		err := s.group.ReadBarrier(ctx)
 		if err == nil {
 			now := n.now()
-			return s.fsm.List(q.FSMQuery(now), now), nil
+			page, err := s.fsm.List(q.FSMQuery(now), now)
+			if err != nil {
+				return fsm.ListPage{}, &backend.Error{Code: contract.CodeInternal, Message: err.Error()}
+			}
+			return page, nil
 		}
 		var nle *raftstore.NotLeaderError
 		if !errors.As(err, &nle) {
@@ -243,23 +261,3 @@ func (n *Node) shardIDs() []string {
 	sort.Strings(ids)
 	return ids
 }
-
-// stateMachine adapts an *fsm.FSM to raftstore.StateMachine.
-type stateMachine struct{ f *fsm.FSM }
-
-func (m stateMachine) Apply(index uint64, data []byte) any {
-	if fsm.IsPacked(data) {
-		// raftstore's proposal buffer wants one result per packed command.
-		rs := m.f.ApplyPackedEntry(index, data)
-		out := make([]any, len(rs))
-		for i, r := range rs {
-			out[i] = r
-		}
-		return out
-	}
-	return m.f.ApplyEntry(index, data)
-}
-func (m stateMachine) Snapshot() (raftstore.SnapshotWriter, error) {
-	return m.f.Snapshot(), nil
-}
-func (m stateMachine) Restore(r io.Reader) error { return m.f.Restore(r) }

@@ -13,11 +13,11 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
-	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
+	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -87,6 +87,17 @@ func (n *Node) Start() (err error) {
 	rcfg.DataDir = filepath.Join(cfg.DataDir, "raft")
 	rcfg.Logger = n.log
 	rcfg.Registry = cfg.Registry
+	maxState := cfg.MaxStateBytes
+	if maxState == 0 {
+		if maxState, err = statedb.DefaultMaxStateBytes(cfg.DataDir); err != nil {
+			return err
+		}
+	}
+	stateDir := filepath.Join(cfg.DataDir, "state")
+	if n.state, err = statedb.Open(statedb.Config{Dir: stateDir, MaxStateBytes: maxState, Registry: cfg.Registry}); err != nil {
+		return err
+	}
+	n.log.Info("state engine open", "dir", stateDir, "max_state_bytes", maxState, "state_bytes", n.state.StateBytes())
 	if n.host, err = raftstore.NewHost(rcfg); err != nil {
 		return err
 	}
@@ -100,9 +111,13 @@ func (n *Node) Start() (err error) {
 		if spansRegions(cfg.Topology, info) && cfg.Topology.WANRTTMs > 0 {
 			gc.Timing = raftstore.WANTiming(rcfg, time.Duration(cfg.Topology.WANRTTMs)*time.Millisecond)
 		}
-		s := &shard{info: info, fsm: fsm.New(), waiters: new(backend.Waiters)}
+		sm, err := n.state.Shard(info.ID)
+		if err != nil {
+			return err
+		}
+		s := &shard{info: info, sm: sm, fsm: sm.FSM(), waiters: new(backend.Waiters)}
 		s.fsm.OnApply(s.waiters.Settled)
-		if s.group, err = n.host.AddGroup(gc, stateMachine{s.fsm}); err != nil {
+		if s.group, err = n.host.AddGroup(gc, sm); err != nil {
 			return err
 		}
 		n.shards[info.ID] = s
@@ -187,6 +202,9 @@ func (n *Node) closeAll(ctx context.Context) error {
 		}
 		if n.host != nil {
 			errs = append(errs, n.host.Shutdown(ctx))
+		}
+		if n.state != nil { // after every Raft group has stopped applying
+			errs = append(errs, n.state.Close())
 		}
 		n.fwd.Close()
 		if n.started.Load() {

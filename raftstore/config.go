@@ -79,6 +79,15 @@ type Config struct {
 	// slightly lagging follower catches up from the log, not a snapshot.
 	TrailingLogs uint64
 
+	// TrailingLogsBytes bounds the log kept behind a snapshot by bytes as
+	// well: a group keeps min(TrailingLogs, TrailingLogsBytes / mean entry
+	// size) entries (at least 1), re-sized as it writes. 0 means 256 MiB.
+	TrailingLogsBytes int64
+
+	// LogCacheBytes bounds the recent log entries each group keeps in
+	// memory (at most 1024 entries): 0 means 64 MiB.
+	LogCacheBytes int64
+
 	// ApplyTimeout bounds Group.Apply and Group.ReadBarrier when the caller's
 	// context has no earlier deadline.
 	ApplyTimeout time.Duration
@@ -173,6 +182,8 @@ func DefaultConfig() Config {
 		SnapshotThreshold:  8192,
 		SnapshotInterval:   2 * time.Minute,
 		TrailingLogs:       10240,
+		TrailingLogsBytes:  256 << 20,
+		LogCacheBytes:      64 << 20,
 		ApplyTimeout:       10 * time.Second,
 		SharedLog:          true,
 	}
@@ -234,6 +245,9 @@ func (c Config) Validate() error {
 	}
 	if c.SnapshotThreshold < 1 {
 		bad("SnapshotThreshold must be >= 1")
+	}
+	if c.TrailingLogsBytes < 0 || c.LogCacheBytes < 0 {
+		bad("TrailingLogsBytes and LogCacheBytes must not be negative")
 	}
 	if c.ApplyTimeout <= 0 {
 		bad("ApplyTimeout must be > 0")
@@ -379,4 +393,18 @@ func (gc GroupConfig) validate(self string) error {
 		bad("this node (%q) is not among its voters", self)
 	}
 	return errors.Join(errs...)
+}
+
+// trailingLogsFor is how many entries to keep behind a snapshot when they
+// are meanBytes large on average (0: unknown yet).
+func (c Config) trailingLogsFor(meanBytes int64) uint64 {
+	n := c.TrailingLogs
+	budget := c.TrailingLogsBytes
+	if budget == 0 {
+		budget = 256 << 20
+	}
+	if meanBytes > 0 {
+		n = min(n, max(uint64(budget/meanBytes), 1))
+	}
+	return n
 }

@@ -40,6 +40,13 @@ var (
 	// current cannot be known, so the group refuses to start.
 	ErrStoreConflict = errors.New("raftstore: group's log found in two stores")
 
+	// ErrStateAhead is returned by AddGroup when a DurableStateMachine's
+	// state covers log entries this node's Raft log and snapshots do not
+	// hold (the Raft data was removed or replaced while the state was
+	// kept): starting would skip new entries as if applied. Move one of the
+	// two away (or replace the node) before starting.
+	ErrStateAhead = errors.New("raftstore: state machine is ahead of the Raft log")
+
 	// ErrGroupExists is returned by AddGroup for a shard id already hosted.
 	ErrGroupExists = errors.New("raftstore: group already hosted")
 

@@ -27,6 +27,30 @@ type StateMachine interface {
 	Restore(r io.Reader) error
 }
 
+// DurableStateMachine is a StateMachine that keeps its state on disk with
+// the Raft index it covers. A group over one starts with raft's
+// NoSnapshotRestoreOnStart: on restart it neither restores a snapshot nor
+// re-applies entries the state already covers (raft hands them again; the
+// adapter skips every entry at or below AppliedIndex). It restores a
+// snapshot at start only if the state on disk is older than the newest
+// snapshot (a state that never was on disk: an upgraded data dir, or an
+// engine that lost unsynced writes the snapshot covers).
+type DurableStateMachine interface {
+	StateMachine
+	// AppliedIndex is the Raft index the state on disk covers; 0 if none.
+	// Read once, when the group opens.
+	AppliedIndex() uint64
+	// CommitApplied makes every Apply since the last call part of the
+	// state together with index, atomically (in one engine batch): after a
+	// crash either both or neither are there. Called once per ApplyBatch.
+	// An error stops the node: raft cannot go on applying.
+	CommitApplied(index uint64) error
+	// RestoreApplied replaces the state with the snapshot read from r,
+	// which covers Raft index applied, atomically with that index. On
+	// error the old state is intact.
+	RestoreApplied(r io.Reader, applied uint64) error
+}
+
 // SnapshotWriter is a captured view of a StateMachine.
 type SnapshotWriter interface {
 	// WriteTo writes the view; it runs concurrently with Apply.
@@ -54,7 +78,11 @@ const (
 // it has applied, which ReadBarrier and Ready wait on.
 type fsmAdapter struct {
 	sm      StateMachine
+	durable DurableStateMachine // sm, when it is one; nil otherwise
 	metrics *groupMetrics
+	// onDisk is the index a DurableStateMachine covered when the group
+	// opened: entries up to it that raft hands again are skipped.
+	onDisk uint64
 
 	// applied is the index of the last LogCommand or LogConfiguration entry
 	// handed to this adapter. raft.AppliedIndex() is not usable for reads: it
@@ -67,12 +95,19 @@ type fsmAdapter struct {
 
 	batches  atomic.Uint64 // ApplyBatch calls that carried commands
 	commands atomic.Uint64 // commands applied
+	restores atomic.Uint64 // snapshots restored into the state machine
 }
 
 var _ raft.BatchingFSM = (*fsmAdapter)(nil)
 
 func newFSMAdapter(sm StateMachine, m *groupMetrics) *fsmAdapter {
-	return &fsmAdapter{sm: sm, metrics: m}
+	f := &fsmAdapter{sm: sm, metrics: m}
+	if d, ok := sm.(DurableStateMachine); ok {
+		f.durable = d
+		f.onDisk = d.AppliedIndex()
+		f.applied.Store(f.onDisk)
+	}
+	return f
 }
 
 // ApplyBatch applies every committed command of a batch in one call; raft
@@ -81,6 +116,9 @@ func (f *fsmAdapter) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
 	cmds := 0
 	for i, l := range logs {
+		if l.Index <= f.onDisk {
+			continue // already in the durable state: applied before a restart
+		}
 		if l.Type == raft.LogCommand {
 			out[i] = f.sm.Apply(l.Index, l.Data)
 			cmds++
@@ -93,7 +131,18 @@ func (f *fsmAdapter) ApplyBatch(logs []*raft.Log) []any {
 		f.metrics.batchSize.Observe(float64(cmds))
 	}
 	if len(logs) > 0 {
-		f.setApplied(logs[len(logs)-1].Index)
+		last := logs[len(logs)-1].Index
+		if f.durable != nil && last > f.onDisk {
+			if err := f.durable.CommitApplied(last); err != nil {
+				// The state machine could not make this batch part of its
+				// state; going on would diverge from the log. Stop loudly
+				// (the contract: never acknowledge what is not durable).
+				panic(fmt.Sprintf("raftstore: state machine refused applied index %d: %v", last, err))
+			}
+		}
+		if last > f.applied.Load() {
+			f.setApplied(last)
+		}
 	}
 	return out
 }
@@ -141,10 +190,18 @@ func (f *fsmAdapter) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("raftstore: snapshot has an unknown header %x", h[:5])
 	}
 	applied := binary.BigEndian.Uint64(h[5:])
-	if err := f.sm.Restore(rc); err != nil {
+	var err error
+	if f.durable != nil {
+		err = f.durable.RestoreApplied(rc, applied)
+	} else {
+		err = f.sm.Restore(rc)
+	}
+	if err != nil {
 		return fmt.Errorf("raftstore: restoring state machine: %w", err)
 	}
+	f.onDisk = 0 // raft hands only entries after the snapshot from now on
 	f.setApplied(applied)
+	f.restores.Add(1)
 	f.metrics.restores.Inc()
 	return nil
 }

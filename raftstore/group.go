@@ -21,7 +21,7 @@ type Group struct {
 	logger    *slog.Logger
 	raft      *raft.Raft
 	fsm       *fsmAdapter
-	logs      raft.LogStore // log cache over counting store over store
+	logs      *logCache // log cache over counting store over store
 	counted   *countingLogStore
 	store     groupStore // own bolt file or the host's shared log
 	sharedLog bool
@@ -504,6 +504,10 @@ type GroupStats struct {
 
 	ProposedEntries  uint64 // entries proposed through the proposal buffer (0 without Config.Packer)
 	ProposedCommands uint64 // commands in those entries: ProposedCommands/ProposedEntries per entry
+	// SnapshotRestores counts snapshots restored into the state machine
+	// since the group opened (installs from a leader, and a catch-up at
+	// open of a durable state behind the newest snapshot).
+	SnapshotRestores uint64
 }
 
 // Stats returns the group's current figures.
@@ -524,6 +528,8 @@ func (g *Group) Stats() GroupStats {
 		LogCommits:      g.counted.commits.Load(),
 		LogEntries:      g.counted.entries.Load(),
 		LogCommitTime:   time.Duration(g.counted.commitNanos.Load()),
+
+		SnapshotRestores: g.fsm.restores.Load(),
 	}
 	if g.raft.State() != raft.Leader {
 		s.LastContact = g.raft.LastContact()
@@ -563,4 +569,41 @@ func (g *Group) shutdown() error {
 		}
 	})
 	return g.shutdownErr
+}
+
+// trailingEvery is how often a group re-sizes the log it keeps behind a
+// snapshot to its entries' mean size.
+const trailingEvery = 5 * time.Second
+
+// boundTrailingLogs keeps the log behind a snapshot within
+// Config.TrailingLogsBytes as well as Config.TrailingLogs entries: raft
+// counts entries only, so it sets raft's TrailingLogs from the mean size of
+// the entries this group has written.
+func (g *Group) boundTrailingLogs() {
+	t := time.NewTicker(trailingEvery)
+	defer t.Stop()
+	last := g.host.cfg.TrailingLogs
+	for {
+		select {
+		case <-g.closedCh:
+			return
+		case <-t.C:
+		}
+		entries := g.counted.entries.Load()
+		if entries == 0 {
+			continue
+		}
+		want := g.host.cfg.trailingLogsFor(int64(g.counted.bytes.Load() / entries))
+		if want == last {
+			continue
+		}
+		rc := g.raft.ReloadableConfig()
+		rc.TrailingLogs = want
+		if err := g.raft.ReloadConfig(rc); err != nil {
+			g.logger.Warn("could not re-size the trailing log", "entries", want, "error", err)
+			continue
+		}
+		g.logger.Debug("trailing log re-sized", "entries", want, "mean_entry_bytes", g.counted.bytes.Load()/entries)
+		last = want
+	}
 }

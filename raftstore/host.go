@@ -2,8 +2,10 @@ package raftstore
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -177,10 +179,11 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	gm := h.metrics.forGroup(id)
 	cleanup = append(cleanup, func() { h.metrics.forgetGroup(id) })
 	counted := &countingLogStore{LogStore: store, metrics: gm}
-	logs, err := raft.NewLogCache(logCacheSize, counted)
-	if err != nil {
-		return nil, shardErr(id, "log cache: %w", err)
+	cacheBytes := h.cfg.LogCacheBytes
+	if cacheBytes == 0 {
+		cacheBytes = 64 << 20
 	}
+	logs := newLogCache(counted, logCacheSize, cacheBytes)
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, snapshotsRetained, rlog.Named("snapshot"))
 	if err != nil {
 		return nil, shardErr(id, "snapshot store: %w", err)
@@ -213,7 +216,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	rc.MaxAppendEntries = h.cfg.MaxAppendEntries
 	rc.SnapshotThreshold = h.cfg.SnapshotThreshold
 	rc.SnapshotInterval = h.cfg.SnapshotInterval
-	rc.TrailingLogs = h.cfg.TrailingLogs
+	rc.TrailingLogs = h.cfg.trailingLogsFor(0)
 	rc.Logger = rlog.Named("raft")
 	rc.NoLegacyTelemetry = true
 	// Buffer applyCh to MaxAppendEntries so proposers hand their command
@@ -227,6 +230,10 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	existing, err := raft.HasExistingState(logs, store, snaps)
 	if err != nil {
 		return nil, shardErr(id, "checking existing state: %w", err)
+	}
+
+	if err := checkStateNotAhead(sm, logs, snaps); err != nil {
+		return nil, shardErr(id, "%w", err)
 	}
 
 	switch {
@@ -250,6 +257,15 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	}
 
 	fsm := newFSMAdapter(sm, gm)
+	if fsm.durable != nil {
+		// The state is on disk with the index it covers: a restart neither
+		// restores a snapshot nor re-applies what the state holds, unless
+		// the state is older than the newest snapshot.
+		rc.NoSnapshotRestoreOnStart = true
+		if err := catchUpFromSnapshot(fsm, snaps, logger); err != nil {
+			return nil, shardErr(id, "%w", err)
+		}
+	}
 	r, err := raft.NewRaft(rc, fsm, logs, store, snaps, trans)
 	if err != nil {
 		return nil, shardErr(id, "starting raft: %w", err)
@@ -288,6 +304,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	})
 	r.RegisterObserver(g.observer)
 	go g.watchLeader()
+	go g.boundTrailingLogs()
 	return g, nil
 }
 
@@ -604,4 +621,71 @@ func cmpDuration(override, fallback time.Duration) time.Duration {
 		return override
 	}
 	return fallback
+}
+
+// catchUpFromSnapshot restores the newest snapshot into a durable state
+// machine whose state on disk is older than it. raft, started with
+// NoSnapshotRestoreOnStart, hands only the entries after the newest
+// snapshot to the state machine, so a state behind the snapshot (a data dir
+// of a release that kept the state in memory, or an engine that lost
+// unsynced writes the snapshot covers) must first get the snapshot's state.
+func catchUpFromSnapshot(f *fsmAdapter, snaps raft.SnapshotStore, logger *slog.Logger) error {
+	metas, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("listing snapshots: %w", err)
+	}
+	if len(metas) == 0 || metas[0].Index <= f.onDisk {
+		return nil
+	}
+	meta, rc, err := snaps.Open(metas[0].ID)
+	if err != nil {
+		return fmt.Errorf("opening snapshot %s: %w", metas[0].ID, err)
+	}
+	defer rc.Close()
+	var h [snapHeaderLen]byte
+	if _, err := io.ReadFull(rc, h[:]); err != nil {
+		return fmt.Errorf("reading snapshot %s: %w", meta.ID, err)
+	}
+	if [4]byte(h[:4]) != snapMagic || h[4] != snapVersion {
+		return fmt.Errorf("snapshot %s has an unknown header %x", meta.ID, h[:5])
+	}
+	applied := binary.BigEndian.Uint64(h[5:])
+	if applied <= f.onDisk {
+		return nil // only no-op or barrier entries lie between
+	}
+	start := time.Now()
+	if err := f.durable.RestoreApplied(rc, applied); err != nil {
+		return fmt.Errorf("restoring snapshot %s into the state on disk: %w", meta.ID, err)
+	}
+	logger.Info("state on disk was behind the newest snapshot; restored it", "snapshot", meta.ID,
+		"applied_before", f.onDisk, "applied", applied, "took", time.Since(start))
+	f.onDisk = applied
+	f.applied.Store(applied)
+	f.restores.Add(1)
+	f.metrics.restores.Inc()
+	return nil
+}
+
+// checkStateNotAhead refuses a durable state that covers more of the log
+// than this node's Raft log and snapshots hold.
+func checkStateNotAhead(sm StateMachine, logs raft.LogStore, snaps raft.SnapshotStore) error {
+	d, ok := sm.(DurableStateMachine)
+	if !ok || d.AppliedIndex() == 0 {
+		return nil
+	}
+	last, err := logs.LastIndex()
+	if err != nil {
+		return fmt.Errorf("reading the log: %w", err)
+	}
+	metas, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("listing snapshots: %w", err)
+	}
+	if len(metas) > 0 {
+		last = max(last, metas[0].Index)
+	}
+	if d.AppliedIndex() > last {
+		return fmt.Errorf("%w: the state covers index %d, the Raft log and snapshots end at %d", ErrStateAhead, d.AppliedIndex(), last)
+	}
+	return nil
 }

@@ -232,6 +232,7 @@ type countingLogStore struct {
 	metrics     *groupMetrics
 	commits     atomic.Uint64
 	entries     atomic.Uint64
+	bytes       atomic.Uint64 // the entries' Data
 	commitNanos atomic.Int64
 }
 
@@ -247,6 +248,11 @@ func (s *countingLogStore) StoreLogs(logs []*raft.Log) error {
 	took := time.Since(start)
 	s.commits.Add(1)
 	s.entries.Add(uint64(len(logs)))
+	var n uint64
+	for _, l := range logs {
+		n += uint64(len(l.Data))
+	}
+	s.bytes.Add(n)
 	s.commitNanos.Add(int64(took))
 	s.metrics.logStoreBatch.Observe(float64(len(logs)))
 	s.metrics.logCommit.Observe(took.Seconds())

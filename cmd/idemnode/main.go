@@ -40,6 +40,7 @@ type options struct {
 	grpcAddr         string
 	raftAddr         string
 	maxResponseBytes int64
+	maxStateBytes    int64
 	clockSkewMargin  time.Duration
 	logLevel         string
 	logFormat        string
@@ -77,6 +78,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.grpcAddr, "grpc-addr", "", "`HOST:PORT` for the gRPC API (dev default 127.0.0.1:7070; else the topology's)")
 	fs.StringVar(&o.raftAddr, "raft-addr", "", "`HOST:PORT` for Raft traffic of all shards of this node (dev default 127.0.0.1:7000; else the topology's)")
 	fs.Int64Var(&o.maxResponseBytes, "max-response-bytes", 1<<20, "largest stored response body in decoded `BYTES`")
+	fs.Int64Var(&o.maxStateBytes, "max-state-bytes", 0, "stored state in `BYTES` at which requests that add data (a reserve of a new key, a complete) get 429 RESOURCE_EXHAUSTED until sweeps free space (0: 80% of the data dir's free space at start)")
 	fs.DurationVar(&o.clockSkewMargin, "clock-skew-margin", time.Second, "how long past a lease's end before another caller may reclaim the key")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
@@ -139,6 +141,7 @@ func nodeConfig(o *options) (node.Config, error) {
 		RaftAddr:         o.raftAddr,
 		DataDir:          o.dataDir,
 		MaxResponseBytes: o.maxResponseBytes,
+		MaxStateBytes:    o.maxStateBytes,
 		ClockSkewMargin:  o.clockSkewMargin,
 		ClockOffset:      o.testClockOffset,
 		Version:          version,
@@ -163,6 +166,9 @@ func nodeConfig(o *options) (node.Config, error) {
 	}
 	if o.maxResponseBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-response-bytes must be positive, got %d", o.maxResponseBytes))
+	}
+	if o.maxStateBytes < 0 {
+		errs = append(errs, fmt.Errorf("--max-state-bytes must not be negative, got %d", o.maxStateBytes))
 	}
 	if o.clockSkewMargin < 0 {
 		errs = append(errs, fmt.Errorf("--clock-skew-margin must not be negative, got %s", o.clockSkewMargin))

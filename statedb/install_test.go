@@ -1,0 +1,125 @@
+package statedb
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/raftstore"
+)
+
+type replica struct {
+	id, dir, addr string
+	host          *raftstore.Host
+	db            *DB
+	g             *raftstore.Group
+	f             *fsm.FSM
+}
+
+func (r *replica) open(t *testing.T, voters []raftstore.Peer) {
+	t.Helper()
+	cfg := raftstore.DefaultConfig()
+	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir, cfg.NoFsync = r.id, r.addr, filepath.Join(r.dir, "raft"), true
+	cfg.CommitTimeout, cfg.TrailingLogs, cfg.SnapshotThreshold = 10*time.Millisecond, 5, 1<<40
+	h, err := raftstore.NewHost(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.host, r.addr = h, h.Addr()
+	if voters == nil {
+		return
+	}
+	if r.db, err = Open(Config{Dir: filepath.Join(r.dir, "state"), CacheBytes: 8 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	sm, err := r.db.Shard("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.f = sm.FSM()
+	if r.g, err = h.AddGroup(raftstore.GroupConfig{ID: "s1", Voters: voters}, sm); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (r *replica) close() {
+	r.host.Close()
+	if r.db != nil {
+		r.db.Close()
+	}
+}
+
+// TestFollowerCatchesUpBySnapshotInstall: a follower that was down while
+// the leader snapshotted and compacted its log gets the state by an
+// InstallSnapshot streamed from the leader's engine, restored into a new
+// generation of its own engine, and then has every record.
+func TestFollowerCatchesUpBySnapshotInstall(t *testing.T) {
+	rs := make([]*replica, 3)
+	var voters []raftstore.Peer
+	for i := range rs {
+		rs[i] = &replica{id: fmt.Sprintf("n%d", i), dir: t.TempDir(), addr: "127.0.0.1:0"}
+		rs[i].open(t, nil) // bind first: the voters need every address
+		voters = append(voters, raftstore.Peer{ID: rs[i].id, Addr: rs[i].addr})
+		rs[i].host.Close()
+	}
+	for _, r := range rs {
+		r.open(t, voters)
+	}
+	defer func() {
+		for _, r := range rs {
+			r.close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	leader := func() *replica {
+		for ctx.Err() == nil {
+			for _, r := range rs {
+				if r.g != nil && r.g.IsLeader() {
+					return r
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		t.Fatal("no leader")
+		return nil
+	}
+	l := leader()
+	var lagging *replica
+	for _, r := range rs {
+		if r != l {
+			lagging = r
+		}
+	}
+	lagging.close()
+	lagging.g = nil
+	now := time.Now().UnixNano()
+	n := &singleNode{t: t, g: l.g, f: l.f}
+	for i := range 200 {
+		n.cycle(i, now)
+	}
+	if _, _, err := l.g.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	lagging.open(t, voters)
+	target := l.g.Stats().AppliedIndex
+	for lagging.g.Stats().AppliedIndex < target {
+		if ctx.Err() != nil {
+			t.Fatalf("follower stuck at %d, leader at %d", lagging.g.Stats().AppliedIndex, target)
+		}
+		select { // poll until ctx's deadline
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if st := lagging.g.Stats(); st.SnapshotRestores != 1 {
+		t.Fatalf("follower restored %d snapshots, want 1 (an install)", st.SnapshotRestores)
+	}
+	(&singleNode{t: t, f: lagging.f}).checkAll(200, now)
+}

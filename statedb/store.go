@@ -1,0 +1,402 @@
+package statedb
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/idem-dev/idem/fsm"
+)
+
+// restoreBatchBytes is how much a Restore buffers before writing a batch
+// into the new generation: a snapshot is never held in memory whole.
+const restoreBatchBytes = 8 << 20
+
+// ShardStore is one shard's records in the node's engine: an fsm.Store.
+// Writes of one Raft ApplyBatch go into one indexed engine batch (reads of
+// the writer see it); commit writes it together with the FSM's meta and the
+// applied Raft index, atomically. Readers (Lookup) read the committed state.
+type ShardStore struct {
+	db *pebble.DB
+	id string
+
+	gen                              uint64
+	prefix                           []byte
+	metaKey, recPrefix, expPrefix    []byte
+	leasePrefix                      []byte
+	recEnd, expEnd, leaseEnd, genEnd []byte
+
+	batch   *pebble.Batch // the apply in progress; nil between batches
+	meta    fsm.Meta
+	applied uint64 // Raft index the committed state covers
+	// pendingApplied is the Raft index a Restore in progress covers.
+	pendingApplied uint64
+	// err is the first engine error met while applying; commit reports it.
+	err error
+
+	// expFloor and leaseFloor are lower bounds of the two indexes' times:
+	// every key below was deleted by a sweep, and no key below can be
+	// added again (an expiry or a lease end is always after the FSM's
+	// clock, and a sweep never looks past it). Scans start there, so they
+	// do not wade through the tombstones of earlier sweeps. In memory only:
+	// after a restart the first scan starts at the beginning once.
+	expFloor, leaseFloor []byte
+
+	// total is the DB's StateBytes; committedBytes this shard's share.
+	total          *atomic.Int64
+	committedBytes int64
+}
+
+// setCommittedBytes moves this shard's share of the DB's StateBytes to b.
+func (s *ShardStore) setCommittedBytes(b int64) {
+	s.total.Add(b - s.committedBytes)
+	s.committedBytes = b
+}
+
+var _ fsm.Store = (*ShardStore)(nil)
+
+func (s *ShardStore) setGen(gen uint64) {
+	s.gen = gen
+	s.prefix = genPrefix(s.id, gen)
+	s.metaKey = sub(s.prefix, subMeta)
+	s.recPrefix = sub(s.prefix, subRecord)
+	s.expPrefix = sub(s.prefix, subExpiry)
+	s.leasePrefix = sub(s.prefix, subLease)
+	s.recEnd, s.expEnd, s.leaseEnd = prefixEnd(s.recPrefix), prefixEnd(s.expPrefix), prefixEnd(s.leasePrefix)
+	s.genEnd = prefixEnd(s.prefix)
+	s.expFloor, s.leaseFloor = nil, nil
+}
+
+// Applied is the Raft index the committed state covers (0: nothing yet).
+func (s *ShardStore) Applied() uint64 { return s.applied }
+
+func (s *ShardStore) wb() *pebble.Batch {
+	if s.batch == nil {
+		s.batch = s.db.NewIndexedBatch()
+	}
+	return s.batch
+}
+
+func (s *ShardStore) fail(err error) {
+	if s.err == nil && err != nil {
+		s.err = err
+	}
+}
+
+func (s *ShardStore) recKey(k fsm.RecordKey) []byte {
+	return appendKey(append([]byte(nil), s.recPrefix...), k)
+}
+
+// indexValue is an index entry's value: the record's fsm.RecordBytes, so
+// that a sweep drops records without reading them.
+func indexValue(k fsm.RecordKey, r *fsm.Record) []byte {
+	return binary.AppendUvarint(nil, uint64(fsm.RecordBytes(k, r)))
+}
+
+func indexKey(prefix []byte, t int64, k fsm.RecordKey) []byte {
+	return appendKey(appendTime(append([]byte(nil), prefix...), t), k)
+}
+
+func (s *ShardStore) read(get func([]byte) ([]byte, func() error, error), k fsm.RecordKey) (*fsm.Record, bool) {
+	v, closeFn, err := get(s.recKey(k))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false
+	}
+	if err != nil {
+		s.fail(err)
+		panic(fmt.Sprintf("statedb: shard %s: reading a record: %v", s.id, err))
+	}
+	defer closeFn()
+	_, rec, err := fsm.DecodeRecord(v)
+	if err != nil {
+		panic(fmt.Sprintf("statedb: shard %s: stored record does not decode: %v", s.id, err))
+	}
+	return rec, true
+}
+
+func batchGet(b *pebble.Batch) func([]byte) ([]byte, func() error, error) {
+	return func(k []byte) ([]byte, func() error, error) {
+		v, c, err := b.Get(k)
+		if err != nil {
+			return nil, nil, err
+		}
+		return v, c.Close, nil
+	}
+}
+
+func dbGet(r pebble.Reader) func([]byte) ([]byte, func() error, error) {
+	return func(k []byte) ([]byte, func() error, error) {
+		v, c, err := r.Get(k)
+		if err != nil {
+			return nil, nil, err
+		}
+		return v, c.Close, nil
+	}
+}
+
+// Get reads through the batch in progress (the writer's view).
+func (s *ShardStore) Get(k fsm.RecordKey) (*fsm.Record, bool) { return s.read(batchGet(s.wb()), k) }
+
+// Lookup reads the committed state.
+func (s *ShardStore) Lookup(k fsm.RecordKey) (*fsm.Record, bool) { return s.read(dbGet(s.db), k) }
+
+func (s *ShardStore) indexOf(k fsm.RecordKey, r *fsm.Record) []byte {
+	if r.State == fsm.StateInProgress {
+		return indexKey(s.leasePrefix, r.LeaseExpiresAt, k)
+	}
+	return indexKey(s.expPrefix, r.ExpiresAt, k)
+}
+
+// Put writes into the batch in progress.
+func (s *ShardStore) Put(k fsm.RecordKey, old, rec *fsm.Record) {
+	b := s.wb()
+	if old != nil {
+		s.fail(b.Delete(s.indexOf(k, old), nil))
+	}
+	if rec == nil {
+		s.fail(b.Delete(s.recKey(k), nil))
+		return
+	}
+	s.fail(b.Set(s.recKey(k), fsm.AppendRecord(nil, k, rec), nil))
+	s.fail(b.Set(s.indexOf(k, rec), indexValue(k, rec), nil))
+}
+
+// drop deletes up to limit records of the index at prefix with times <=
+// at, from the index alone: its values hold each record's RecordBytes, so
+// nothing is read but the index. It starts at *floor (nil: the start) and
+// moves it to the time of the last key dropped.
+func (s *ShardStore) drop(prefix, end []byte, floor *[]byte, at int64, limit int) (n int, bytes int64) {
+	upper := prefixEnd(appendTime(append([]byte(nil), prefix...), at)) // every key at time at
+	if upper == nil || string(upper) > string(end) {
+		upper = end
+	}
+	lower := prefix
+	if *floor != nil && string(*floor) > string(lower) {
+		lower = *floor
+	}
+	if string(lower) >= string(upper) {
+		return 0, 0
+	}
+	b := s.wb()
+	it, err := b.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		panic(fmt.Sprintf("statedb: shard %s: index iterator: %v", s.id, err))
+	}
+	defer it.Close()
+	var doomed [][]byte
+	for ok := it.First(); ok && (limit == 0 || n < limit); ok = it.Next() {
+		ik := it.Key()
+		k, err := decodeKey(ik[len(prefix)+8:])
+		if err != nil {
+			panic(fmt.Sprintf("statedb: shard %s: index key: %v", s.id, err))
+		}
+		v, err := it.ValueAndErr()
+		size, m := binary.Uvarint(v)
+		if err != nil || m <= 0 {
+			panic(fmt.Sprintf("statedb: shard %s: index value of %q: %v", s.id, k.Key, err))
+		}
+		doomed = append(doomed, append([]byte(nil), ik...), s.recKey(k))
+		bytes += int64(size)
+		n++
+		*floor = append((*floor)[:0], ik[:len(prefix)+8]...)
+	}
+	if err := it.Error(); err != nil {
+		panic(fmt.Sprintf("statedb: shard %s: index scan: %v", s.id, err))
+	}
+	for _, k := range doomed { // after the scan: the iterator reads the batch
+		s.fail(b.Delete(k, nil))
+	}
+	return n, bytes
+}
+
+func (s *ShardStore) DropExpired(at int64, limit int) (int, int64) {
+	return s.drop(s.expPrefix, s.expEnd, &s.expFloor, at, limit)
+}
+
+func (s *ShardStore) DropLeasesEnded(at int64, limit int) (int, int64) {
+	return s.drop(s.leasePrefix, s.leaseEnd, &s.leaseFloor, at, limit)
+}
+
+func (s *ShardStore) Meta() fsm.Meta     { return s.meta }
+func (s *ShardStore) SetMeta(m fsm.Meta) { s.meta = m }
+
+// commit writes the batch in progress with the meta and applied, in one
+// atomic engine write. It is not fsync'd: the Raft log is, and on restart
+// every entry after the stored applied index is applied again (DESIGN.md).
+func (s *ShardStore) commit(applied uint64) error {
+	if s.err != nil {
+		return fmt.Errorf("statedb: shard %s: %w", s.id, s.err)
+	}
+	b := s.wb()
+	if err := b.Set(s.metaKey, encodeMeta(s.meta, applied), nil); err != nil {
+		return fmt.Errorf("statedb: shard %s: %w", s.id, err)
+	}
+	err := b.Commit(pebble.NoSync)
+	b.Close()
+	s.batch = nil
+	if err != nil {
+		s.err = err
+		return fmt.Errorf("statedb: shard %s: committing applied index %d: %w", s.id, applied, err)
+	}
+	s.applied = applied
+	s.setCommittedBytes(s.meta.Bytes)
+	return nil
+}
+
+// sync makes every committed batch durable: a synced write of a WAL-only
+// record flushes and fsyncs the WAL up to it.
+func (s *ShardStore) sync() error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	if err := b.LogData(nil, nil); err != nil {
+		return fmt.Errorf("statedb: shard %s: %w", s.id, err)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("statedb: shard %s: syncing the engine: %w", s.id, err)
+	}
+	return nil
+}
+
+// View is a pebble snapshot of the committed state: streaming it costs no
+// memory beyond one record.
+func (s *ShardStore) View() fsm.StoreView {
+	snap := s.db.NewSnapshot()
+	v := &view{snap: snap, s: s, recPrefix: s.recPrefix, recEnd: s.recEnd}
+	val, c, err := snap.Get(s.metaKey)
+	switch {
+	case err == nil:
+		v.meta, _, v.err = decodeMeta(val)
+		c.Close()
+	case !errors.Is(err, pebble.ErrNotFound):
+		v.err = err
+	}
+	return v
+}
+
+type view struct {
+	snap              *pebble.Snapshot
+	s                 *ShardStore
+	recPrefix, recEnd []byte
+	meta              fsm.Meta
+	err               error
+}
+
+func (v *view) Meta() fsm.Meta { return v.meta }
+func (v *view) Len() int       { return int(v.meta.InProgress + v.meta.Completed) }
+func (v *view) Release()       { v.snap.Close() }
+func (v *view) Frames(fn func([]byte) error) error {
+	if v.err != nil {
+		return fmt.Errorf("statedb: shard %s: snapshot meta: %w", v.s.id, v.err)
+	}
+	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: v.recPrefix, UpperBound: v.recEnd})
+	if err != nil {
+		return fmt.Errorf("statedb: shard %s: snapshot iterator: %w", v.s.id, err)
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		val, err := it.ValueAndErr()
+		if err != nil {
+			return fmt.Errorf("statedb: shard %s: snapshot read: %w", v.s.id, err)
+		}
+		if err := fn(val); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// BeginRestore fills generation gen+1; the current one stays as it is.
+func (s *ShardStore) BeginRestore() fsm.StoreRestore {
+	r := &restore{s: s, gen: s.gen + 1}
+	r.prefix = genPrefix(s.id, r.gen)
+	r.recPrefix = sub(r.prefix, subRecord)
+	r.batch = s.db.NewIndexedBatch()
+	return r
+}
+
+type restore struct {
+	s         *ShardStore
+	gen       uint64
+	prefix    []byte
+	recPrefix []byte
+	batch     *pebble.Batch
+}
+
+func (r *restore) key(k fsm.RecordKey) []byte {
+	return appendKey(append([]byte(nil), r.recPrefix...), k)
+}
+
+func (r *restore) Has(k fsm.RecordKey) (bool, error) {
+	_, c, err := r.batch.Get(r.key(k))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	c.Close()
+	return true, nil
+}
+
+func (r *restore) Put(k fsm.RecordKey, rec *fsm.Record) error {
+	if err := r.batch.Set(r.key(k), fsm.AppendRecord(nil, k, rec), nil); err != nil {
+		return err
+	}
+	idx := sub(r.prefix, subExpiry)
+	t := rec.ExpiresAt
+	if rec.State == fsm.StateInProgress {
+		idx, t = sub(r.prefix, subLease), rec.LeaseExpiresAt
+	}
+	if err := r.batch.Set(indexKey(idx, t, k), indexValue(k, rec), nil); err != nil {
+		return err
+	}
+	if r.batch.Len() >= restoreBatchBytes {
+		err := r.batch.Commit(pebble.NoSync)
+		r.batch.Close()
+		r.batch = r.s.db.NewIndexedBatch()
+		return err
+	}
+	return nil
+}
+
+// Commit writes the new generation's meta, syncs, and switches the
+// generation key in one synced write; then drops the old generation.
+func (r *restore) Commit(m fsm.Meta) error {
+	s := r.s
+	if err := r.batch.Set(sub(r.prefix, subMeta), encodeMeta(m, s.pendingApplied), nil); err != nil {
+		return err
+	}
+	if err := r.batch.Set(genKey(s.id), binary.BigEndian.AppendUint64(nil, r.gen), nil); err != nil {
+		return err
+	}
+	err := r.batch.Commit(pebble.Sync)
+	r.batch.Close()
+	r.batch = nil
+	if err != nil {
+		return err
+	}
+	old := s.prefix
+	if s.batch != nil { // nothing may be pending across a restore
+		s.batch.Close()
+		s.batch = nil
+	}
+	s.setGen(r.gen)
+	s.meta, s.applied = m, s.pendingApplied
+	s.setCommittedBytes(m.Bytes)
+	// Garbage now. The switch is done, so a failure here is not the
+	// restore's: opening the shard drops every other generation again.
+	_ = s.db.DeleteRange(old, prefixEnd(old), pebble.NoSync)
+	return nil
+}
+
+func (r *restore) Abort() {
+	if r.batch != nil {
+		r.batch.Close()
+		r.batch = nil
+	}
+	// What was written of the new generation goes; opening drops it too.
+	r.s.db.DeleteRange(r.prefix, prefixEnd(r.prefix), pebble.NoSync)
+}
