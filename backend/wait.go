@@ -6,12 +6,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 )
 
 // MaxWait is the longest a reserve may wait for an in-flight key (the
 // contract's wait_ms bound, 30000).
-const MaxWait = 30 * time.Second
+const MaxWait = contract.MaxWait
 
 // Waiters holds the reserves waiting on this process for keys to stop being
 // in progress. The apply loop calls Settled with every applied command; a

@@ -188,7 +188,7 @@ func (p *Process) Start(ctx context.Context) (err error) {
 		}
 		p.servers = append(p.servers, serving.HTTP("proxy", proxyLn, px, p.log))
 		p.log.Info("proxy mode", "proxy", p.addrs["proxy"], "upstream", pcfg.Upstream, "require_key", pcfg.RequireKey,
-			"namespace_header", pcfg.NamespaceHeader)
+			"namespace_header", pcfg.NamespaceHeader, "max_wait", pcfg.MaxWait)
 	}
 	return nil
 }

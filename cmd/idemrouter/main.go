@@ -42,6 +42,7 @@ type options struct {
 	namespaceHeader string
 	maxRequestBytes int64
 	upstreamTimeout time.Duration
+	maxWait         time.Duration
 }
 
 const usageHeader = `idemrouter: the stateless edge router of idem, the multi-region idempotency-key store.
@@ -60,8 +61,9 @@ Proxy mode (--upstream URL): requests to --proxy-addr go to the upstream.
 A POST or PATCH with an Idempotency-Key header is reserved in the store
 first, runs upstream once, and its response is stored and replayed to
 retries (Idempotent-Replayed: true); a retry while it runs gets 409, the
-same key with another request 422 (problem+json). Other requests pass
-through untouched.
+same key with another request 422 (problem+json); a retry with "Prefer:
+wait=N" waits up to N seconds (at most --max-wait) for the running one and
+replays its response. Other requests pass through untouched.
 
 Flags:
 `
@@ -84,6 +86,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.namespaceHeader, "namespace-header", "", "proxy mode: the request header `NAME` naming the caller (its namespace); when set and missing, 401")
 	fs.Int64Var(&o.maxRequestBytes, "max-request-bytes", proxy.DefaultMaxRequestBytes, "proxy mode: largest body of a keyed request in `BYTES`; larger gets 413")
 	fs.DurationVar(&o.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "proxy mode: ceiling `D` of one keyed upstream request; past it the caller gets 504 and the key is released")
+	fs.DurationVar(&o.maxWait, "max-wait", proxy.DefaultMaxWait, "proxy mode: longest `D` a request with \"Prefer: wait=N\" waits for a running request with its key (then 409); at most 30s, 0 ignores Prefer: wait")
 	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
 		return nil, err
 	}
@@ -181,6 +184,14 @@ func processConfig(o *options) (router.ProcessConfig, error) {
 		pcfg.Upstream, pcfg.RequireKey = o.upstream, o.requireKey
 		pcfg.NamespaceHeader, pcfg.MaxRequestBytes = o.namespaceHeader, o.maxRequestBytes
 		pcfg.UpstreamTimeout = o.upstreamTimeout
+		switch {
+		case o.maxWait < 0 || o.maxWait > proxy.DefaultMaxWait:
+			err = errors.Join(err, fmt.Errorf("--max-wait must be 0..%s, got %s", proxy.DefaultMaxWait, o.maxWait))
+		case o.maxWait == 0:
+			pcfg.MaxWait = -1 // Prefer: wait ignored
+		default:
+			pcfg.MaxWait = o.maxWait
+		}
 		pcfg.MaxStoredBodyBytes = o.maxResponse
 		pcfg.StoreTimeout = o.requestTimeout
 		cfg.Proxy, cfg.ProxyAddr = &pcfg, o.proxyAddr
