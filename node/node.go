@@ -62,6 +62,7 @@ type Node struct {
 	httpLn, grpcLn net.Listener
 	servers        []serving.Server
 	loops          []*loop
+	keyMetrics     *keyMetrics
 
 	started, served atomic.Bool
 	// ringErr is set when a peer reports another cluster or ring: this
@@ -148,6 +149,9 @@ func (n *Node) propose(ctx context.Context, s *shard, cmd *fsm.Command) (fsm.Res
 	res, ok := v.(fsm.Result)
 	if !ok {
 		return fsm.Result{}, fmt.Errorf("node: shard %s returned %T", s.info.ID, v)
+	}
+	if n.keyMetrics != nil {
+		n.keyMetrics.observe(s.info.ID, cmd, res)
 	}
 	return res, nil
 }

@@ -126,6 +126,9 @@ func (n *Node) Start() (err error) {
 	if err := cfg.Registry.Register(&fsmCollector{n: n}); err != nil {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
+	if n.keyMetrics, err = newKeyMetrics(cfg.Registry); err != nil {
+		return fmt.Errorf("node: register metrics: %w", err)
+	}
 
 	if n.httpLn, err = net.Listen("tcp", cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
 		return fmt.Errorf("node: http listener: %w", err)
