@@ -180,6 +180,104 @@ func TestIdemctlKeys(t *testing.T) {
 		}
 	})
 
+	t.Run("waiting", func(t *testing.T) {
+		leaders, err := c.ShardLeaders(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// waiting reports how many reserves wait on the nodes now.
+		waiting := func() (int, string) {
+			total := 0
+			for _, n := range topo.Nodes() {
+				r, err := cluster.NewAPI(n.HTTPAddr).Do(ctx, "GET", "/metrics", nil)
+				if err != nil {
+					return -1, err.Error()
+				}
+				for _, line := range strings.Split(string(r.Raw), "\n") {
+					if strings.HasPrefix(line, "idem_keys_waiting_reserves{") {
+						f := strings.Fields(line)
+						v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+						total += int(v)
+					}
+				}
+			}
+			return total, fmt.Sprintf("%d waiting", total)
+		}
+		waitFor := func(n int) {
+			t.Helper()
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				got, last := waiting()
+				if got == n {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("waiting reserves: %s, want %d", last, n)
+				}
+			}
+		}
+		type answer struct {
+			r   cluster.Reply
+			err error
+			at  time.Time
+		}
+		start := func(a *cluster.API, key string, waitMs int) chan answer {
+			ch := make(chan answer, 1)
+			go func() {
+				r, err := a.Reserve(ctx, ns, key, map[string]any{"wait_ms": waitMs})
+				ch <- answer{r, err, time.Now()}
+			}()
+			return ch
+		}
+		// A node that does not lead the key's shard: its waiter is forwarded
+		// and waits on the leader.
+		const key = "wait:1"
+		var follower *cluster.API
+		for _, n := range topo.Nodes() {
+			if n.ID != leaders[ring.Locate(ns, key).ID] {
+				follower = cluster.NewAPI(n.HTTPAddr)
+				break
+			}
+		}
+		if r, err := api.Reserve(ctx, ns, key, map[string]any{"owner_token": "owner-token-waited"}); err != nil || r.Str("outcome") != "ACQUIRED" {
+			t.Fatalf("reserve: %v %v", r, err)
+		}
+		viaRouter, viaNode := start(api, key, 20000), start(follower, key, 20000)
+		waitFor(2)
+		r, err := follower.Complete(ctx, ns, key, map[string]any{"owner_token": "owner-token-waited", "response": map[string]any{"status": 201, "body": "ZG9uZQ=="}})
+		completed := time.Now()
+		if err != nil || r.Status != 200 {
+			t.Fatalf("complete: %v %v", r, err)
+		}
+		for name, ch := range map[string]chan answer{"router": viaRouter, "follower": viaNode} {
+			a := <-ch
+			resp, _ := a.r.Body["response"].(map[string]any)
+			if a.err != nil || a.r.Str("outcome") != "COMPLETED" || resp["body"] != "ZG9uZQ==" {
+				t.Fatalf("waiter via %s: %v %v, want the completed response", name, a.r, a.err)
+			}
+			t.Logf("waiter via %s answered %v after the complete returned (noisy shared box)", name, a.at.Sub(completed))
+		}
+
+		// Released while a waiter waits: it acquires.
+		const freed = "wait:2"
+		api.Reserve(ctx, ns, freed, map[string]any{"owner_token": "owner-token-freed1"})
+		waiter := start(api, freed, 20000)
+		waitFor(1)
+		if r, err := api.Release(ctx, ns, freed, map[string]any{"owner_token": "owner-token-freed1"}); err != nil || r.Status != 200 {
+			t.Fatalf("release: %v %v", r, err)
+		}
+		if a := <-waiter; a.err != nil || a.r.Str("outcome") != "ACQUIRED" {
+			t.Fatalf("waiter after release: %v %v", a.r, a.err)
+		}
+
+		// Nothing ends it: IN_PROGRESS after wait_ms, and nobody waits on.
+		const busy = "wait:3"
+		api.Reserve(ctx, ns, busy, map[string]any{"owner_token": "owner-token-busy01"})
+		if a := <-start(api, busy, 300); a.err != nil || a.r.Str("outcome") != "IN_PROGRESS" {
+			t.Fatalf("waiter that nothing wakes: %v %v", a.r, a.err)
+		}
+		waitFor(0)
+	})
+
 	// Each action is logged with principal, key and reason by the process
 	// it reached first (the router for --addr, a node otherwise).
 	logs := ""
