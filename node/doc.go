@@ -36,6 +36,13 @@
 //
 // # Guarantees
 //
+// A reserve with a wait (wait_ms) waits on the node that leads the key's
+// shard: a follower or a router forwards it with the wait, the leader
+// registers it with the shard's backend.Waiters, which the FSM's OnApply
+// wakes, and proposes it again; if the node stops leading meanwhile, the
+// rest of the wait goes to the new leader. A key listing asks each shard's
+// leader for its part of the page (ListShard, forwarded like any request).
+//
 // A node serves a key only through its shard's Raft group: reads on the
 // leader after a read barrier, writes through the log, so every node gives
 // the same answer for a key. Time enters commands as the leader's stamp
