@@ -3,9 +3,13 @@ package fsm
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -26,6 +30,17 @@ type modelKey struct {
 	expiresAt     int64
 	status        int32
 	body          string
+	headers       string // canonical form of the stored headers (a complete retried with others is another response)
+}
+
+// headerKey is a map's canonical form for comparing stored responses.
+func headerKey(h map[string]string) string {
+	keys := slices.Sorted(maps.Keys(h))
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%q=%q;", k, h[k])
+	}
+	return b.String()
 }
 
 func (m *model) apply(index uint64, c *Command) Result {
@@ -90,13 +105,13 @@ func (m *model) apply(index uint64, c *Command) Result {
 			return Result{Outcome: OutcomeNotOwner}
 		}
 		if k.completed {
-			if k.status != c.Response.Status || k.body != string(c.Response.Body) {
+			if k.status != c.Response.Status || k.body != string(c.Response.Body) || k.headers != headerKey(c.Response.Headers) {
 				return Result{Outcome: OutcomeNotOwner}
 			}
 			return Result{Outcome: OutcomeOK, FencingToken: k.fencing, CompletedAt: k.completedAt, ExpiresAt: k.expiresAt}
 		}
 		k.completed, k.completedAt, k.expiresAt = true, now, now+c.Retention
-		k.status, k.body = c.Response.Status, string(c.Response.Body)
+		k.status, k.body, k.headers = c.Response.Status, string(c.Response.Body), headerKey(c.Response.Headers)
 		return Result{Outcome: OutcomeOK, FencingToken: k.fencing, CompletedAt: k.completedAt, ExpiresAt: k.expiresAt}
 	case OpRelease:
 		if k == nil || k.completed || k.owner != c.OwnerToken {
@@ -150,7 +165,7 @@ func genCommands(data []byte) []*Command {
 			c = &Command{Op: OpHeartbeat, OwnerToken: owner, Lease: int64(1+arg%40) * sec}
 		case 3:
 			c = &Command{Op: OpComplete, OwnerToken: owner, Retention: int64(1+arg%60) * sec,
-				Response: &Response{Status: 200 + int32(arg%2), Body: []byte{'r', arg % 2}}}
+				Response: &Response{Status: 200 + int32(arg%2), Body: []byte{'r', arg % 2}, Headers: genHeaders(arg / 2 % 4)}}
 		case 4:
 			c = &Command{Op: OpRelease, OwnerToken: owner}
 		case 5:
@@ -167,6 +182,21 @@ func genCommands(data []byte) []*Command {
 		cmds = append(cmds, c)
 	}
 	return cmds
+}
+
+// genHeaders gives the fuzzed completes four header sets, two that differ
+// only in a value and one only in the case of a name, so the model checks
+// that a retried complete with other headers is another response.
+func genHeaders(n byte) map[string]string {
+	switch n {
+	case 1:
+		return map[string]string{"X-Order": "1"}
+	case 2:
+		return map[string]string{"X-Order": "2"}
+	case 3:
+		return map[string]string{"x-order": "1"}
+	}
+	return nil
 }
 
 // checkAgainstModel applies cmds to an FSM (snapshotting and restoring into a
@@ -191,8 +221,8 @@ func checkAgainstModel(t *testing.T, cmds []*Command, restoreEvery int) {
 			}
 			lastFencing[c.Key] = got.FencingToken
 		}
-		if got.Outcome == OutcomeCompleted && string(got.Response.Body) != m.keys[c.Key].body {
-			t.Fatalf("command %d: replayed %q, model %q", i, got.Response.Body, m.keys[c.Key].body)
+		if got.Outcome == OutcomeCompleted && (string(got.Response.Body) != m.keys[c.Key].body || headerKey(got.Response.Headers) != m.keys[c.Key].headers) {
+			t.Fatalf("command %d: replayed %q %v, model %q %s", i, got.Response.Body, got.Response.Headers, m.keys[c.Key].body, m.keys[c.Key].headers)
 		}
 		if restoreEvery > 0 && i%restoreEvery == restoreEvery-1 {
 			var buf bytes.Buffer

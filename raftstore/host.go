@@ -199,8 +199,15 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		addrs[raft.ServerID(p.ID)] = raft.ServerAddress(p.Addr)
 	}
 	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:                stream,
-		MaxPool:               transportMaxPool,
+		Stream:  stream,
+		MaxPool: transportMaxPool,
+		// 1 turns pipelined replication off (DESIGN.md, "Replication
+		// without pipelining"): hashicorp/raft v1.7's pipeline can
+		// deadlock when a follower answers Success=false (pipelineDecode
+		// returns, the sender parks on a full pipeline), leaving that
+		// follower without entries for good while heartbeats hide it, and
+		// hanging Shutdown; batching gives the throughput pipelining would.
+		MaxRPCsInFlight:       1,
 		Timeout:               transportTimeout,
 		Logger:                rlog.Named("raft-net"),
 		ServerAddressProvider: addrs,

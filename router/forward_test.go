@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -143,5 +144,28 @@ func TestForwardNotOwnerWithoutFailure(t *testing.T) {
 	f, shard, _ := forwarderWith(t, addr1, addr1, "")
 	if res, err := release(t, f, shard); err != nil || res.Outcome != fsm.OutcomeNotOwner {
 		t.Fatalf("release = %v, %v; want NOT_OWNER", res.Outcome, err)
+	}
+}
+
+// The hop limit: a request that has already been forwarded MaxHops times is
+// answered UNAVAILABLE without another forward (a leader moving faster than
+// requests cannot bounce one around forever); one hop fewer still goes out.
+func TestForwardHopLimit(t *testing.T) {
+	addr1, n1 := serveScripted(t, nil)
+	addr2, n2 := serveScripted(t, nil)
+	f, shard, _ := forwarderWith(t, addr1, addr2, "")
+	cmd := &fsm.Command{Op: fsm.OpRelease, Namespace: "ns", Key: "k", OwnerToken: "tok_0123456789abcdef"}
+	_, err := f.Apply(t.Context(), shard, cmd, "n-1", MaxHops)
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "forwarded") {
+		t.Fatalf("a request at the hop limit: %v, want UNAVAILABLE naming the hops", err)
+	}
+	if n1.calls.Load()+n2.calls.Load() != 0 {
+		t.Fatalf("a request at the hop limit was forwarded (%d, %d calls)", n1.calls.Load(), n2.calls.Load())
+	}
+	if _, err := f.Apply(t.Context(), shard, cmd, "n-1", MaxHops-1); err != nil {
+		t.Fatalf("a request one hop below the limit: %v", err)
+	}
+	if n1.calls.Load() != 1 {
+		t.Fatalf("n-1 got %d calls, want the one forward", n1.calls.Load())
 	}
 }

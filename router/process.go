@@ -71,6 +71,16 @@ func (c ProcessConfig) Validate() error {
 	if c.Proxy != nil && c.ProxyAddr == "" {
 		bad("proxy mode needs a proxy listen address")
 	}
+	if c.Proxy != nil {
+		// Everything but the Store, which Start fills in with the
+		// process's own Backend: a bad proxy setting fails here, before
+		// anything listens.
+		pc := *c.Proxy
+		pc.Store = proxy.BackendStore(nil)
+		if err := pc.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.MaxResponseBytes < 0 || c.RingCheckTimeout < 0 {
 		bad("max response bytes and ring check timeout must not be negative")
 	}

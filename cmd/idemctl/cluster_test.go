@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -99,22 +101,75 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A completed key and a reservation, through the router.
+	// Leaders move to their preferred voters in the first seconds (the
+	// nodes hand leadership back): let them settle, so that what status
+	// and locate say below is one stable view.
+	settled := func(want func(v clusterView) string) clusterView {
+		t.Helper()
+		var v clusterView
+		testutil.Eventually(t, 60*time.Second, "a settled cluster view", func() (bool, string) {
+			out, err := ctl(t, "--config", cfg, "status", "--json")
+			if err != nil {
+				return false, err.Error()
+			}
+			v = decode[clusterView](t, out)
+			why := want(v)
+			return why == "", why
+		})
+		return v
+	}
+	settled(func(v clusterView) string {
+		for _, s := range v.Shards {
+			if len(s.Voters) == 0 || s.Leader != s.Voters[0] {
+				return fmt.Sprintf("shard %s led by %q, preferred %v", s.ID, s.Leader, s.Voters)
+			}
+		}
+		return ""
+	})
+
+	// A completed key and a reservation, through the router, each retried
+	// with the same owner token while the answer is 503 (as the contract
+	// tells clients to).
 	api := rt.API()
 	const ns = "payments"
 	done, held := "order:42/a", "order:43"
-	r, err := api.Reserve(t.Context(), ns, done, map[string]any{"owner_token": "owner-token-000001", "fingerprint": "sha256:9f2c"})
-	if err != nil || r.Status != 200 {
-		t.Fatalf("reserve: %v %v", r, err)
+	decided := func(what string, call func() (cluster.Reply, error)) cluster.Reply {
+		t.Helper()
+		var r cluster.Reply
+		testutil.Eventually(t, 30*time.Second, what+" decided", func() (bool, string) {
+			var err error
+			if r, err = call(); err != nil {
+				return false, err.Error()
+			}
+			return r.Status != http.StatusServiceUnavailable, r.String()
+		})
+		if r.Status != 200 {
+			t.Fatalf("%s: %s", what, r)
+		}
+		return r
 	}
+	r := decided("reserve", func() (cluster.Reply, error) {
+		return api.Reserve(t.Context(), ns, done, map[string]any{"owner_token": "owner-token-000001", "fingerprint": "sha256:9f2c"})
+	})
 	fencing := r.Str("fencing_token")
-	if r, err := api.Complete(t.Context(), ns, done, map[string]any{"owner_token": "owner-token-000001", "response": map[string]any{
-		"status": 201, "headers": map[string]string{"Content-Type": "application/json"}, "body": base64.StdEncoding.EncodeToString([]byte(`{"id":1}`))}}); err != nil || r.Status != 200 {
-		t.Fatalf("complete: %v %v", r, err)
-	}
-	if r, err := api.Reserve(t.Context(), ns, held, map[string]any{"owner_token": "owner-token-000002"}); err != nil || r.Status != 200 {
-		t.Fatalf("reserve: %v %v", r, err)
-	}
+	decided("complete", func() (cluster.Reply, error) {
+		return api.Complete(t.Context(), ns, done, map[string]any{"owner_token": "owner-token-000001", "response": map[string]any{
+			"status": 201, "headers": map[string]string{"Content-Type": "application/json"}, "body": base64.StdEncoding.EncodeToString([]byte(`{"id":1}`))}})
+	})
+	decided("reserve", func() (cluster.Reply, error) {
+		return api.Reserve(t.Context(), ns, held, map[string]any{"owner_token": "owner-token-000002"})
+	})
+	// Followers learn the commit index with the leader's next append.
+	settled(func(v clusterView) string {
+		for _, s := range v.Shards {
+			for _, rep := range s.Replicas {
+				if rep.CommitIndex == 0 || rep.AppliedIndex == 0 {
+					return fmt.Sprintf("replica %s of %s: commit %d applied %d", rep.Node, s.ID, rep.CommitIndex, rep.AppliedIndex)
+				}
+			}
+		}
+		return ""
+	})
 
 	var leaders map[string]string // shard -> leader, from status --json
 	t.Run("status", func(t *testing.T) {

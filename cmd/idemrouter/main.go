@@ -179,6 +179,7 @@ func processConfig(o *options) (router.ProcessConfig, error) {
 	}
 	// Proxy mode: the proxy runs over the same in-process backend, and is
 	// served and drained with the API.
+	var proxyErrs []error
 	if o.upstream != "" {
 		pcfg := proxy.DefaultConfig()
 		pcfg.Upstream, pcfg.RequireKey = o.upstream, o.requireKey
@@ -195,6 +196,14 @@ func processConfig(o *options) (router.ProcessConfig, error) {
 		pcfg.MaxStoredBodyBytes = o.maxResponse
 		pcfg.StoreTimeout = o.requestTimeout
 		cfg.Proxy, cfg.ProxyAddr = &pcfg, o.proxyAddr
+		if _, _, err := net.SplitHostPort(o.proxyAddr); err != nil {
+			proxyErrs = append(proxyErrs, fmt.Errorf("--proxy-addr %q is not HOST:PORT", o.proxyAddr))
+		}
+	} else if o.requireKey || o.namespaceHeader != "" {
+		proxyErrs = append(proxyErrs, errors.New("--require-key and --namespace-header are proxy-mode flags: they need --upstream URL"))
+	}
+	if len(proxyErrs) > 0 {
+		return cfg, cli.OneLine(append([]error{err}, proxyErrs...)...)
 	}
 	return cfg, err
 }
