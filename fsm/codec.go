@@ -12,6 +12,10 @@ import (
 // instead of guessing.
 const commandVersion = 1
 
+// maxClockReadings bounds the clock readings of one command (one per voter;
+// a topology has at most 7).
+const maxClockReadings = 64
+
 // packedVersion is the first byte of a packed entry (EncodePacked): many
 // commands in one Raft entry. A replica of a version before packing reads it
 // as an unknown command version, which is why packing is switched on only
@@ -95,6 +99,16 @@ func EncodeCommand(cmd *Command) []byte {
 	b = binary.AppendVarint(b, cmd.Retention)
 	b = binary.AppendVarint(b, cmd.AbandonAfter)
 	b = binary.AppendUvarint(b, uint64(cmd.MaxSweep))
+	if cmd.ClockQuorum > 0 {
+		// Optional tail: entries without it (written before clock
+		// readings existed) decode with ClockQuorum 0.
+		b = binary.AppendUvarint(b, uint64(cmd.ClockQuorum))
+		b = binary.AppendVarint(b, cmd.ClockBound)
+		b = binary.AppendUvarint(b, uint64(len(cmd.ClockReadings)))
+		for _, r := range cmd.ClockReadings {
+			b = binary.AppendVarint(b, r)
+		}
+	}
 	return b
 }
 
@@ -119,6 +133,17 @@ func DecodeCommand(data []byte) (*Command, error) {
 	cmd.Retention = d.varint()
 	cmd.AbandonAfter = d.varint()
 	cmd.MaxSweep = int(d.uvarint())
+	if d.err == nil && len(d.buf) != 0 {
+		cmd.ClockQuorum = int(d.uvarint())
+		cmd.ClockBound = d.varint()
+		n := d.uvarint()
+		if n > maxClockReadings {
+			d.err = fmt.Errorf("%w: %d clock readings", ErrCorrupt, n)
+		}
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			cmd.ClockReadings = append(cmd.ClockReadings, d.varint())
+		}
+	}
 	if d.err == nil && len(d.buf) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(d.buf))
 	}

@@ -175,8 +175,14 @@ func (f *FSM) tokenSlot(index uint64, pos int, packed bool) uint64 {
 
 // applyAt applies cmd with fencing-token slot token; f.mu is held.
 func (f *FSM) applyAt(index uint64, cmd *Command) Result {
-	if cmd.Now > f.meta.Clock {
-		f.meta.Clock = cmd.Now
+	at, ok := commandTime(cmd)
+	if !ok {
+		// No quorum of clocks agrees: the command neither moves time nor
+		// changes state (the node checks the same before proposing).
+		return Result{Outcome: OutcomeInvalid}
+	}
+	if at > f.meta.Clock {
+		f.meta.Clock = at
 	}
 	defer func() { f.store.SetMeta(f.meta) }()
 	return f.apply(index, f.meta.Clock, cmd)

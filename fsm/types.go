@@ -138,7 +138,16 @@ type Command struct {
 
 	// Now is the proposer's wall clock (Unix nanoseconds). The FSM uses
 	// max(Now, highest Now applied so far), so its clock never runs backwards.
+	// When ClockQuorum is set, the command's time is QuorumTime of its clock
+	// readings instead, and Now is only informative.
 	Now int64
+	// ClockReadings are the clocks of the group's voters as the proposer
+	// read them when stamping (its own and its estimate of each peer's,
+	// Unix nanoseconds); ClockQuorum is how many of them must agree within
+	// ClockBound nanoseconds (a majority of the voters). See QuorumTime.
+	ClockReadings []int64
+	ClockQuorum   int
+	ClockBound    int64
 
 	// Fingerprint (reserve) is compared as an exact string.
 	Fingerprint string

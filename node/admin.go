@@ -99,6 +99,34 @@ func (a *admin) Snapshot(ctx context.Context, req *idemv1.SnapshotRequest) (*ide
 	return &idemv1.SnapshotResponse{Index: index, Term: term}, nil
 }
 
+// ReplaceVoter rebuilds a voter's membership in a shard this node leads
+// (idemctl replace-node): see raftstore.Group.ReplaceVoter.
+func (a *admin) ReplaceVoter(ctx context.Context, req *idemv1.ReplaceVoterRequest) (*idemv1.ReplaceVoterResponse, error) {
+	s, err := a.shard(req.GetShard())
+	if err != nil {
+		return nil, err
+	}
+	if !s.info.HasVoter(req.GetNodeId()) {
+		return nil, status.Errorf(codes.InvalidArgument, "node %q is not a voter of shard %s in the topology", req.GetNodeId(), s.info.ID)
+	}
+	if err := s.group.ReplaceVoter(ctx, req.GetNodeId()); err != nil {
+		return nil, adminError(err)
+	}
+	a.n.log.Info("voter replaced on operator request", "shard", s.info.ID, "voter", req.GetNodeId())
+	return &idemv1.ReplaceVoterResponse{LeaderId: a.n.cfg.NodeID}, nil
+}
+
+// Clock answers a peer's clock probe with this node's clock (the one it
+// would stamp commands with, before any correction) and whether its disk is
+// below its reserve (the peer's admission control reads it).
+func (a *admin) Clock(context.Context, *idemv1.ClockRequest) (*idemv1.ClockResponse, error) {
+	low := false
+	if d := a.n.disk; d != nil {
+		low, _ = d.low()
+	}
+	return &idemv1.ClockResponse{UnixNanos: a.n.localNow(), BelowDiskReserve: low}, nil
+}
+
 func adminError(err error) error {
 	switch {
 	case errors.Is(err, raftstore.ErrNotLeader):

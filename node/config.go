@@ -65,6 +65,26 @@ type Config struct {
 	// ClockOffset is added to this node's wall clock when it stamps
 	// commands. For fault testing (regionsim's clock skew) only.
 	ClockOffset time.Duration
+	// MaxClockOffset bounds how far this node's clock may be from its
+	// peers' (measured on the Admin.Clock RPC): past it the node leads no
+	// shard, hands over what it leads and is not ready; and the voters'
+	// clocks a command is stamped with must agree within it (fsm.QuorumTime).
+	// 0 means 500ms; negative turns the check off (a one-node cluster has
+	// no peers to compare with anyway).
+	MaxClockOffset time.Duration
+	// DiskReserveBytes is the free space of the data dir's filesystem below
+	// which writes that add data are refused (429 RESOURCE_EXHAUSTED), so a
+	// filling disk never reaches the Raft log's fail-stop: 0 means 5% of
+	// the filesystem, at most 1 GiB.
+	DiskReserveBytes uint64
+	// DiskFree reports the free and total bytes of dir's filesystem; nil
+	// means statfs. Tests inject a fake.
+	DiskFree func(dir string) (free, total uint64, err error)
+	// FaultInjection names the fault-injection settings in force (the
+	// --testing-* flags, which cmd/idemnode allows only with
+	// IDEM_ENABLE_FAULT_INJECTION=1); the node logs a warning naming them at
+	// start and every minute. Empty in production.
+	FaultInjection []string
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Registry receives every metric of the node and is what /metrics
@@ -121,6 +141,7 @@ func (c Config) withDefaults() Config {
 	c.SweepInterval = cmp.Or(c.SweepInterval, DefaultSweepInterval)
 	c.LeaderBalanceInterval = cmp.Or(c.LeaderBalanceInterval, DefaultLeaderBalanceInterval)
 	c.MaxSweep = cmp.Or(c.MaxSweep, DefaultMaxSweep)
+	c.MaxClockOffset = cmp.Or(c.MaxClockOffset, DefaultMaxClockOffset)
 	c.AbandonAfter = cmp.Or(c.AbandonAfter, DefaultAbandonAfter)
 	if reflect.ValueOf(c.Raft).IsZero() { // not ==: the config holds a callback
 		c.Raft = raftstore.DefaultConfig()

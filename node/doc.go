@@ -32,7 +32,16 @@
 //     node sees at each tick (who leads, the preferred voter, whether it is
 //     reachable), table-tested.
 //   - metrics.go: the idem_fsm_* collector; admin.go: the Admin gRPC service
-//     idemctl talks to; identity.go: the data dir's identity file.
+//     idemctl talks to (and peers' clock probes); identity.go: the data
+//     dir's identity file, durable writes, PrepareRejoin (replace-node).
+//   - safety.go: lost or corrupt state refused in one line (ErrStateLost),
+//     fail-stop on a Raft log storage failure, the rejoin marker, the fault
+//     injection warning.
+//   - clock.go: the offset to each peer's clock (Admin.Clock probes), the
+//     skew verdict (no leadership, not ready) and command stamping with the
+//     voters' clock readings (fsm.QuorumTime).
+//   - admission.go: 429 for data-adding writes below the disk reserve; the
+//     admission type takes further checks (a state-size limit).
 //
 // # Guarantees
 //
@@ -45,6 +54,13 @@
 //
 // A node serves a key only through its shard's Raft group: reads on the
 // leader after a read barrier, writes through the log, so every node gives
-// the same answer for a key. Time enters commands as the leader's stamp
-// (plus Config.ClockOffset in fault tests only), never inside the FSM.
+// the same answer for a key. Time enters commands as the voters' clock
+// readings stamped by the leader, of which the FSM takes the median a
+// majority agrees on (Config.ClockOffset shifts this node's own clock in
+// fault tests only); the FSM never reads a clock.
+//
+// A data dir with an identity file held Raft state: a start that finds it
+// missing refuses (ErrStateLost) unless idemctl replace-node marked the dir
+// to rejoin. A failed write or fsync of the Raft log ends Serve with an
+// error (the process exits non-zero); nothing after it is acknowledged.
 package node

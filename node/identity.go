@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/idem-dev/idem/internal/durable"
 )
 
 // identityFile records which cluster, node and ring a data dir belongs to.
@@ -16,18 +18,26 @@ const identityFile = "idem-identity.json"
 // identity is written once, when a data dir is first used, and checked on
 // every later start so a data dir is never mixed into another cluster or a
 // changed ring (which would strand records on shards that no longer own them).
+// Its presence also says that this dir held Raft state: a later start whose
+// state is missing refuses (ErrStateLost) instead of bootstrapping again.
 type identity struct {
 	Cluster         string    `json:"cluster"`
 	NodeID          string    `json:"node_id"`
 	RingFingerprint string    `json:"ring_fingerprint"`
 	CreatedAt       time.Time `json:"created_at"`
+	// Rejoining is set by idemctl replace-node (PrepareRejoin): the dir was
+	// emptied and the node comes back as a fresh replica, so a group with no
+	// state waits to be added by its leader (raftstore.StartJoin) instead of
+	// refusing. The node clears it once every group has caught up.
+	Rejoining bool `json:"rejoining,omitempty"`
 }
 
 // checkIdentity creates dir and its identity file, or verifies that an
-// existing one matches want.
-func checkIdentity(dir string, want identity) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("node: data dir: %w", err)
+// existing one matches want. It returns the identity on disk and whether
+// the file existed before (the dir held state).
+func checkIdentity(dir string, want identity) (identity, bool, error) {
+	if err := mkdirDurable(dir); err != nil {
+		return identity{}, false, fmt.Errorf("node: data dir: %w", err)
 	}
 	path := filepath.Join(dir, identityFile)
 	data, err := os.ReadFile(path)
@@ -35,20 +45,20 @@ func checkIdentity(dir string, want identity) error {
 	case errors.Is(err, fs.ErrNotExist):
 		entries, err := os.ReadDir(dir)
 		if err != nil {
-			return fmt.Errorf("node: data dir: %w", err)
+			return identity{}, false, fmt.Errorf("node: data dir: %w", err)
 		}
 		if len(entries) > 0 {
-			return fmt.Errorf("%w: %s is not empty but has no %s; it was not created by idem (or by an older version): use an empty --data-dir",
+			return identity{}, false, fmt.Errorf("%w: %s is not empty but has no %s; it was not created by idem (or by an older version): use an empty --data-dir",
 				ErrDataDirMismatch, dir, identityFile)
 		}
 		want.CreatedAt = time.Now().UTC()
-		return writeFileAtomic(path, want)
+		return want, false, writeFileAtomic(path, want)
 	case err != nil:
-		return fmt.Errorf("node: data dir: %w", err)
+		return identity{}, false, fmt.Errorf("node: data dir: %w", err)
 	}
 	var have identity
 	if err := json.Unmarshal(data, &have); err != nil {
-		return fmt.Errorf("%w: %s is unreadable (%v)", ErrDataDirMismatch, path, err)
+		return identity{}, true, fmt.Errorf("%w: %s is unreadable (%v)", ErrDataDirMismatch, path, err)
 	}
 	var problems []error
 	if have.Cluster != want.Cluster {
@@ -62,12 +72,15 @@ func checkIdentity(dir string, want identity) error {
 			have.RingFingerprint, want.RingFingerprint))
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("%w: refusing to start on %s: %w; restore the original topology file or use a fresh --data-dir",
+		return identity{}, true, fmt.Errorf("%w: refusing to start on %s: %w; restore the original topology file or use a fresh --data-dir",
 			ErrDataDirMismatch, dir, errors.Join(problems...))
 	}
-	return nil
+	return have, true, nil
 }
 
+// writeFileAtomic writes v as JSON to path through a temporary file, fsyncs
+// it, renames it into place and fsyncs the directory, so the file is either
+// the old or the new one after a crash, and its entry is durable.
 func writeFileAtomic(path string, v any) error {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
@@ -84,7 +97,7 @@ func writeFileAtomic(path string, v any) error {
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
-		return fmt.Errorf("node: data dir: %w", err)
+		return fmt.Errorf("node: data dir: fsync of %s: %w", tmp, err)
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("node: data dir: %w", err)
@@ -92,9 +105,51 @@ func writeFileAtomic(path string, v any) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("node: data dir: %w", err)
 	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync()
-		d.Close()
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir fsyncs a directory, making the entries created in it durable.
+func syncDir(dir string) error {
+	if err := durable.SyncDir(dir); err != nil {
+		return fmt.Errorf("node: data dir: %w", err)
 	}
 	return nil
+}
+
+// mkdirDurable creates dir (and missing parents) durably.
+func mkdirDurable(dir string) error { return durable.MkdirAll(dir, 0o755) }
+
+// PrepareRejoin empties dataDir (which must belong to node nodeID of cluster
+// with ring ringFingerprint, or be empty or missing) and writes an identity
+// marked Rejoining, so the node's next start joins its groups as a fresh
+// replica (raftstore.StartJoin) instead of refusing on lost state. The node
+// must be stopped; idemctl replace-node checks that first. Use it only
+// together with the leaders' ReplaceVoter (idemctl replace-node does both).
+func PrepareRejoin(dataDir, cluster, nodeID, ringFingerprint string) error {
+	want := identity{Cluster: cluster, NodeID: nodeID, RingFingerprint: ringFingerprint}
+	if data, err := os.ReadFile(filepath.Join(dataDir, identityFile)); err == nil {
+		var have identity
+		if json.Unmarshal(data, &have) == nil && (have.Cluster != cluster || have.NodeID != nodeID) {
+			return fmt.Errorf("%w: %s belongs to node %q of cluster %q, not %q of %q: refusing to empty it",
+				ErrDataDirMismatch, dataDir, have.NodeID, have.Cluster, nodeID, cluster)
+		}
+	}
+	entries, err := os.ReadDir(dataDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("node: data dir: %w", err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dataDir, e.Name())); err != nil {
+			return fmt.Errorf("node: emptying data dir: %w", err)
+		}
+	}
+	if err := mkdirDurable(dataDir); err != nil {
+		return fmt.Errorf("node: data dir: %w", err)
+	}
+	if err := syncDir(dataDir); err != nil { // the removals
+		return err
+	}
+	want.CreatedAt = time.Now().UTC()
+	want.Rejoining = true
+	return writeFileAtomic(filepath.Join(dataDir, identityFile), want)
 }

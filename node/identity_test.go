@@ -11,11 +11,11 @@ import (
 func TestIdentityRefusesForeignDataDir(t *testing.T) {
 	dir := t.TempDir()
 	mine := identity{Cluster: "demo", NodeID: "us-east-1", RingFingerprint: "ring-a"}
-	if err := checkIdentity(dir, mine); err != nil {
-		t.Fatal(err)
+	if _, existed, err := checkIdentity(dir, mine); err != nil || existed {
+		t.Fatal(existed, err)
 	}
-	if err := checkIdentity(dir, mine); err != nil {
-		t.Fatalf("same identity refused: %v", err)
+	if _, existed, err := checkIdentity(dir, mine); err != nil || !existed {
+		t.Fatalf("same identity refused: %v %v", existed, err)
 	}
 	for _, tc := range []struct {
 		name string
@@ -26,7 +26,7 @@ func TestIdentityRefusesForeignDataDir(t *testing.T) {
 		{"other node", identity{Cluster: "demo", NodeID: "us-east-2", RingFingerprint: "ring-a"}, `node "us-east-1"`},
 		{"changed ring", identity{Cluster: "demo", NodeID: "us-east-1", RingFingerprint: "ring-b"}, "ring ring-a"},
 	} {
-		err := checkIdentity(dir, tc.id)
+		_, _, err := checkIdentity(dir, tc.id)
 		if !errors.Is(err, ErrDataDirMismatch) || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("%s: got %v", tc.name, err)
 		}
@@ -34,7 +34,7 @@ func TestIdentityRefusesForeignDataDir(t *testing.T) {
 	// A non-empty directory that idem did not create is refused too.
 	other := t.TempDir()
 	os.WriteFile(filepath.Join(other, "something"), []byte("x"), 0o644)
-	if err := checkIdentity(other, mine); !errors.Is(err, ErrDataDirMismatch) {
+	if _, _, err := checkIdentity(other, mine); !errors.Is(err, ErrDataDirMismatch) {
 		t.Fatalf("foreign dir: %v", err)
 	}
 }

@@ -54,7 +54,9 @@ func every(ctx context.Context, interval time.Duration, fn func(ctx context.Cont
 func (n *Node) startLoops() {
 	n.loops = append(n.loops,
 		startLoop("sweep", func(ctx context.Context) { every(ctx, n.cfg.SweepInterval, n.sweep) }),
-		startLoop("ring check", n.checkRing))
+		startLoop("ring check", n.checkRing),
+		startLoop("rejoin", n.watchRejoin),
+		startLoop("clock", n.clocks.run))
 	if n.cfg.LeaderBalanceInterval > 0 {
 		b := newBalancer()
 		n.loops = append(n.loops, startLoop("leader balance", func(ctx context.Context) {
@@ -79,10 +81,13 @@ func (n *Node) sweep(ctx context.Context) {
 		if !s.group.IsLeader() {
 			continue
 		}
+		cmd := &fsm.Command{Op: fsm.OpSweep, AbandonAfter: int64(n.cfg.AbandonAfter), MaxSweep: n.cfg.MaxSweep}
+		if err := n.clocks.stamp(cmd, s.info.Voters); err != nil {
+			n.log.Debug("sweep skipped", "shard", id, "error", err)
+			continue
+		}
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		v, err := s.group.Apply(actx, fsm.EncodeCommand(&fsm.Command{
-			Op: fsm.OpSweep, Now: n.now(), AbandonAfter: int64(n.cfg.AbandonAfter), MaxSweep: n.cfg.MaxSweep,
-		}))
+		v, err := s.group.Apply(actx, fsm.EncodeCommand(cmd))
 		cancel()
 		if err != nil {
 			n.log.Debug("sweep failed", "shard", id, "error", err)
@@ -120,7 +125,9 @@ func (n *Node) balance(b *balancer) {
 			f.Leader, _ = s.group.Leader()
 		}
 		if f.Leader == n.cfg.NodeID && f.Preferred != n.cfg.NodeID {
-			f.PreferredDown = n.peerDown(f.Preferred)
+			// A preferred voter whose clock is past the bound would only
+			// hand the shard back again.
+			f.PreferredDown = n.peerDown(f.Preferred) || n.clocks.peerSkewed(f.Preferred)
 		}
 		facts[i] = f
 	}

@@ -28,6 +28,14 @@ var (
 	ErrInvalidConfig = errors.New("node: invalid config")
 	// ErrDataDirMismatch: the data dir belongs to another cluster, node or ring.
 	ErrDataDirMismatch = errors.New("node: data dir does not match this node")
+	// ErrStateLost: the data dir held this node's Raft state (it has an
+	// identity file) but the state is missing, truncated or unreadable; the
+	// node refuses to start (idemctl replace-node brings it back).
+	ErrStateLost = errors.New("node: Raft state lost")
+	// ErrClockSkewed: this node's clock is off from its peers' by more than
+	// Config.MaxClockOffset, or a shard's voters' clocks do not agree: it
+	// leads nothing, is not ready, and stamps no time.
+	ErrClockSkewed = errors.New("node: clock skewed")
 	// ErrNotStarted: Serve or Ready was called before Start.
 	ErrNotStarted = errors.New("node: not started (call Start, or Run)")
 )
@@ -67,14 +75,28 @@ type Node struct {
 	started, served atomic.Bool
 	// ringErr is set when a peer reports another cluster or ring: this
 	// node's topology file is not the one the cluster was created with.
-	ringErr   atomic.Pointer[error]
+	ringErr  atomic.Pointer[error]
+	clocks   *clocks
+	admit    *admission // set by Start
+	disk     *diskSpace // set by Start
+	identity identity   // as read (or written) by Start
+	// failure is set once the Raft log failed stop; failed is then closed
+	// and Serve returns the error.
+	failure   atomic.Pointer[error]
+	failOnce  sync.Once
+	failed    chan struct{}
 	closeOnce sync.Once
 	closeErr  error
 	closed    chan struct{} // closed by closeAll: Serve returns
 }
 
-// now is the clock this node stamps commands with.
-func (n *Node) now() int64 { return time.Now().Add(n.cfg.ClockOffset).UnixNano() }
+// localNow is this node's own wall clock (shifted by Config.ClockOffset in
+// fault tests).
+func (n *Node) localNow() int64 { return time.Now().Add(n.cfg.ClockOffset).UnixNano() }
+
+// now is this node's clock corrected by its offset to its peers': reads
+// judge expiry with it. Commands are stamped by clocks.stamp.
+func (n *Node) now() int64 { return n.clocks.now() }
 
 // Apply implements backend.Backend: ApplyRouted for a request that was not
 // forwarded.
@@ -92,35 +114,19 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 	info := n.ring.Locate(cmd.Namespace, cmd.Key)
 	prefer := ""
 	if s := n.shards[info.ID]; s != nil {
+		var done bool
 		if cmd.Op == fsm.OpReserve && cmd.Wait > 0 {
-			// A waiting reserve waits here, where the shard's applies wake
-			// it, while this node leads; if it stops leading, the rest of
-			// the wait goes to the new leader.
-			var left time.Duration
-			res, left, err = s.waiters.Reserve(ctx, cmd, n.cfg.ClockSkewMargin, n.now, func(ctx context.Context, c *fsm.Command) (fsm.Result, error) {
-				return n.propose(ctx, s, c)
-			})
-			rest := *cmd
-			rest.Wait = int64(left)
-			cmd = &rest
+			res, leader, done, cmd, err = n.reserveWaiting(ctx, s, info, cmd)
 		} else {
-			res, err = n.propose(ctx, s, cmd)
+			res, leader, done, err = n.proposeLocal(ctx, s, info, cmd)
 		}
-		if err == nil {
-			return res, n.cfg.NodeID, nil
+		if done {
+			return res, leader, err
 		}
-		var be *backend.Error
-		if errors.As(err, &be) { // refused before proposing (--max-state-bytes)
-			return fsm.Result{}, n.cfg.NodeID, err
-		}
-		var nle *raftstore.NotLeaderError
-		if !errors.As(err, &nle) {
-			return fsm.Result{}, "", unavailable(info, err)
-		}
-		prefer = nle.LeaderID
-		leader = prefer
+		prefer = leader
 	}
 	res, err = n.fwd.Apply(ctx, info, cmd, prefer, hops)
+	leader = prefer
 	if err == nil {
 		if id, ok := n.fwd.Leader(info.ID); ok {
 			leader = id
@@ -129,31 +135,65 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 	return res, leader, err
 }
 
-// propose stamps cmd (Now, SkewMargin; Wait is not replicated) and applies
-// it through s's Raft group. The error is the group's, or a
-// *backend.Error RESOURCE_EXHAUSTED when the leader's state is at
-// --max-state-bytes and cmd would add data.
-func (n *Node) propose(ctx context.Context, s *shard, cmd *fsm.Command) (fsm.Result, error) {
+// proposeLocal proposes cmd to this node's replica s of the key's shard.
+// done is false when the replica does not lead (leader is then the one it
+// knows of, "" if none): the caller forwards.
+func (n *Node) proposeLocal(ctx context.Context, s *shard, info topology.Shard, cmd *fsm.Command) (res fsm.Result, leader string, done bool, err error) {
 	stamped := *cmd
-	stamped.Now = n.now()
+	if err := n.clocks.stamp(&stamped, info.Voters); err != nil {
+		if !s.group.IsLeader() { // the leader stamps it
+			leader, _ = s.group.Leader()
+			return fsm.Result{}, leader, false, nil
+		}
+		return fsm.Result{}, "", true, unavailable(info, err)
+	}
 	stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
 	if s.group.IsLeader() {
-		if err := s.sm.Admit(&stamped); err != nil { // --max-state-bytes reached
-			return fsm.Result{}, &backend.Error{Code: contract.CodeResourceExhausted, Message: err.Error(), RetryAfter: n.cfg.SweepInterval}
+		if err := n.admit.admit(s, &stamped); err != nil { // disk reserve, --max-state-bytes
+			return fsm.Result{}, n.cfg.NodeID, true, err
 		}
 	}
 	v, err := s.group.Apply(ctx, fsm.EncodeCommand(&stamped))
-	if err != nil {
-		return fsm.Result{}, err
+	if err == nil {
+		res, ok := v.(fsm.Result)
+		if !ok {
+			return fsm.Result{}, n.cfg.NodeID, true, fmt.Errorf("node: shard %s returned %T", info.ID, v)
+		}
+		if n.keyMetrics != nil {
+			n.keyMetrics.observe(info.ID, cmd, res)
+		}
+		return res, n.cfg.NodeID, true, nil
 	}
-	res, ok := v.(fsm.Result)
-	if !ok {
-		return fsm.Result{}, fmt.Errorf("node: shard %s returned %T", s.info.ID, v)
+	var nle *raftstore.NotLeaderError
+	if !errors.As(err, &nle) {
+		return fsm.Result{}, "", true, unavailable(info, err)
 	}
-	if n.keyMetrics != nil {
-		n.keyMetrics.observe(s.info.ID, cmd, res)
+	return fsm.Result{}, nle.LeaderID, false, nil
+}
+
+// errForward ends a waiting reserve's loop when this replica stopped
+// leading: the rest of the wait goes to the leader.
+var errForward = errors.New("node: forward the rest of the wait")
+
+// reserveWaiting runs a reserve with a wait on this replica while it leads
+// (backend.Waiters: the shard's applies wake it). When the replica does not
+// lead (or stops leading), done is false and rest is cmd with the wait left,
+// for the caller to forward.
+func (n *Node) reserveWaiting(ctx context.Context, s *shard, info topology.Shard, cmd *fsm.Command) (res fsm.Result, leader string, done bool, rest *fsm.Command, err error) {
+	res, left, err := s.waiters.Reserve(ctx, cmd, n.cfg.ClockSkewMargin, n.now, func(ctx context.Context, c *fsm.Command) (fsm.Result, error) {
+		r, l, d, e := n.proposeLocal(ctx, s, info, c)
+		leader = l
+		if !d {
+			return fsm.Result{}, errForward
+		}
+		return r, e
+	})
+	if errors.Is(err, errForward) {
+		next := *cmd
+		next.Wait = int64(left)
+		return fsm.Result{}, leader, false, &next, nil
 	}
-	return res, nil
+	return res, leader, true, cmd, err
 }
 
 // Get implements backend.Backend: GetRouted for a request that was not
@@ -236,6 +276,9 @@ func (n *Node) Ready(ctx context.Context) error {
 	}
 	if n.host == nil {
 		return ErrNotStarted
+	}
+	if err := n.clocks.skewed(); err != nil {
+		return err
 	}
 	return n.host.Ready()
 }

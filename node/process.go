@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/router"
@@ -41,6 +44,7 @@ func New(cfg Config) (*Node, error) {
 		ring:   ring,
 		shards: map[string]*shard{},
 		closed: make(chan struct{}),
+		failed: make(chan struct{}),
 	}
 	// Forwarded replays carry whole stored responses: allow messages as
 	// large as the API accepts, not gRPC's 4 MiB default.
@@ -53,6 +57,7 @@ func New(cfg Config) (*Node, error) {
 	}); err != nil {
 		return nil, err
 	}
+	n.clocks = newClocks(n)
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
 	}); err != nil {
@@ -77,10 +82,26 @@ func (n *Node) Start() (err error) {
 		}
 	}()
 	cfg := n.cfg
-	if err := checkIdentity(cfg.DataDir, identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.ring.Fingerprint()}); err != nil {
+	id, existed, err := checkIdentity(cfg.DataDir, identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.ring.Fingerprint()})
+	if err != nil {
 		return err
 	}
+	n.identity = id
+	// A dir with an identity held Raft state: state missing now was lost,
+	// and bootstrapping over it would make fencing tokens go back (and
+	// forget this node's votes). Only a dir idemctl replace-node prepared
+	// joins empty.
+	start := raftstore.StartBootstrap
+	switch {
+	case id.Rejoining:
+		start = raftstore.StartJoin
+		n.log.Warn("data dir was emptied by idemctl replace-node: joining every shard as a fresh replica", "data_dir", cfg.DataDir)
+	case existed:
+		start = raftstore.StartRequireState
+	}
+	n.warnFaultInjection()
 	rcfg := cfg.Raft
+	rcfg.OnStorageFailure = n.storageFailed
 	rcfg.NodeID = cfg.NodeID
 	rcfg.RaftListenAddr = cmp.Or(cfg.RaftAddr, n.self.RaftAddr)
 	rcfg.RaftAdvertiseAddr = n.self.RaftAddr
@@ -99,7 +120,7 @@ func (n *Node) Start() (err error) {
 	}
 	n.log.Info("state engine open", "dir", stateDir, "max_state_bytes", maxState, "state_bytes", n.state.StateBytes())
 	if n.host, err = raftstore.NewHost(rcfg); err != nil {
-		return err
+		return n.startError("", err)
 	}
 	for _, info := range cfg.Topology.ShardsOnNode(cfg.NodeID) {
 		peers := make([]raftstore.Peer, 0, len(info.Voters))
@@ -107,7 +128,7 @@ func (n *Node) Start() (err error) {
 			vn, _ := cfg.Topology.NodeByID(v)
 			peers = append(peers, raftstore.Peer{ID: v, Addr: vn.RaftAddr})
 		}
-		gc := raftstore.GroupConfig{ID: info.ID, Voters: peers}
+		gc := raftstore.GroupConfig{ID: info.ID, Voters: peers, Start: start}
 		if spansRegions(cfg.Topology, info) && cfg.Topology.WANRTTMs > 0 {
 			gc.Timing = raftstore.WANTiming(rcfg, time.Duration(cfg.Topology.WANRTTMs)*time.Millisecond)
 		}
@@ -118,7 +139,7 @@ func (n *Node) Start() (err error) {
 		s := &shard{info: info, sm: sm, fsm: sm.FSM(), waiters: new(backend.Waiters)}
 		s.fsm.OnApply(s.waiters.Settled)
 		if s.group, err = n.host.AddGroup(gc, sm); err != nil {
-			return err
+			return n.startError(info.ID, err)
 		}
 		n.shards[info.ID] = s
 	}
@@ -129,6 +150,37 @@ func (n *Node) Start() (err error) {
 	if n.keyMetrics, err = newKeyMetrics(cfg.Registry); err != nil {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
+	if err := n.clocks.register(cfg.Registry); err != nil {
+		return err
+	}
+	disk, err := newDiskSpace(cfg.DataDir, cfg.DiskReserveBytes, cfg.DiskFree)
+	if err != nil {
+		return err
+	}
+	n.admit = newAdmission()
+	n.disk = disk
+	n.admit.addCheck("disk_reserve", disk.check)
+	// A follower with a full disk would fail stop on the next write it is
+	// sent: as etcd's NOSPACE alarm, any voter low on disk stops the
+	// shard's data-adding writes, and they resume when it has room.
+	n.admit.addCheck("peer_disk_reserve", func(s *shard, _ *fsm.Command) (string, time.Duration) {
+		if low := n.clocks.peersLowOnDisk(s.info.Voters); len(low) > 0 {
+			return fmt.Sprintf("voter(s) %s of shard %s have their data dir's disk below its reserve", strings.Join(low, ", "), s.info.ID), admissionRetryAfter
+		}
+		return "", 0
+	})
+	n.admit.addCheck("max_state_bytes", func(s *shard, cmd *fsm.Command) (string, time.Duration) {
+		if err := s.sm.Admit(cmd); err != nil {
+			return err.Error(), n.cfg.SweepInterval // sweeps free state
+		}
+		return "", 0
+	})
+	for _, c := range []prometheus.Collector{n.admit.refused, disk.freeGauge} {
+		if err := cfg.Registry.Register(c); err != nil {
+			return fmt.Errorf("node: register metrics: %w", err)
+		}
+	}
+	n.log.Info("admission control", "disk_reserve_bytes", disk.reserve)
 
 	if n.httpLn, err = net.Listen("tcp", cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
 		return fmt.Errorf("node: http listener: %w", err)
@@ -173,10 +225,15 @@ func (n *Node) Serve(ctx context.Context) error {
 		select {
 		case <-n.closed:
 			cancel()
+		case <-n.failed:
+			cancel()
 		case <-ctx.Done():
 		}
 	}()
 	serveErr := serving.Serve(ctx, n.log, n.servers)
+	if p := n.failure.Load(); p != nil {
+		serveErr = errors.Join(serveErr, fmt.Errorf("node: stopped after a storage failure: %w", *p))
+	}
 	drainCtx, cancel := context.WithTimeout(context.Background(), serving.DrainTimeout)
 	defer cancel()
 	n.log.Info("draining")

@@ -101,6 +101,11 @@ type Config struct {
 	// one that lives in the shared log stays there. DefaultConfig: true.
 	SharedLog bool
 
+	// TestingFailCommitsAfter, when > 0, makes every commit of the shared
+	// log after the first TestingFailCommitsAfter fail as a failed fsync
+	// would (the log then fails stop). Fault injection for tests only.
+	TestingFailCommitsAfter uint64
+
 	// NoFsync skips fsync on log writes. UNSAFE: a power loss can lose
 	// acknowledged writes. Tests and benchmarks only; false (fsync) by default.
 	NoFsync bool

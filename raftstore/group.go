@@ -443,6 +443,22 @@ func (g *Group) ReplaceVoter(ctx context.Context, id string) error {
 	return nil
 }
 
+// IsMember reports whether this node is a voter in the group's latest
+// configuration: false for a replica started with StartJoin until its
+// leader has added it (ReplaceVoter) and sent it the log or a snapshot.
+func (g *Group) IsMember() bool {
+	cf := g.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return false
+	}
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == g.host.cfg.NodeID && s.Suffrage == raft.Voter {
+			return true
+		}
+	}
+	return false
+}
+
 // peerAddr returns this node's address of peer id (from GroupConfig.Voters).
 func (g *Group) peerAddr(id string) (raft.ServerAddress, bool) {
 	a, ok := g.peers[raft.ServerID(id)]

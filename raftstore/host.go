@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -70,7 +69,7 @@ func NewHost(cfg Config) (*Host, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "shards"), 0o750); err != nil {
+	if err := mkdirDurable(filepath.Join(cfg.DataDir, "shards"), cfg.NoFsync); err != nil {
 		return nil, fmt.Errorf("raftstore: creating data dir: %w", err)
 	}
 	ln, err := net.Listen("tcp", cfg.RaftListenAddr)
@@ -155,7 +154,7 @@ func (h *Host) AddGroup(gc GroupConfig, sm StateMachine) (*Group, error) {
 func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) {
 	id := gc.ID
 	dir := filepath.Join(h.cfg.DataDir, "shards", id)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := mkdirDurable(dir, h.cfg.NoFsync); err != nil {
 		return nil, shardErr(id, "creating dir: %w", err)
 	}
 	logger := h.logger.With("shard", id)
@@ -391,16 +390,21 @@ func (h *Host) openSharedLog(create bool) (*sharedLog, error) {
 	if err != nil {
 		return nil, err
 	}
+	if n := h.cfg.TestingFailCommitsAfter; n > 0 {
+		sl.failCommitsAfter(n)
+	}
 	h.sharedLog = sl
 	return sl, nil
 }
 
 // storageFailed is told once that the shared log failed stop.
+// The callback, when set, says it (one line from whoever acts on it).
 func (h *Host) storageFailed(err error) {
-	h.logger.Error("raft log storage failed: this node takes no more writes", "error", err)
 	if h.cfg.OnStorageFailure != nil {
 		h.cfg.OnStorageFailure(err)
+		return
 	}
+	h.logger.Error("raft log storage failed: this node takes no more writes", "error", err)
 }
 
 // StorageFailure returns the error that made this node's Raft log fail stop

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/idem-dev/idem/internal/durable"
 	"go.etcd.io/bbolt"
 )
 
@@ -145,15 +146,19 @@ func openBolt(path string) (db *bbolt.DB, err error) {
 // syncDir fsyncs a directory, making the entries of files created in it
 // durable.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("raftstore: fsync of directory %s: %w", dir, err)
+	if err := durable.SyncDir(dir); err != nil {
+		return fmt.Errorf("raftstore: %w", err)
 	}
 	return nil
+}
+
+// mkdirDurable creates dir and its missing parents, fsyncing each new
+// entry unless noSync.
+func mkdirDurable(dir string, noSync bool) error {
+	if noSync {
+		return os.MkdirAll(dir, 0o750)
+	}
+	return durable.MkdirAll(dir, 0o750)
 }
 
 // fileExists reports whether path exists.
@@ -245,6 +250,19 @@ func (s *sharedLog) commit(batch []*logWrite) {
 		s.metrics.sharedCommitDuration.Observe(took.Seconds())
 	}
 	answer(nil)
+}
+
+// failCommitsAfter makes every commit after the first n fail as a failed
+// fsync would (Config.TestingFailCommitsAfter: fault injection for tests).
+func (s *sharedLog) failCommitsAfter(n uint64) {
+	var done atomic.Uint64
+	s.commitTx = func(tx *bbolt.Tx) error {
+		if done.Add(1) > n {
+			tx.Rollback()
+			return fmt.Errorf("injected fault: commit %d failed (--testing-fail-log-commits-after %d)", done.Load(), n)
+		}
+		return tx.Commit()
+	}
 }
 
 // fail makes the log fail stop with cause (the first cause wins) and

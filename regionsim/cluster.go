@@ -61,8 +61,13 @@ type simNode struct {
 
 	mu     sync.Mutex
 	offset time.Duration
-	paused bool
-	killed bool // down on purpose (a fault); otherwise a dead process is a crash
+	// clockChecked keeps the node's --max-clock-offset while it runs with
+	// an offset; otherwise the check is off (--max-clock-offset 0), so a
+	// node seconds off still leads and stamps its own clock, which is what
+	// the fencing part of the clock-skew scenario exercises.
+	clockChecked bool
+	paused       bool
+	killed       bool // down on purpose (a fault); otherwise a dead process is a crash
 }
 
 type simRouter struct {
@@ -137,7 +142,10 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 		sn := &simNode{id: n.ID, region: n.Region, real: n}
 		sn.baseArgs = []string{"--config", c.views[n.Region], "--id", n.ID, "--data-dir", filepath.Join(dir, "data", n.ID),
 			"--log-level", "info", "--clock-skew-margin", cfg.ClockSkewMargin.String()}
-		sn.proc = &cluster.Process{Name: n.ID, Bin: bins["idemnode"], Args: sn.baseArgs, Log: filepath.Join(dir, "logs", n.ID+".log")}
+		// The clock-skew fault restarts nodes with --testing-clock-offset,
+		// which idemnode accepts only with fault injection enabled.
+		sn.proc = &cluster.Process{Name: n.ID, Bin: bins["idemnode"], Args: sn.baseArgs, Log: filepath.Join(dir, "logs", n.ID+".log"),
+			Env: []string{cluster.FaultInjectionEnv}}
 		c.nodes[n.ID] = sn
 		c.nodeIDs = append(c.nodeIDs, n.ID)
 	}
@@ -302,6 +310,9 @@ func (c *simCluster) start(id string) error {
 	args := append([]string(nil), n.baseArgs...)
 	if n.offset != 0 {
 		args = append(args, "--testing-clock-offset", n.offset.String())
+		if !n.clockChecked {
+			args = append(args, "--max-clock-offset", "0")
+		}
 	}
 	n.mu.Unlock()
 	n.proc.Args = args
@@ -319,10 +330,10 @@ func (c *simCluster) start(id string) error {
 
 // restartWithOffset stops node id gracefully (it hands its leaderships
 // over) and starts it again with clock offset d.
-func (c *simCluster) restartWithOffset(id string, d time.Duration) error {
+func (c *simCluster) restartWithOffset(id string, d time.Duration, checked bool) error {
 	n := c.nodes[id]
 	n.mu.Lock()
-	n.offset = d
+	n.offset, n.clockChecked = d, checked
 	n.paused, n.killed = false, true
 	n.mu.Unlock()
 	if err := n.proc.Stop(15 * time.Second); err != nil {
@@ -421,9 +432,21 @@ func (c *simCluster) busiestLeader(ctx context.Context, candidates []string) (st
 	return best, most
 }
 
+// leaderCount is how many shards node id leads, as the nodes report.
+func (c *simCluster) leaderCount(ctx context.Context, id string) int {
+	n := 0
+	for _, l := range c.shardLeaders(ctx) {
+		if l == id {
+			n++
+		}
+	}
+	return n
+}
+
 // transferLeadership asks the leader of every shard node id hosts to hand
 // leadership to id; it returns how many shards id leads once the transfers
 // settled (a transfer completes asynchronously).
+
 func (c *simCluster) transferLeadership(ctx context.Context, id string) int {
 	leaders := c.shardLeaders(ctx)
 	hosted := c.topo.ShardsOnNode(id)
@@ -497,7 +520,7 @@ func (c *simCluster) heal(ctx context.Context) error {
 		}
 		switch {
 		case offset != 0:
-			errs = append(errs, c.restartWithOffset(id, 0))
+			errs = append(errs, c.restartWithOffset(id, 0, false))
 		case !n.proc.Running():
 			errs = append(errs, c.start(id))
 		}

@@ -123,6 +123,10 @@ func Scenarios() []*Scenario {
 						return others[e.rng.IntN(len(others))]
 					}),
 					flipLeaders("leadership moves between skewed and normal clocks", d/4+d/8+time.Second, end-d/4-d/8-2*time.Second),
+					// The contract's case: one node hours off, with the
+					// --max-clock-offset check on. It must lead nothing and
+					// its clock must never reach the state.
+					hoursOffNode("clock +3h on a node (max-clock-offset on)", end, max(d/4, 10*time.Second), 3*time.Hour),
 				}
 			},
 		},
@@ -269,7 +273,7 @@ func skewNode(name string, at, d, skew time.Duration, work func(*mix), pick func
 		start: func(ctx context.Context, e *faultEnv) (string, error) {
 			id := pick(e)
 			e.nodes = []string{id}
-			if err := e.c.restartWithOffset(id, skew); err != nil {
+			if err := e.c.restartWithOffset(id, skew, false); err != nil {
 				return "", err
 			}
 			// Wait for it to rejoin, then make it lead what it hosts.
@@ -283,7 +287,51 @@ func skewNode(name string, at, d, skew time.Duration, work func(*mix), pick func
 		},
 		stop: func(ctx context.Context, e *faultEnv) error {
 			for _, id := range e.nodes {
-				if err := e.c.restartWithOffset(id, 0); err != nil {
+				if err := e.c.restartWithOffset(id, 0, false); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+}
+
+// hoursOffNode restarts one node with its clock skew ahead and the clock
+// check on: the node must report not ready and lead no shard, even when a
+// leadership is handed to it (it hands it back); the checkers then show
+// that no record expired early.
+func hoursOffNode(name string, at, d, skew time.Duration) *Fault {
+	return &Fault{Name: name, At: at, For: d,
+		start: func(ctx context.Context, e *faultEnv) (string, error) {
+			id := e.c.naiveHostOrFirst()
+			e.nodes = []string{id}
+			if err := e.c.restartWithOffset(id, skew, true); err != nil {
+				return "", err
+			}
+			// Once its Raft port is up, hand it every shard it hosts (a
+			// transfer needs it caught up, so try a few times), then see
+			// that it gives them all back.
+			n := e.c.nodes[id]
+			deadline := time.Now().Add(20 * time.Second)
+			for range 3 {
+				if !sleepOrStop(ctx, nil, 2*time.Second) {
+					break
+				}
+				e.c.transferLeadership(ctx, id)
+			}
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				if e.c.leaderCount(ctx, id) == 0 {
+					return fmt.Sprintf("%s restarted %s ahead with the check on: it handed back every leadership (log %s)", id, skew, n.proc.Log), nil
+				}
+				if !sleepOrStop(ctx, nil, 250*time.Millisecond) {
+					break
+				}
+			}
+			return "", fmt.Errorf("regionsim: %s, %s ahead, still leads %d shards", id, skew, e.c.leaderCount(ctx, id))
+		},
+		stop: func(ctx context.Context, e *faultEnv) error {
+			for _, id := range e.nodes {
+				if err := e.c.restartWithOffset(id, 0, false); err != nil {
 					return err
 				}
 			}

@@ -1,6 +1,6 @@
 // Command idemctl is the operator's tool for an idem cluster. It talks to
 // the nodes' gRPC ports: the Admin service (Status, TransferLeader,
-// Snapshot) that every idemnode serves next to the public API, and the
+// Snapshot, ReplaceVoter) that every idemnode serves next to the public API, and the
 // public Idempotency service for reads.
 //
 //	idemctl --config cluster.yaml status
@@ -10,6 +10,7 @@
 //	idemctl --config cluster.yaml transfer-leader us-east-0 us-east-2
 //	idemctl --config cluster.yaml snapshot us-east-0 --node us-east-3
 //	idemctl --config cluster.yaml status --json | jq '.shards[] | {id, leader}'
+//	idemctl --config cluster.yaml replace-node --id us-east-3 --data-dir /var/lib/idem/us-east-3
 //
 // # Commands
 //
@@ -23,6 +24,9 @@
 //	transfer-leader SHARD [TARGET_NODE]  asks the shard's leader to hand over to TARGET_NODE (a voter), or to
 //	                                     the voter Raft picks, and waits until the new leader is seen
 //	snapshot SHARD [--node ID]           a Raft snapshot of the shard now, on its leader or on voter --node
+//	replace-node --id NODE [--data-dir D] a stopped node whose data dir was lost: empties the dir, marks it
+//	                                     to rejoin, and has each of its shards' leaders remove and re-add it
+//	                                     (Admin.ReplaceVoter); started again, it catches up from its peers
 //
 // Every command takes --config FILE (the topology file, the same as the
 // nodes'; required except for get with --addr), --json and --timeout D (the

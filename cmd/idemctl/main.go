@@ -45,9 +45,11 @@ type command struct {
 
 // cmdOptions holds the command-specific flags.
 type cmdOptions struct {
-	addr string // get, keys
-	node string // snapshot
-	keys keysOptions
+	addr    string // get, keys
+	node    string // snapshot
+	id      string // replace-node
+	dataDir string // replace-node
+	keys    keysOptions
 }
 
 var commands = []*command{
@@ -120,6 +122,25 @@ Fencing tokens stay strictly increasing through both. Each action is logged by
 the node with the principal, the key and the reason.`,
 		flags: registerKeysFlags,
 		run:   runKeys,
+	},
+	{
+		name: "replace-node", extra: "--id NODE [--data-dir DIR]",
+		summary: "bring back a node whose data dir was lost, as a fresh replica",
+		about: `For a node whose Raft state was lost or damaged (it refuses to start and
+says to run this). The node must be stopped: replace-node refuses while its
+Raft port answers or its log file is locked. It empties the node's data dir,
+marks it to rejoin (its next start joins every shard empty instead of
+refusing), and asks the leader of every shard the node votes in to remove it
+and add it back (Admin.ReplaceVoter). Then start the node as before: it
+catches up from its peers (by snapshot when the leaders compacted their log)
+and becomes ready. Every shard of the node needs a live leader among the
+other voters; if one has none, nothing is changed. Safe to run again after a
+failure half-way.`,
+		flags: func(fs *flag.FlagSet, o *cmdOptions) {
+			fs.StringVar(&o.id, "id", "", "the `NODE` id to bring back (required)")
+			fs.StringVar(&o.dataDir, "data-dir", "", "the node's data `DIR` (default ./idem-data/<id>, as idemnode's)")
+		},
+		run: runReplaceNode,
 	},
 }
 

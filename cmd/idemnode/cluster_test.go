@@ -102,6 +102,9 @@ func testConcurrentReservesOneOwner(t *testing.T, c *cluster.Cluster) {
 	apis := make([]*cluster.API, len(ids))
 	for i, id := range ids {
 		apis[i] = cluster.NewAPI(c.HTTPAddr(id))
+		// A retried reserve keeps its owner token, so it cannot make a
+		// second owner: exactly one ACQUIRED still holds.
+		apis[i].RetryUnavailable = 30 * time.Second
 	}
 	ctx := t.Context()
 	rng := cluster.Rand(cluster.Seed(t, "./cmd/idemnode"), 0)
@@ -297,6 +300,7 @@ func checkCompleted(t *testing.T, c *cluster.Cluster, all []completion) {
 	ctx := t.Context()
 	for i, id := range nodeIDs(c) {
 		api := cluster.NewAPI(c.HTTPAddr(id))
+		api.RetryUnavailable = 30 * time.Second // leaders may still be moving after the restart
 		for j, a := range all {
 			if j%3 != i { // spread the reads; every node serves linearizable reads of every key
 				continue
@@ -335,6 +339,7 @@ func TestRestartKeepsEveryRecord(t *testing.T) {
 			var reserved []held
 			for i := 0; i < 150; i++ {
 				api := cluster.NewAPI(c.HTTPAddr(ids[i%3]))
+				api.RetryUnavailable = 30 * time.Second // the new cluster hands leaderships to their preferred voters
 				key := "order:" + strconv.Itoa(i) + "/" + strconv.Itoa(rng.IntN(1e9))
 				owner := fmt.Sprintf("owner-token-%06d", i)
 				r := want(t, 200)(api.Reserve(ctx, "ledger", key, map[string]any{"owner_token": owner, "lease_ms": 600000, "fingerprint": "fp-" + key}))
@@ -373,6 +378,7 @@ func TestRestartKeepsEveryRecord(t *testing.T) {
 			}
 			checkCompleted(t, c, completed)
 			api := cluster.NewAPI(c.HTTPAddr(ids[1]))
+			api.RetryUnavailable = 30 * time.Second
 			for _, h := range reserved {
 				r := want(t, 200)(api.Reserve(ctx, "ledger", h.key, map[string]any{"owner_token": "someone-else-0000", "fingerprint": "fp-" + h.key}))
 				if r.Str("outcome") != "IN_PROGRESS" || r.Str("lease_expires_at") != h.lease {
@@ -396,6 +402,7 @@ func testLeaseExpiryAndReclaim(t *testing.T, c *cluster.Cluster) {
 	ctx := t.Context()
 	ids := nodeIDs(c)
 	a, b := cluster.NewAPI(c.HTTPAddr(ids[0])), cluster.NewAPI(c.HTTPAddr(ids[2]))
+	a.RetryUnavailable, b.RetryUnavailable = 30*time.Second, 30*time.Second
 	first := want(t, 200)(a.Reserve(ctx, "jobs", "job-1", map[string]any{"owner_token": "stale-owner-00001", "lease_ms": 200}))
 	oldLease, _ := time.Parse(time.RFC3339Nano, first.Str("lease_expires_at"))
 	var re cluster.Reply

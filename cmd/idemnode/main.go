@@ -13,7 +13,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,10 +49,17 @@ type options struct {
 	snapshotEvery    uint64
 	snapshotInterval time.Duration
 	trailingLogs     uint64
+	maxClockOffset   time.Duration
+	diskReserve      uint64
 	testClockOffset  time.Duration
-	pprofAddr        string
-	packCommands     bool
-	showVersion      bool
+	testFailCommits  uint64
+	// testingFlags are the --testing-* flags given; faultInjection is
+	// whether the environment allows them (IDEM_ENABLE_FAULT_INJECTION=1).
+	testingFlags   []string
+	faultInjection bool
+	pprofAddr      string
+	packCommands   bool
+	showVersion    bool
 }
 
 const usageHeader = `idemnode: a storage node of idem, the multi-region idempotency-key store.
@@ -80,18 +89,26 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.Int64Var(&o.maxResponseBytes, "max-response-bytes", 1<<20, "largest stored response body in decoded `BYTES`")
 	fs.Int64Var(&o.maxStateBytes, "max-state-bytes", 0, "stored state in `BYTES` at which requests that add data (a reserve of a new key, a complete) get 429 RESOURCE_EXHAUSTED until sweeps free space (0: 80% of the data dir's free space at start)")
 	fs.DurationVar(&o.clockSkewMargin, "clock-skew-margin", time.Second, "how long past a lease's end before another caller may reclaim the key")
+	fs.DurationVar(&o.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "largest offset `D` of this node's clock from its peers' (measured on node-to-node gRPC): past it the node leads no shard and is not ready; 0 turns the check off; not used in --dev")
+	fs.Uint64Var(&o.diskReserve, "disk-reserve-bytes", 0, "free `BYTES` kept on the data dir's filesystem: below it, writes that add data (a reserve of a new key, a complete) get 429 and resume by themselves when space returns (0: 5% of the filesystem, at most 1 GiB)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
 	fs.Uint64Var(&o.snapshotEvery, "snapshot-threshold", 0, "take a Raft snapshot of a shard after this many new log `ENTRIES` (0: the default, 8192)")
 	fs.DurationVar(&o.snapshotInterval, "snapshot-interval", 0, "how often each shard checks whether to snapshot (0: the default, 2m)")
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
-	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY: shift this node's clock by `D` (fault injection for clock-skew scenarios)")
+	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): shift this node's clock by `D` (fault injection for clock-skew scenarios)")
+	fs.Uint64Var(&o.testFailCommits, "testing-fail-log-commits-after", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): make every Raft log commit after the first `N` fail as a failed fsync would")
 	fs.BoolVar(&o.packCommands, "raft-pack-commands", false, "pack commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load; turn on only once every node runs a version that has this flag)")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `HOST:PORT`, e.g. 127.0.0.1:6060 (default: off)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
 		return nil, err
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Name, "testing-") {
+			o.testingFlags = append(o.testingFlags, "--"+f.Name+"="+f.Value.String())
+		}
+	})
 	return &o, nil
 }
 
@@ -103,6 +120,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	o.faultInjection = os.Getenv(faultInjectionEnv) == "1"
 	if o.showVersion {
 		fmt.Fprintln(stdout, "idemnode", version)
 		return nil
@@ -132,6 +150,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return n.Run(ctx)
 }
 
+// faultInjectionEnv must be "1" in the environment for any --testing-* flag.
+const faultInjectionEnv = "IDEM_ENABLE_FAULT_INJECTION"
+
 // nodeConfig turns flags into a node.Config, reporting every problem at once.
 func nodeConfig(o *options) (node.Config, error) {
 	var errs []error
@@ -144,8 +165,18 @@ func nodeConfig(o *options) (node.Config, error) {
 		MaxStateBytes:    o.maxStateBytes,
 		ClockSkewMargin:  o.clockSkewMargin,
 		ClockOffset:      o.testClockOffset,
+		MaxClockOffset:   o.maxClockOffset,
+		DiskReserveBytes: o.diskReserve,
 		Version:          version,
 		Raft:             raftstore.DefaultConfig(),
+	}
+	cfg.Raft.TestingFailCommitsAfter = o.testFailCommits
+	if len(o.testingFlags) > 0 {
+		if !o.faultInjection {
+			return cfg, fmt.Errorf("%s: fault injection for tests only; it works only with %s=1 in the environment, never set it in production",
+				strings.Join(o.testingFlags, ", "), faultInjectionEnv)
+		}
+		cfg.FaultInjection = o.testingFlags
 	}
 	if o.packCommands {
 		cfg.Raft.Packer = fsm.Packer{}
@@ -166,6 +197,11 @@ func nodeConfig(o *options) (node.Config, error) {
 	}
 	if o.maxResponseBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-response-bytes must be positive, got %d", o.maxResponseBytes))
+	}
+	if o.maxClockOffset < 0 {
+		errs = append(errs, fmt.Errorf("--max-clock-offset must not be negative, got %s", o.maxClockOffset))
+	} else if o.maxClockOffset == 0 || o.dev {
+		cfg.MaxClockOffset = -1 // off
 	}
 	if o.maxStateBytes < 0 {
 		errs = append(errs, fmt.Errorf("--max-state-bytes must not be negative, got %d", o.maxStateBytes))

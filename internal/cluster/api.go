@@ -16,6 +16,12 @@ import (
 type API struct {
 	Base   string // "http://127.0.0.1:8080"
 	Client *http.Client
+	// RetryUnavailable, when positive, makes Do send a request again while
+	// the answer is 503 UNAVAILABLE, for at most this long: what the contract
+	// tells clients to do (with the same owner token, which tests fix), for
+	// tests whose subject is not the 503 itself (a cluster that just started
+	// or restarted hands leadership around). Zero returns every answer.
+	RetryUnavailable time.Duration
 }
 
 // NewAPI returns an API client for the JSON API at addr (HOST:PORT).
@@ -48,20 +54,36 @@ func KeyPath(namespace, key string) string {
 	return "/v1/namespaces/" + url.PathEscape(namespace) + "/keys/" + url.PathEscape(key)
 }
 
-// Do sends method path with body (a string sent as is, or a value encoded as JSON; nil sends nothing).
+// Do sends method path with body (a string sent as is, or a value encoded as
+// JSON; nil sends nothing), again while the answer is 503 if
+// RetryUnavailable says so.
 func (a *API) Do(ctx context.Context, method, path string, body any) (Reply, error) {
-	var rd io.Reader
+	var data []byte
 	switch b := body.(type) {
 	case nil:
 	case string:
-		rd = bytes.NewReader([]byte(b))
+		data = []byte(b)
 	case []byte:
-		rd = bytes.NewReader(b)
+		data = b
 	default:
-		data, err := json.Marshal(b)
-		if err != nil {
+		var err error
+		if data, err = json.Marshal(b); err != nil {
 			return Reply{}, err
 		}
+	}
+	deadline := time.Now().Add(a.RetryUnavailable)
+	for {
+		r, err := a.do(ctx, method, path, body != nil, data)
+		if err != nil || r.Status != http.StatusServiceUnavailable || !time.Now().Before(deadline) || ctx.Err() != nil {
+			return r, err
+		}
+		time.Sleep(50 * time.Millisecond) // backoff between retries, as a client would
+	}
+}
+
+func (a *API) do(ctx context.Context, method, path string, hasBody bool, data []byte) (Reply, error) {
+	var rd io.Reader
+	if hasBody {
 		rd = bytes.NewReader(data)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, a.Base+path, rd)

@@ -202,6 +202,9 @@ type Process struct {
 	Args []string
 	Bin  string
 	Log  string // path of its combined stdout and stderr
+	// Env is added to this process's inherited environment (KEY=VALUE),
+	// e.g. IDEM_ENABLE_FAULT_INJECTION=1 for the --testing-* flags.
+	Env []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -222,6 +225,9 @@ func (p *Process) Start() error {
 	}
 	cmd := exec.Command(p.Bin, p.Args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if len(p.Env) > 0 {
+		cmd.Env = append(os.Environ(), p.Env...)
+	}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("cluster: start %s: %w", p.Name, err)
@@ -268,6 +274,30 @@ func (p *Process) Signal(sig os.Signal) error {
 func (p *Process) Stop(timeout time.Duration) error {
 	return p.halt(syscall.SIGTERM, timeout)
 }
+
+// Wait waits until the process exits by itself or ctx ends, and returns
+// its exit error (nil for exit status 0).
+func (p *Process) Wait(ctx context.Context) error {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
+		return errors.New("cluster: " + p.Name + " is not running")
+	}
+	select {
+	case <-exited:
+	case <-ctx.Done():
+		return fmt.Errorf("cluster: %s still running: %w", p.Name, ctx.Err())
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cmd = nil
+	return p.err
+}
+
+// FaultInjectionEnv is the environment a process needs for the --testing-*
+// flags of idemnode.
+const FaultInjectionEnv = "IDEM_ENABLE_FAULT_INJECTION=1"
 
 // Kill sends SIGKILL (a crash) and waits for the process to be gone.
 func (p *Process) Kill() error {

@@ -1322,6 +1322,195 @@ func (x *SnapshotResponse) GetTerm() uint64 {
 	return 0
 }
 
+type ReplaceVoterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplaceVoterRequest) Reset() {
+	*x = ReplaceVoterRequest{}
+	mi := &file_idem_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplaceVoterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplaceVoterRequest) ProtoMessage() {}
+
+func (x *ReplaceVoterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplaceVoterRequest.ProtoReflect.Descriptor instead.
+func (*ReplaceVoterRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReplaceVoterRequest) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+func (x *ReplaceVoterRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type ReplaceVoterResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// leader_id is the leader that made the change.
+	LeaderId      string `protobuf:"bytes,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplaceVoterResponse) Reset() {
+	*x = ReplaceVoterResponse{}
+	mi := &file_idem_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplaceVoterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplaceVoterResponse) ProtoMessage() {}
+
+func (x *ReplaceVoterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplaceVoterResponse.ProtoReflect.Descriptor instead.
+func (*ReplaceVoterResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReplaceVoterResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+type ClockRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClockRequest) Reset() {
+	*x = ClockRequest{}
+	mi := &file_idem_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClockRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClockRequest) ProtoMessage() {}
+
+func (x *ClockRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClockRequest.ProtoReflect.Descriptor instead.
+func (*ClockRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{20}
+}
+
+type ClockResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// unix_nanos is the answering node's wall clock when it answered.
+	UnixNanos int64 `protobuf:"varint,1,opt,name=unix_nanos,json=unixNanos,proto3" json:"unix_nanos,omitempty"`
+	// below_disk_reserve: the answering node's data dir has less free space
+	// than its --disk-reserve-bytes; leaders of the shards it votes in refuse
+	// writes that add data until it has room again.
+	BelowDiskReserve bool `protobuf:"varint,2,opt,name=below_disk_reserve,json=belowDiskReserve,proto3" json:"below_disk_reserve,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ClockResponse) Reset() {
+	*x = ClockResponse{}
+	mi := &file_idem_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClockResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClockResponse) ProtoMessage() {}
+
+func (x *ClockResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClockResponse.ProtoReflect.Descriptor instead.
+func (*ClockResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ClockResponse) GetUnixNanos() int64 {
+	if x != nil {
+		return x.UnixNanos
+	}
+	return 0
+}
+
+func (x *ClockResponse) GetBelowDiskReserve() bool {
+	if x != nil {
+		return x.BelowDiskReserve
+	}
+	return false
+}
+
 // KeyInfo is one listed key.
 type KeyInfo struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -1338,7 +1527,7 @@ type KeyInfo struct {
 
 func (x *KeyInfo) Reset() {
 	*x = KeyInfo{}
-	mi := &file_idem_proto_msgTypes[18]
+	mi := &file_idem_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1539,7 @@ func (x *KeyInfo) String() string {
 func (*KeyInfo) ProtoMessage() {}
 
 func (x *KeyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[18]
+	mi := &file_idem_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1552,7 @@ func (x *KeyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
 func (*KeyInfo) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{18}
+	return file_idem_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KeyInfo) GetKey() string {
@@ -1432,7 +1621,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_idem_proto_msgTypes[19]
+	mi := &file_idem_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1633,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[19]
+	mi := &file_idem_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1646,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{19}
+	return file_idem_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListKeysRequest) GetNamespace() string {
@@ -1506,7 +1695,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_idem_proto_msgTypes[20]
+	mi := &file_idem_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1707,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[20]
+	mi := &file_idem_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1720,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{20}
+	return file_idem_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -1559,7 +1748,7 @@ type ForceReleaseRequest struct {
 
 func (x *ForceReleaseRequest) Reset() {
 	*x = ForceReleaseRequest{}
-	mi := &file_idem_proto_msgTypes[21]
+	mi := &file_idem_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1760,7 @@ func (x *ForceReleaseRequest) String() string {
 func (*ForceReleaseRequest) ProtoMessage() {}
 
 func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[21]
+	mi := &file_idem_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1773,7 @@ func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{21}
+	return file_idem_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ForceReleaseRequest) GetNamespace() string {
@@ -1617,7 +1806,7 @@ type ForceReleaseResponse struct {
 
 func (x *ForceReleaseResponse) Reset() {
 	*x = ForceReleaseResponse{}
-	mi := &file_idem_proto_msgTypes[22]
+	mi := &file_idem_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1818,7 @@ func (x *ForceReleaseResponse) String() string {
 func (*ForceReleaseResponse) ProtoMessage() {}
 
 func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[22]
+	mi := &file_idem_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1831,7 @@ func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{22}
+	return file_idem_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ForceReleaseResponse) GetPreviousFencingToken() uint64 {
@@ -1663,7 +1852,7 @@ type DeleteKeyRequest struct {
 
 func (x *DeleteKeyRequest) Reset() {
 	*x = DeleteKeyRequest{}
-	mi := &file_idem_proto_msgTypes[23]
+	mi := &file_idem_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1864,7 @@ func (x *DeleteKeyRequest) String() string {
 func (*DeleteKeyRequest) ProtoMessage() {}
 
 func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[23]
+	mi := &file_idem_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1877,7 @@ func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{23}
+	return file_idem_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteKeyRequest) GetNamespace() string {
@@ -1720,7 +1909,7 @@ type DeleteKeyResponse struct {
 
 func (x *DeleteKeyResponse) Reset() {
 	*x = DeleteKeyResponse{}
-	mi := &file_idem_proto_msgTypes[24]
+	mi := &file_idem_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1921,7 @@ func (x *DeleteKeyResponse) String() string {
 func (*DeleteKeyResponse) ProtoMessage() {}
 
 func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[24]
+	mi := &file_idem_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1934,7 @@ func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{24}
+	return file_idem_proto_rawDescGZIP(), []int{28}
 }
 
 type ListShardRequest struct {
@@ -1763,7 +1952,7 @@ type ListShardRequest struct {
 
 func (x *ListShardRequest) Reset() {
 	*x = ListShardRequest{}
-	mi := &file_idem_proto_msgTypes[25]
+	mi := &file_idem_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +1964,7 @@ func (x *ListShardRequest) String() string {
 func (*ListShardRequest) ProtoMessage() {}
 
 func (x *ListShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[25]
+	mi := &file_idem_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +1977,7 @@ func (x *ListShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardRequest.ProtoReflect.Descriptor instead.
 func (*ListShardRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{25}
+	return file_idem_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListShardRequest) GetShard() string {
@@ -1846,7 +2035,7 @@ type ListShardResponse struct {
 
 func (x *ListShardResponse) Reset() {
 	*x = ListShardResponse{}
-	mi := &file_idem_proto_msgTypes[26]
+	mi := &file_idem_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +2047,7 @@ func (x *ListShardResponse) String() string {
 func (*ListShardResponse) ProtoMessage() {}
 
 func (x *ListShardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[26]
+	mi := &file_idem_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +2060,7 @@ func (x *ListShardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardResponse.ProtoReflect.Descriptor instead.
 func (*ListShardResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{26}
+	return file_idem_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListShardResponse) GetKeys() []*KeyInfo {
@@ -2001,7 +2190,17 @@ const file_idem_proto_rawDesc = "" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\"<\n" +
 	"\x10SnapshotResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
-	"\x04term\x18\x02 \x01(\x04R\x04term\"\xe1\x02\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\"D\n" +
+	"\x13ReplaceVoterRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"3\n" +
+	"\x14ReplaceVoterResponse\x12\x1b\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\x0e\n" +
+	"\fClockRequest\"\\\n" +
+	"\rClockResponse\x12\x1d\n" +
+	"\n" +
+	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\x12,\n" +
+	"\x12below_disk_reserve\x18\x02 \x01(\bR\x10belowDiskReserve\"\xe1\x02\n" +
 	"\aKeyInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12$\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x0e.idem.v1.StateR\x05state\x12#\n" +
@@ -2062,11 +2261,13 @@ const file_idem_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x19.idem.v1.HeartbeatRequest\x1a\x1a.idem.v1.HeartbeatResponse\x12?\n" +
 	"\bComplete\x12\x18.idem.v1.CompleteRequest\x1a\x19.idem.v1.CompleteResponse\x12<\n" +
 	"\aRelease\x12\x17.idem.v1.ReleaseRequest\x1a\x18.idem.v1.ReleaseResponse\x120\n" +
-	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse2\xec\x03\n" +
+	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse2\xf1\x04\n" +
 	"\x05Admin\x129\n" +
 	"\x06Status\x12\x16.idem.v1.StatusRequest\x1a\x17.idem.v1.StatusResponse\x12Q\n" +
 	"\x0eTransferLeader\x12\x1e.idem.v1.TransferLeaderRequest\x1a\x1f.idem.v1.TransferLeaderResponse\x12?\n" +
-	"\bSnapshot\x12\x18.idem.v1.SnapshotRequest\x1a\x19.idem.v1.SnapshotResponse\x12?\n" +
+	"\bSnapshot\x12\x18.idem.v1.SnapshotRequest\x1a\x19.idem.v1.SnapshotResponse\x12K\n" +
+	"\fReplaceVoter\x12\x1c.idem.v1.ReplaceVoterRequest\x1a\x1d.idem.v1.ReplaceVoterResponse\x126\n" +
+	"\x05Clock\x12\x15.idem.v1.ClockRequest\x1a\x16.idem.v1.ClockResponse\x12?\n" +
 	"\bListKeys\x12\x18.idem.v1.ListKeysRequest\x1a\x19.idem.v1.ListKeysResponse\x12K\n" +
 	"\fForceRelease\x12\x1c.idem.v1.ForceReleaseRequest\x1a\x1d.idem.v1.ForceReleaseResponse\x12B\n" +
 	"\tDeleteKey\x12\x19.idem.v1.DeleteKeyRequest\x1a\x1a.idem.v1.DeleteKeyResponse\x12B\n" +
@@ -2085,7 +2286,7 @@ func file_idem_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_idem_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: idem.v1.Outcome
 	(State)(0),                     // 1: idem.v1.State
@@ -2107,44 +2308,48 @@ var file_idem_proto_goTypes = []any{
 	(*TransferLeaderResponse)(nil), // 17: idem.v1.TransferLeaderResponse
 	(*SnapshotRequest)(nil),        // 18: idem.v1.SnapshotRequest
 	(*SnapshotResponse)(nil),       // 19: idem.v1.SnapshotResponse
-	(*KeyInfo)(nil),                // 20: idem.v1.KeyInfo
-	(*ListKeysRequest)(nil),        // 21: idem.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),       // 22: idem.v1.ListKeysResponse
-	(*ForceReleaseRequest)(nil),    // 23: idem.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),   // 24: idem.v1.ForceReleaseResponse
-	(*DeleteKeyRequest)(nil),       // 25: idem.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),      // 26: idem.v1.DeleteKeyResponse
-	(*ListShardRequest)(nil),       // 27: idem.v1.ListShardRequest
-	(*ListShardResponse)(nil),      // 28: idem.v1.ListShardResponse
-	nil,                            // 29: idem.v1.StoredResponse.HeadersEntry
-	(*timestamppb.Timestamp)(nil),  // 30: google.protobuf.Timestamp
+	(*ReplaceVoterRequest)(nil),    // 20: idem.v1.ReplaceVoterRequest
+	(*ReplaceVoterResponse)(nil),   // 21: idem.v1.ReplaceVoterResponse
+	(*ClockRequest)(nil),           // 22: idem.v1.ClockRequest
+	(*ClockResponse)(nil),          // 23: idem.v1.ClockResponse
+	(*KeyInfo)(nil),                // 24: idem.v1.KeyInfo
+	(*ListKeysRequest)(nil),        // 25: idem.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),       // 26: idem.v1.ListKeysResponse
+	(*ForceReleaseRequest)(nil),    // 27: idem.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),   // 28: idem.v1.ForceReleaseResponse
+	(*DeleteKeyRequest)(nil),       // 29: idem.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),      // 30: idem.v1.DeleteKeyResponse
+	(*ListShardRequest)(nil),       // 31: idem.v1.ListShardRequest
+	(*ListShardResponse)(nil),      // 32: idem.v1.ListShardResponse
+	nil,                            // 33: idem.v1.StoredResponse.HeadersEntry
+	(*timestamppb.Timestamp)(nil),  // 34: google.protobuf.Timestamp
 }
 var file_idem_proto_depIdxs = []int32{
-	29, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
+	33, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
 	0,  // 1: idem.v1.ReserveResponse.outcome:type_name -> idem.v1.Outcome
-	30, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 3: idem.v1.ReserveResponse.response:type_name -> idem.v1.StoredResponse
-	30, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
-	30, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	30, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
+	34, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 7: idem.v1.CompleteRequest.response:type_name -> idem.v1.StoredResponse
-	30, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	30, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	34, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 10: idem.v1.GetResponse.state:type_name -> idem.v1.State
-	30, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	30, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
-	30, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
+	34, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 14: idem.v1.GetResponse.response:type_name -> idem.v1.StoredResponse
 	14, // 15: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
 	1,  // 16: idem.v1.KeyInfo.state:type_name -> idem.v1.State
-	30, // 17: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
-	30, // 18: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
-	30, // 19: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
-	30, // 20: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 17: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
+	34, // 18: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 19: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
+	34, // 20: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 21: idem.v1.ListKeysRequest.state:type_name -> idem.v1.State
-	20, // 22: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
+	24, // 22: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
 	1,  // 23: idem.v1.ListShardRequest.state:type_name -> idem.v1.State
-	20, // 24: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
+	24, // 24: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
 	3,  // 25: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
 	5,  // 26: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
 	7,  // 27: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
@@ -2153,24 +2358,28 @@ var file_idem_proto_depIdxs = []int32{
 	13, // 30: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
 	16, // 31: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
 	18, // 32: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
-	21, // 33: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
-	23, // 34: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
-	25, // 35: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
-	27, // 36: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
-	4,  // 37: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
-	6,  // 38: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
-	8,  // 39: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
-	10, // 40: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
-	12, // 41: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
-	15, // 42: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
-	17, // 43: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
-	19, // 44: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
-	22, // 45: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
-	24, // 46: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
-	26, // 47: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
-	28, // 48: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
-	37, // [37:49] is the sub-list for method output_type
-	25, // [25:37] is the sub-list for method input_type
+	20, // 33: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
+	22, // 34: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
+	25, // 35: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
+	27, // 36: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
+	29, // 37: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
+	31, // 38: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
+	4,  // 39: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
+	6,  // 40: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
+	8,  // 41: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
+	10, // 42: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
+	12, // 43: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
+	15, // 44: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
+	17, // 45: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
+	19, // 46: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
+	21, // 47: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
+	23, // 48: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
+	26, // 49: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
+	28, // 50: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
+	30, // 51: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
+	32, // 52: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
+	39, // [39:53] is the sub-list for method output_type
+	25, // [25:39] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -2187,7 +2396,7 @@ func file_idem_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_proto_rawDesc), len(file_idem_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   28,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

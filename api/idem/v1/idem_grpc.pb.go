@@ -290,6 +290,8 @@ const (
 	Admin_Status_FullMethodName         = "/idem.v1.Admin/Status"
 	Admin_TransferLeader_FullMethodName = "/idem.v1.Admin/TransferLeader"
 	Admin_Snapshot_FullMethodName       = "/idem.v1.Admin/Snapshot"
+	Admin_ReplaceVoter_FullMethodName   = "/idem.v1.Admin/ReplaceVoter"
+	Admin_Clock_FullMethodName          = "/idem.v1.Admin/Clock"
 	Admin_ListKeys_FullMethodName       = "/idem.v1.Admin/ListKeys"
 	Admin_ForceRelease_FullMethodName   = "/idem.v1.Admin/ForceRelease"
 	Admin_DeleteKey_FullMethodName      = "/idem.v1.Admin/DeleteKey"
@@ -309,6 +311,13 @@ type AdminClient interface {
 	TransferLeader(ctx context.Context, in *TransferLeaderRequest, opts ...grpc.CallOption) (*TransferLeaderResponse, error)
 	// Snapshot forces a Raft snapshot of a shard on the node that serves it.
 	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotResponse, error)
+	// ReplaceVoter, on a shard's leader, removes a voter and adds it back under
+	// the same id: the voter's data dir was emptied (idemctl replace-node) and
+	// it rejoins as a fresh replica that catches up from the leader.
+	ReplaceVoter(ctx context.Context, in *ReplaceVoterRequest, opts ...grpc.CallOption) (*ReplaceVoterResponse, error)
+	// Clock returns this node's wall clock; peers measure their clock offset
+	// to it (bounded by the call's round trip) for --max-clock-offset.
+	Clock(ctx context.Context, in *ClockRequest, opts ...grpc.CallOption) (*ClockResponse, error)
 	// The operator actions on keys (API-v1.md, "Operator actions"), served by
 	// every node and router. Each is logged with its principal, key and reason.
 	//
@@ -358,6 +367,26 @@ func (c *adminClient) Snapshot(ctx context.Context, in *SnapshotRequest, opts ..
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SnapshotResponse)
 	err := c.cc.Invoke(ctx, Admin_Snapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ReplaceVoter(ctx context.Context, in *ReplaceVoterRequest, opts ...grpc.CallOption) (*ReplaceVoterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplaceVoterResponse)
+	err := c.cc.Invoke(ctx, Admin_ReplaceVoter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) Clock(ctx context.Context, in *ClockRequest, opts ...grpc.CallOption) (*ClockResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClockResponse)
+	err := c.cc.Invoke(ctx, Admin_Clock_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -417,6 +446,13 @@ type AdminServer interface {
 	TransferLeader(context.Context, *TransferLeaderRequest) (*TransferLeaderResponse, error)
 	// Snapshot forces a Raft snapshot of a shard on the node that serves it.
 	Snapshot(context.Context, *SnapshotRequest) (*SnapshotResponse, error)
+	// ReplaceVoter, on a shard's leader, removes a voter and adds it back under
+	// the same id: the voter's data dir was emptied (idemctl replace-node) and
+	// it rejoins as a fresh replica that catches up from the leader.
+	ReplaceVoter(context.Context, *ReplaceVoterRequest) (*ReplaceVoterResponse, error)
+	// Clock returns this node's wall clock; peers measure their clock offset
+	// to it (bounded by the call's round trip) for --max-clock-offset.
+	Clock(context.Context, *ClockRequest) (*ClockResponse, error)
 	// The operator actions on keys (API-v1.md, "Operator actions"), served by
 	// every node and router. Each is logged with its principal, key and reason.
 	//
@@ -450,6 +486,12 @@ func (UnimplementedAdminServer) TransferLeader(context.Context, *TransferLeaderR
 }
 func (UnimplementedAdminServer) Snapshot(context.Context, *SnapshotRequest) (*SnapshotResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Snapshot not implemented")
+}
+func (UnimplementedAdminServer) ReplaceVoter(context.Context, *ReplaceVoterRequest) (*ReplaceVoterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplaceVoter not implemented")
+}
+func (UnimplementedAdminServer) Clock(context.Context, *ClockRequest) (*ClockResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Clock not implemented")
 }
 func (UnimplementedAdminServer) ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListKeys not implemented")
@@ -534,6 +576,42 @@ func _Admin_Snapshot_Handler(srv interface{}, ctx context.Context, dec func(inte
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServer).Snapshot(ctx, req.(*SnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ReplaceVoter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplaceVoterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ReplaceVoter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ReplaceVoter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ReplaceVoter(ctx, req.(*ReplaceVoterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_Clock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClockRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Clock(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Clock_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Clock(ctx, req.(*ClockRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -628,6 +706,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Snapshot",
 			Handler:    _Admin_Snapshot_Handler,
+		},
+		{
+			MethodName: "ReplaceVoter",
+			Handler:    _Admin_ReplaceVoter_Handler,
+		},
+		{
+			MethodName: "Clock",
+			Handler:    _Admin_Clock_Handler,
 		},
 		{
 			MethodName: "ListKeys",

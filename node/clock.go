@@ -1,0 +1,329 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/fsm"
+)
+
+const (
+	// DefaultMaxClockOffset is the contract's --max-clock-offset default.
+	DefaultMaxClockOffset = 500 * time.Millisecond
+	// clockProbeInterval is how often the node reads each peer's clock.
+	clockProbeInterval = time.Second
+	// clockEstimateTTL is how long one reading of a peer's clock is used.
+	clockEstimateTTL = 5 * clockProbeInterval
+	// clockGuardInterval is how often a skewed node checks that it leads
+	// nothing (it hands over again if it was elected meanwhile).
+	clockGuardInterval = 250 * time.Millisecond
+)
+
+// peerClock is one reading of a peer's clock: the clock it answered with
+// and the local monotonic instant halfway through the call. Estimates of
+// the peer's clock later add the monotonic time elapsed since, so they do
+// not depend on this node's wall clock (which may be the wrong one, or
+// step).
+type peerClock struct {
+	peerTime int64     // the peer's clock (Unix ns) when it answered
+	mid      time.Time // local time halfway through the call (monotonic)
+	rtt      time.Duration
+	offset   time.Duration // peer's clock minus this node's, at the reading
+	// lowDisk: the peer reported its disk below its reserve.
+	lowDisk bool
+}
+
+// clocks measures this node's clock against its peers' (the voters of the
+// shards it hosts) on their Admin.Clock RPC, over the same gRPC connection
+// forwarding uses, and answers what the node needs: whether its own clock is
+// past the bound, the clock readings a command is stamped with, and the
+// offset metric.
+type clocks struct {
+	n     *Node
+	bound time.Duration // < 0: off
+	peers []string
+
+	mu       sync.Mutex
+	readings map[string]peerClock
+	// legacy are peers that do not serve Admin.Clock (an older version,
+	// during a rolling upgrade): commands of shards they vote in are
+	// stamped the old way, which their state machine can decode.
+	legacy map[string]bool
+
+	offsetGauge *prometheus.GaugeVec
+	skewedGauge prometheus.Gauge
+}
+
+func newClocks(n *Node) *clocks {
+	c := &clocks{n: n, bound: n.cfg.MaxClockOffset, readings: map[string]peerClock{}, legacy: map[string]bool{},
+		offsetGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_clock_offset_seconds",
+			Help: "Each peer's clock minus this node's, measured on the Admin.Clock RPC (accurate to half the round trip)."}, []string{"peer"}),
+		skewedGauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_node_clock_skewed",
+			Help: "1 while this node's clock is off from its peers' by more than --max-clock-offset: it leads no shard and is not ready."}),
+	}
+	seen := map[string]bool{n.cfg.NodeID: true}
+	for _, s := range n.cfg.Topology.ShardsOnNode(n.cfg.NodeID) {
+		for _, v := range s.Voters {
+			if !seen[v] {
+				seen[v] = true
+				c.peers = append(c.peers, v)
+			}
+		}
+	}
+	slices.Sort(c.peers)
+	return c
+}
+
+func (c *clocks) register(r *prometheus.Registry) error {
+	for _, m := range []prometheus.Collector{c.offsetGauge, c.skewedGauge} {
+		if err := r.Register(m); err != nil {
+			return fmt.Errorf("node: register clock metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+func (c *clocks) enabled() bool { return c.bound >= 0 && len(c.peers) > 0 }
+
+// probe reads every peer's clock once, concurrently.
+func (c *clocks) probe(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, p := range c.peers {
+		wg.Go(func() {
+			conn, err := c.n.fwd.Conn(p)
+			if err != nil {
+				return
+			}
+			cctx, cancel := context.WithTimeout(ctx, clockProbeInterval)
+			defer cancel()
+			start := time.Now()
+			local0 := c.n.localNow()
+			resp, err := idemv1.NewAdminClient(conn).Clock(cctx, &idemv1.ClockRequest{})
+			if err != nil {
+				if status.Code(err) == codes.Unimplemented {
+					c.mu.Lock()
+					c.legacy[p] = true
+					c.mu.Unlock()
+				}
+				return
+			}
+			rtt := time.Since(start)
+			pc := peerClock{peerTime: resp.GetUnixNanos(), mid: start.Add(rtt / 2), rtt: rtt, lowDisk: resp.GetBelowDiskReserve()}
+			pc.offset = time.Duration(pc.peerTime - (local0 + int64(rtt/2)))
+			c.mu.Lock()
+			c.readings[p] = pc
+			delete(c.legacy, p)
+			c.mu.Unlock()
+			c.offsetGauge.WithLabelValues(p).Set(pc.offset.Seconds())
+		})
+	}
+	wg.Wait()
+}
+
+// fresh returns the readings young enough to use, by peer.
+func (c *clocks) fresh() map[string]peerClock {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]peerClock, len(c.readings))
+	for p, r := range c.readings {
+		if time.Since(r.mid) < clockEstimateTTL {
+			out[p] = r
+		}
+	}
+	return out
+}
+
+// offset is how far this node's clock is from its peers': the median of
+// its own (zero) and every fresh peer offset, each shrunk towards zero by
+// half its round trip (what the reading cannot tell apart). With an even
+// count the middle value closer to zero is taken, so a node is called
+// skewed only when a majority of the clocks it sees say so. ok is false
+// without any fresh reading.
+func (c *clocks) offset() (off time.Duration, ok bool) {
+	fresh := c.fresh()
+	if len(fresh) == 0 {
+		return 0, false
+	}
+	offs := []time.Duration{0}
+	for _, r := range fresh {
+		o := r.offset
+		switch half := r.rtt / 2; {
+		case o > half:
+			o -= half
+		case o < -half:
+			o += half
+		default:
+			o = 0
+		}
+		offs = append(offs, o)
+	}
+	return medianTowardZero(offs), true
+}
+
+func medianTowardZero(v []time.Duration) time.Duration {
+	slices.Sort(v)
+	lo, hi := v[(len(v)-1)/2], v[len(v)/2]
+	if abs(lo) <= abs(hi) {
+		return lo
+	}
+	return hi
+}
+
+func abs(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}
+
+// skewed returns why this node's clock is past the bound, or nil.
+func (c *clocks) skewed() error {
+	if !c.enabled() {
+		return nil
+	}
+	off, ok := c.offset()
+	if !ok || abs(off) <= c.bound {
+		return nil
+	}
+	return fmt.Errorf("%w: this node's clock is %s off from the median of its peers' (bound --max-clock-offset %s); it leads no shard until the clock is fixed",
+		ErrClockSkewed, (-off).Round(time.Millisecond), c.bound)
+}
+
+// peerSkewed reports whether this node sees peer's clock past the bound
+// (leader balancing does not hand a shard back to it).
+func (c *clocks) peerSkewed(peer string) bool {
+	if !c.enabled() {
+		return false
+	}
+	r, ok := c.fresh()[peer]
+	return ok && abs(r.offset)-r.rtt/2 > c.bound
+}
+
+// stamp fills cmd's time for the shard with voters: this node's clock and
+// its estimate of each voter's it has a fresh reading of, a majority of
+// them required to agree (fsm.QuorumTime). ok is false when they do not
+// (or too few are known): the command must not be proposed.
+func (c *clocks) stamp(cmd *fsm.Command, voters []string) error {
+	local := c.n.localNow()
+	if !c.enabled() || len(voters) <= 1 {
+		cmd.Now, cmd.ClockReadings, cmd.ClockQuorum, cmd.ClockBound = local, []int64{local}, 1, 0
+		return nil
+	}
+	if c.anyLegacy(voters) {
+		// An older voter cannot decode clock readings: stamp this node's
+		// clock corrected by its offset to its peers, as before readings.
+		cmd.Now, cmd.ClockReadings, cmd.ClockQuorum, cmd.ClockBound = c.now(), nil, 0, 0
+		return nil
+	}
+	fresh := c.fresh()
+	readings := []int64{local}
+	var worstRTT time.Duration
+	for _, v := range voters {
+		r, ok := fresh[v]
+		if v == c.n.cfg.NodeID || !ok {
+			continue
+		}
+		readings = append(readings, r.peerTime+int64(time.Since(r.mid)))
+		worstRTT = max(worstRTT, r.rtt)
+	}
+	quorum := len(voters)/2 + 1
+	// A reading is accurate to half its round trip; two readings to the sum.
+	bound := int64(c.bound + worstRTT)
+	now, ok := fsm.QuorumTime(readings, quorum, bound)
+	if !ok {
+		return fmt.Errorf("%w: %d of %d voters' clocks read, a majority (%d) must agree within %s",
+			ErrClockSkewed, len(readings), len(voters), quorum, time.Duration(bound))
+	}
+	cmd.Now, cmd.ClockReadings, cmd.ClockQuorum, cmd.ClockBound = now, readings, quorum, bound
+	return nil
+}
+
+// peersLowOnDisk returns the voters (other than this node) whose last fresh
+// answer reported their disk below its reserve.
+func (c *clocks) peersLowOnDisk(voters []string) []string {
+	var low []string
+	fresh := c.fresh()
+	for _, v := range voters {
+		if r, ok := fresh[v]; ok && r.lowDisk && v != c.n.cfg.NodeID {
+			low = append(low, v)
+		}
+	}
+	return low
+}
+
+func (c *clocks) anyLegacy(voters []string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, v := range voters {
+		if c.legacy[v] {
+			return true
+		}
+	}
+	return false
+}
+
+// now is this node's clock corrected by its measured offset to the median
+// of its peers' (reads judge expiry with it).
+func (c *clocks) now() int64 {
+	local := c.n.localNow()
+	if !c.enabled() {
+		return local
+	}
+	off, _ := c.offset()
+	return local + int64(off)
+}
+
+// run probes the peers every clockProbeInterval and, while this node's
+// clock is past the bound, hands over every leadership it holds (again
+// whenever it is elected).
+func (c *clocks) run(ctx context.Context) {
+	if !c.enabled() {
+		return
+	}
+	c.probe(ctx)
+	probe := time.NewTicker(clockProbeInterval)
+	defer probe.Stop()
+	guard := time.NewTicker(clockGuardInterval)
+	defer guard.Stop()
+	wasSkewed := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-probe.C:
+			c.probe(ctx)
+		case <-guard.C:
+		}
+		err := c.skewed()
+		switch {
+		case err != nil && !wasSkewed:
+			c.n.log.Error("clock past the bound: handing over every leadership and reporting not ready", "error", err)
+			c.skewedGauge.Set(1)
+		case err == nil && wasSkewed:
+			c.n.log.Info("clock back within the bound of its peers'")
+			c.skewedGauge.Set(0)
+		}
+		wasSkewed = err != nil
+		if err == nil {
+			continue
+		}
+		for _, id := range c.n.shardIDs() {
+			s := c.n.shards[id]
+			if s.group.IsLeader() {
+				if terr := s.group.TransferLeadership(""); terr != nil {
+					c.n.log.Debug("hand-over of a skewed leader failed", "shard", id, "error", terr)
+				} else {
+					c.n.log.Info("handed leadership over: this node's clock is past the bound", "shard", id)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,109 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/idem-dev/idem/raftstore"
+)
+
+// faultWarnInterval is how often a node running with fault injection says so.
+const faultWarnInterval = time.Minute
+
+// startError turns a refusal of the Raft layer at start into the one line
+// an operator acts on: a lost state names the data dir and the way back, a
+// corrupt file is named by raftstore's error.
+func (n *Node) startError(shard string, err error) error {
+	switch {
+	case errors.Is(err, raftstore.ErrStateMissing), errors.Is(err, raftstore.ErrStateAhead):
+		// Missing: no log at all. Ahead: the records survived (statedb)
+		// but the log that produced them did not, so the term and vote
+		// this node gave are gone as well.
+		return fmt.Errorf("%w: data dir %s has %s but the Raft state of shard %s is missing or truncated; "+
+			"starting on it would make fencing tokens go back, so this node refuses: bring it back as a fresh replica with "+
+			"`idemctl replace-node --config FILE --id %s --data-dir %s` (it empties the dir and rejoins the node, which catches up from its peers)",
+			ErrStateLost, n.cfg.DataDir, identityFile, shard, n.cfg.NodeID, n.cfg.DataDir)
+	case errors.Is(err, raftstore.ErrCorruptLog):
+		return fmt.Errorf("%w: %s; restore the data dir %s from a backup, or bring the node back as a fresh replica with "+
+			"`idemctl replace-node --config FILE --id %s --data-dir %s`", ErrStateLost, oneLine(err), n.cfg.DataDir, n.cfg.NodeID, n.cfg.DataDir)
+	case shard != "":
+		return fmt.Errorf("node: shard %s: %s", shard, oneLine(err))
+	}
+	return err
+}
+
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
+
+// storageFailed is raftstore's OnStorageFailure: the node's Raft log failed
+// a write or an fsync, so it acknowledges nothing more. The node logs one
+// line, turns unready (the host reports the failure) and ends Serve with the
+// error, so the process exits non-zero and a supervisor restarts it on what
+// is durable. Exiting is safe: every acknowledged write is fsync'd on a
+// quorum, and a restart re-reads exactly what reached this node's disk
+// (bbolt's last committed transaction), never the pages a failed fsync may
+// have dropped.
+func (n *Node) storageFailed(err error) {
+	n.failOnce.Do(func() {
+		n.failure.Store(&err)
+		n.log.Error("raft log storage failed: this node acknowledges no more writes and exits (restart it once the disk is fixed)", "error", err)
+		close(n.failed)
+	})
+}
+
+// warnFaultInjection logs, at start and then every minute, which fault
+// injection is in force (Config.FaultInjection).
+func (n *Node) warnFaultInjection() {
+	if len(n.cfg.FaultInjection) == 0 {
+		return
+	}
+	warn := func(context.Context) {
+		n.log.Warn("FAULT INJECTION is on: this node misbehaves on purpose, never run it in production", "faults", strings.Join(n.cfg.FaultInjection, ", "))
+	}
+	warn(context.Background())
+	n.loops = append(n.loops, startLoop("fault injection warning", func(ctx context.Context) { every(ctx, faultWarnInterval, warn) }))
+}
+
+// watchRejoin clears the identity's Rejoining marker once every shard of a
+// node brought back by idemctl replace-node has caught up (a leader known,
+// this replica a member again and holding state): from then on lost state is
+// refused again.
+func (n *Node) watchRejoin(ctx context.Context) {
+	if !n.identity.Rejoining {
+		return
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		if n.rejoined() {
+			id := n.identity
+			id.Rejoining = false
+			if err := writeFileAtomic(filepath.Join(n.cfg.DataDir, identityFile), id); err != nil {
+				n.log.Error("could not clear the rejoin marker", "error", err)
+			} else {
+				n.log.Info("rejoined: every shard caught up; lost state is refused again from now on")
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (n *Node) rejoined() bool {
+	if n.host.Ready() != nil {
+		return false
+	}
+	for _, s := range n.shards {
+		if !s.group.IsMember() {
+			return false
+		}
+	}
+	return true
+}
