@@ -43,7 +43,10 @@ type DurableStateMachine interface {
 	// CommitApplied makes every Apply since the last call part of the
 	// state together with index, atomically (in one engine batch): after a
 	// crash either both or neither are there. Called once per ApplyBatch.
-	// An error stops the node: raft cannot go on applying.
+	// An error is a storage failure: the group applies nothing more (later
+	// entries answer ErrUnknownOutcome wrapping ErrStorageFailed) and the
+	// host reports it through Config.OnStorageFailure (the node exits with
+	// one log line); without that callback it panics.
 	CommitApplied(index uint64) error
 	// RestoreApplied replaces the state with the snapshot read from r,
 	// which covers Raft index applied, atomically with that index. On
@@ -96,6 +99,13 @@ type fsmAdapter struct {
 	batches  atomic.Uint64 // ApplyBatch calls that carried commands
 	commands atomic.Uint64 // commands applied
 	restores atomic.Uint64 // snapshots restored into the state machine
+
+	// onFail, when set, is told once that a DurableStateMachine could not
+	// commit an applied batch; the adapter then applies nothing more (the
+	// host's storage failure, see Config.OnStorageFailure). Without it such
+	// a failure panics.
+	onFail func(error)
+	failed atomic.Pointer[error]
 }
 
 var _ raft.BatchingFSM = (*fsmAdapter)(nil)
@@ -114,6 +124,15 @@ func newFSMAdapter(sm StateMachine, m *groupMetrics) *fsmAdapter {
 // hands over up to MaxAppendEntries entries at a time.
 func (f *fsmAdapter) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
+	if p := f.failed.Load(); p != nil {
+		// The state on disk stopped following the log: apply nothing on top
+		// of it. The entries are committed in the Raft log, so nothing
+		// acknowledged is lost; a restart re-applies them from there.
+		for i := range out {
+			out[i] = *p
+		}
+		return out
+	}
 	cmds := 0
 	for i, l := range logs {
 		if l.Index <= f.onDisk {
@@ -135,9 +154,17 @@ func (f *fsmAdapter) ApplyBatch(logs []*raft.Log) []any {
 		if f.durable != nil && last > f.onDisk {
 			if err := f.durable.CommitApplied(last); err != nil {
 				// The state machine could not make this batch part of its
-				// state; going on would diverge from the log. Stop loudly
-				// (the contract: never acknowledge what is not durable).
-				panic(fmt.Sprintf("raftstore: state machine refused applied index %d: %v", last, err))
+				// state; going on would diverge from the log. Stop applying
+				// and say so once (the node exits on it), or stop loudly
+				// without a handler. This batch's entries are committed in
+				// the Raft log: answering them loses nothing.
+				ferr := fmt.Errorf("%w: the state machine could not commit applied index %d: %v", ErrStorageFailed, last, err)
+				if f.onFail == nil {
+					panic(ferr.Error())
+				}
+				if f.failed.CompareAndSwap(nil, &ferr) {
+					f.onFail(ferr)
+				}
 			}
 		}
 		if last > f.applied.Load() {

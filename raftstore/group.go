@@ -114,7 +114,19 @@ func (g *Group) Apply(ctx context.Context, data []byte) (any, error) {
 		return nil, g.translate(err, phaseAfterEnqueue)
 	}
 	g.metrics.applyDuration.Observe(time.Since(start).Seconds())
-	return f.Response(), nil
+	return appliedResult(g.id, f.Response())
+}
+
+// appliedResult is what a proposer gets for an applied entry: the state
+// machine's result, or, when this node's durable state stopped following
+// the log (the fsm adapter answers ErrStorageFailed), an unknown outcome:
+// the entry is committed in the Raft log and is applied on a restart, so
+// the caller must retry idempotently, never take it as not applied.
+func appliedResult(shard string, res any) (any, error) {
+	if err, ok := res.(error); ok && errors.Is(err, ErrStorageFailed) {
+		return nil, shardErr(shard, "%w: %w", ErrUnknownOutcome, err)
+	}
+	return res, nil
 }
 
 // ReadBarrier returns nil once the local StateMachine reflects every command

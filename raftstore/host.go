@@ -57,6 +57,10 @@ type Host struct {
 	stopErr  error
 
 	handOvers atomic.Uint64 // successful leadership hand-overs on Shutdown
+
+	// stateFailure is the first storage failure reported (the shared log's
+	// or a durable state machine's), wrapping ErrStorageFailed.
+	stateFailure atomic.Pointer[error]
 }
 
 // NewHost validates cfg, binds the Raft listener and returns a Host with no
@@ -263,6 +267,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	}
 
 	fsm := newFSMAdapter(sm, gm)
+	fsm.onFail = h.storageFailed
 	if fsm.durable != nil {
 		// The state is on disk with the index it covers: a restart neither
 		// restores a snapshot nor re-applies what the state holds, unless
@@ -397,9 +402,11 @@ func (h *Host) openSharedLog(create bool) (*sharedLog, error) {
 	return sl, nil
 }
 
-// storageFailed is told once that the shared log failed stop.
+// storageFailed is told once that the shared log failed stop, or that a
+// group's durable state machine could not commit an applied batch.
 // The callback, when set, says it (one line from whoever acts on it).
 func (h *Host) storageFailed(err error) {
+	h.stateFailure.CompareAndSwap(nil, &err)
 	if h.cfg.OnStorageFailure != nil {
 		h.cfg.OnStorageFailure(err)
 		return
@@ -410,6 +417,9 @@ func (h *Host) storageFailed(err error) {
 // StorageFailure returns the error that made this node's Raft log fail stop
 // (wrapping ErrStorageFailed), or nil.
 func (h *Host) StorageFailure() error {
+	if p := h.stateFailure.Load(); p != nil {
+		return *p
+	}
 	h.logMu.Lock()
 	sl := h.sharedLog
 	h.logMu.Unlock()

@@ -185,7 +185,14 @@ func (b *propBuffer) run(batch []*proposal) {
 		return
 	}
 	if len(batch) == 1 {
-		batch[0].done <- proposalResult{v: f.Response()}
+		v, err := appliedResult(g.id, f.Response())
+		batch[0].done <- proposalResult{v: v, err: err}
+		return
+	}
+	if _, err := appliedResult(g.id, f.Response()); err != nil {
+		for _, p := range batch {
+			p.done <- proposalResult{err: err}
+		}
 		return
 	}
 	results, ok := f.Response().([]any)
