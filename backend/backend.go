@@ -13,8 +13,10 @@ import (
 // its Raft shards, the router by forwarding to the shard's leader, Mem over
 // one state machine in memory.
 type Backend interface {
-	// Apply executes an OpReserve, OpHeartbeat, OpComplete or OpRelease
-	// command. The server has validated it and applied defaults (Lease,
+	// Apply executes an OpReserve, OpHeartbeat, OpComplete, OpRelease,
+	// OpForceRelease or OpDelete command. A reserve with Wait > 0 waits (up
+	// to Wait, on the node that leads the key's shard) for an IN_PROGRESS
+	// key to stop being in progress, as Waiters.Reserve does. The server has validated it and applied defaults (Lease,
 	// Retention in nanoseconds); for a reserve it has already set
 	// cmd.OwnerToken (contract.NewOwnerToken when the client sent none), so
 	// that forwarding and retries downstream stay idempotent. Now and
@@ -23,6 +25,9 @@ type Backend interface {
 	// Get returns the record, or found=false when it is absent or past
 	// retention. Linearizable.
 	Get(ctx context.Context, namespace, key string) (rec fsm.Record, found bool, err error)
+	// List answers one page of a namespace's keys across every shard
+	// (ListShards). Reads are linearizable per shard.
+	List(ctx context.Context, q ListQuery) (ListPage, error)
 	// Ready reports whether the process can serve (nil) or why not.
 	Ready(ctx context.Context) error
 }

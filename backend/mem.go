@@ -40,6 +40,8 @@ type Mem struct {
 	calls    map[fsm.Op]int
 	fail     func(*fsm.Command) error
 	notReady error
+
+	waiters Waiters
 }
 
 // NewMem returns an empty Mem.
@@ -60,7 +62,15 @@ func NewMem(cfg MemConfig) *Mem {
 // Apply implements Backend. A command that already carries Now or
 // SkewMargin is answered OutcomeInvalid: the server must leave them to the
 // proposer.
-func (m *Mem) Apply(_ context.Context, cmd *fsm.Command) (fsm.Result, error) {
+func (m *Mem) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	if cmd.Op == fsm.OpReserve && cmd.Wait > 0 {
+		res, _, err := m.waiters.Reserve(ctx, cmd, time.Duration(m.skew), m.now, func(ctx context.Context, c *fsm.Command) (fsm.Result, error) {
+			once := *c
+			once.Wait = 0
+			return m.Apply(ctx, &once)
+		})
+		return res, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.calls[cmd.Op]++
@@ -94,8 +104,26 @@ func (m *Mem) applyLocked(c fsm.Command) fsm.Result {
 	}
 	m.index++
 	m.last = c
-	return m.fsm.Apply(m.index, &c)
+	res := m.fsm.Apply(m.index, &c)
+	m.waiters.Settled(&c, res)
+	return res
 }
+
+// memShard is the one shard id of a Mem's page tokens.
+const memShard = "mem"
+
+// List implements Backend over the one state machine, at the Mem's clock.
+func (m *Mem) List(ctx context.Context, q ListQuery) (ListPage, error) {
+	return ListShards(ctx, []string{memShard}, q, func(_ context.Context, _ string, sq ShardQuery) (fsm.ListPage, error) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		now := m.now()
+		return m.fsm.List(sq.FSMQuery(now), now)
+	})
+}
+
+// Waiters returns the Mem's waiting reserves, for tests.
+func (m *Mem) Waiters() *Waiters { return &m.waiters }
 
 // Get implements Backend at the Mem's clock.
 func (m *Mem) Get(_ context.Context, namespace, key string) (fsm.Record, bool, error) {

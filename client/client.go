@@ -78,6 +78,13 @@ func (c *Client) Close() error {
 // whether an earlier attempt failed in a way that may have been applied (its
 // answer was lost), which matters to non-idempotent calls like release.
 func (c *Client) invoke(ctx context.Context, op string, attempt func(context.Context, idemv1.IdempotencyClient) error) (retried bool, err error) {
+	return c.invokeWaiting(ctx, op, 0, attempt)
+}
+
+// invokeWaiting is invoke for a call the store may hold for up to wait on
+// purpose (a waiting reserve): each attempt's timeout is RequestTimeout plus
+// wait.
+func (c *Client) invokeWaiting(ctx context.Context, op string, wait time.Duration, attempt func(context.Context, idemv1.IdempotencyClient) error) (retried bool, err error) {
 	if c.closed.Load() {
 		return false, fmt.Errorf("%w: %s", ErrClosed, op)
 	}
@@ -85,7 +92,7 @@ func (c *Client) invoke(ctx context.Context, op string, attempt func(context.Con
 	var lastErr error
 	for n := 1; ; n++ {
 		idx := int((start + uint64(n-1)) % uint64(len(c.stubs)))
-		attemptCtx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+		attemptCtx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout+wait)
 		err := attempt(attemptCtx, c.stubs[idx])
 		cancel()
 		if err == nil {

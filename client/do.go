@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // Defaults of Do's options.
@@ -16,6 +18,10 @@ const (
 	// DefaultMaxWait is how long Do waits for another owner of the key to
 	// finish before it returns ErrInProgress.
 	DefaultMaxWait = 10 * time.Second
+	// MaxWait is the longest one reserve may wait in the store for another
+	// owner (the contract's wait_ms bound); Do waits longer in several
+	// reserves.
+	MaxWait = contract.MaxWait
 
 	// While waiting for another owner, Do polls first after minPoll, doubling
 	// up to maxPoll, and never later than the store's RetryAfter hint.
@@ -167,6 +173,10 @@ func (c *Client) Do(ctx context.Context, namespace, key string, fn func(ctx cont
 	token := NewOwnerToken()
 	waitUntil := time.Now().Add(o.maxWait)
 	poll := minPoll
+	// The first reserve answers at once; while another owner holds the key,
+	// each next reserve waits in the store (up to MaxWait, and what is left
+	// of maxWait), which wakes it when the owner completes or releases.
+	var storeWait time.Duration
 	for {
 		sentAt := time.Now()
 		res, err := c.Reserve(ctx, ReserveRequest{
@@ -175,6 +185,7 @@ func (c *Client) Do(ctx context.Context, namespace, key string, fn func(ctx cont
 			Fingerprint: o.fingerprint,
 			Lease:       o.lease,
 			OwnerToken:  token,
+			Wait:        storeWait,
 		})
 		if err != nil {
 			return Result{}, err
@@ -194,9 +205,18 @@ func (c *Client) Do(ctx context.Context, namespace, key string, fn func(ctx cont
 			return c.runOwned(ctx, namespace, key, res, sentAt, fn, o)
 		case OutcomeInProgress:
 			remaining := time.Until(waitUntil)
-			if remaining <= 0 {
+			if remaining < time.Millisecond {
 				return Result{}, fmt.Errorf("%w: %s/%s is held by another owner whose lease ends at %v; waited %v", ErrInProgress, namespace, key, res.LeaseExpiresAt, o.maxWait)
 			}
+			asked := storeWait
+			storeWait = min(remaining.Truncate(time.Millisecond), MaxWait)
+			if asked == 0 || time.Since(sentAt) >= asked/2 {
+				continue // the store waited (or was not asked to): ask it to wait again
+			}
+			// The store answered well before the wait it was asked for, still
+			// IN_PROGRESS (an owner that renewed its lease at the moment it
+			// could have been reclaimed, or a store without waiting): pause as
+			// a poller would, so that this never turns into a tight loop.
 			wait := min(poll, remaining)
 			if res.RetryAfter > 0 {
 				wait = min(wait, res.RetryAfter)

@@ -337,7 +337,7 @@ func TestDoWaitsForAnotherOwner(t *testing.T) {
 		res, err := c.Do(t.Context(), ns, key, never, client.WithMaxWait(time.Minute))
 		waiter <- outcome{res, err}
 	}()
-	testutil.Eventually(t, 10*time.Second, "the waiter to poll", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, "the waiter to wait in the store", func() (bool, string) {
 		n := srv.Calls(idemtest.MethodReserve) - before
 		return n >= 2, fmt.Sprintf("%d reserves", n)
 	})
@@ -350,6 +350,11 @@ func TestDoWaitsForAnotherOwner(t *testing.T) {
 		t.Fatalf("waiter = %+v, %v; want the holder's response replayed", got.res, got.err)
 	}
 	assertResponse(t, got.res.Response, want)
+	// No polling: one reserve answered IN_PROGRESS, the next waited in the
+	// store (wait_ms) until the complete woke it.
+	if n := srv.Calls(idemtest.MethodReserve) - before; n != 2 {
+		t.Errorf("the waiter sent %d reserves, want 2", n)
+	}
 }
 
 func TestDoFingerprintMismatch(t *testing.T) {

@@ -22,6 +22,7 @@ func (s engineStore) Reserve(ctx context.Context, req httpidem.ReserveRequest) (
 		Fingerprint: req.Fingerprint,
 		Lease:       req.Lease,
 		OwnerToken:  req.OwnerToken,
+		Wait:        req.Wait,
 	})
 	if err != nil {
 		return httpidem.Reservation{}, engineError(err)

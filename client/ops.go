@@ -30,6 +30,9 @@ func (c *Client) Reserve(ctx context.Context, req ReserveRequest) (Reservation, 
 	if req.OwnerToken != "" {
 		errs = append(errs, validateOwnerToken(req.OwnerToken))
 	}
+	if req.Wait < 0 || req.Wait > MaxWait || req.Wait%time.Millisecond != 0 {
+		errs = append(errs, invalid("wait %v is out of range: use 0..%v in whole milliseconds", req.Wait, MaxWait))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return Reservation{OwnerToken: req.OwnerToken}, err
 	}
@@ -43,9 +46,10 @@ func (c *Client) Reserve(ctx context.Context, req ReserveRequest) (Reservation, 
 		Fingerprint: req.Fingerprint,
 		LeaseMs:     leaseMs,
 		OwnerToken:  token,
+		WaitMs:      req.Wait.Milliseconds(),
 	}
 	var resp *idemv1.ReserveResponse
-	_, err = c.invoke(ctx, "reserve "+req.Namespace+"/"+req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient) (err error) {
+	_, err = c.invokeWaiting(ctx, "reserve "+req.Namespace+"/"+req.Key, req.Wait, func(ctx context.Context, stub idemv1.IdempotencyClient) (err error) {
 		resp, err = stub.Reserve(ctx, pb)
 		return err
 	})

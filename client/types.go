@@ -85,6 +85,12 @@ type ReserveRequest struct {
 	// Reservation. Every retry of the call uses the same token, so a reserve
 	// whose answer was lost comes back as the same reservation.
 	OwnerToken string
+	// Wait (0..30s, whole milliseconds) is how long the store may wait for
+	// a key another owner holds to stop being in progress (completed,
+	// released, or reclaimable) before it answers; the answer is then
+	// decided as usual, or OutcomeInProgress after Wait. The store wakes the
+	// waiter when the owner finishes: no polling. Zero answers at once.
+	Wait time.Duration
 }
 
 // Reservation is the store's answer to a reserve.

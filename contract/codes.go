@@ -11,16 +11,19 @@ type Code string
 // The codes of the public API. CodeMethodNotAllowed is the one addition: the
 // contract names no code for a wrong HTTP method (server's doc.go says why).
 const (
-	CodeInvalidArgument   Code = "INVALID_ARGUMENT"
-	CodeUnauthenticated   Code = "UNAUTHENTICATED"
-	CodePermissionDenied  Code = "PERMISSION_DENIED"
-	CodeNotFound          Code = "NOT_FOUND"
-	CodeMethodNotAllowed  Code = "METHOD_NOT_ALLOWED"
-	CodeNotOwner          Code = "NOT_OWNER"
-	CodePayloadTooLarge   Code = "PAYLOAD_TOO_LARGE"
-	CodeResourceExhausted Code = "RESOURCE_EXHAUSTED"
-	CodeInternal          Code = "INTERNAL"
-	CodeUnavailable       Code = "UNAVAILABLE"
+	CodeInvalidArgument  Code = "INVALID_ARGUMENT"
+	CodeUnauthenticated  Code = "UNAUTHENTICATED"
+	CodePermissionDenied Code = "PERMISSION_DENIED"
+	CodeNotFound         Code = "NOT_FOUND"
+	CodeMethodNotAllowed Code = "METHOD_NOT_ALLOWED"
+	CodeNotOwner         Code = "NOT_OWNER"
+	// CodeFailedPrecondition (v1.1): an operator action does not apply to
+	// the key's current state (force-release of a COMPLETED key).
+	CodeFailedPrecondition Code = "FAILED_PRECONDITION"
+	CodePayloadTooLarge    Code = "PAYLOAD_TOO_LARGE"
+	CodeResourceExhausted  Code = "RESOURCE_EXHAUSTED"
+	CodeInternal           Code = "INTERNAL"
+	CodeUnavailable        Code = "UNAVAILABLE"
 )
 
 // ErrorDomain is the google.rpc.ErrorInfo domain of idem's gRPC errors: every
@@ -40,7 +43,7 @@ func (c Code) HTTPStatus() int {
 		return http.StatusNotFound
 	case CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
-	case CodeNotOwner:
+	case CodeNotOwner, CodeFailedPrecondition:
 		return http.StatusConflict
 	case CodePayloadTooLarge:
 		return http.StatusRequestEntityTooLarge
@@ -56,7 +59,7 @@ func (c Code) HTTPStatus() int {
 func (c Code) Known() bool {
 	switch c {
 	case CodeInvalidArgument, CodeUnauthenticated, CodePermissionDenied, CodeNotFound,
-		CodeMethodNotAllowed, CodeNotOwner, CodePayloadTooLarge, CodeResourceExhausted,
+		CodeMethodNotAllowed, CodeNotOwner, CodeFailedPrecondition, CodePayloadTooLarge, CodeResourceExhausted,
 		CodeInternal, CodeUnavailable:
 		return true
 	}

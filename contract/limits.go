@@ -18,6 +18,9 @@ const (
 	MinLeaseMs     = 100
 	MaxLeaseMs     = 600_000
 	DefaultLeaseMs = 30_000
+	// MaxWaitMs bounds a reserve's wait_ms (v1.1, "Waiting for an
+	// in-flight key"); 0 does not wait.
+	MaxWaitMs = 30_000
 
 	// MinOwnerTokenChars and MaxOwnerTokenChars bound an owner token.
 	MinOwnerTokenChars = 16
@@ -56,6 +59,7 @@ const (
 	MinRetention     = MinRetentionS * time.Second
 	MaxRetention     = MaxRetentionS * time.Second
 	DefaultRetention = DefaultRetentionS * time.Second
+	MaxWait          = MaxWaitMs * time.Millisecond
 )
 
 // GRPCMaxMessageBytes is the largest gRPC message a service storing bodies of

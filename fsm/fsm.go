@@ -38,6 +38,9 @@ type FSM struct {
 	// do), the highest log index applied (indexes must increase) and the
 	// record counts. It is handed to the store after every command.
 	meta Meta
+
+	// onApply observes every entry ApplyEntry applied (OnApply).
+	onApply func(cmd *Command, res Result)
 }
 
 // New returns an empty FSM over an in-memory store.
@@ -56,8 +59,18 @@ func (f *FSM) ApplyEntry(index uint64, data []byte) Result {
 	if err != nil {
 		cmd = &Command{} // Op 0: invalid, but the index still advances.
 	}
-	return f.Apply(index, cmd)
+	res := f.Apply(index, cmd)
+	if f.onApply != nil {
+		f.onApply(cmd, res)
+	}
+	return res
 }
+
+// OnApply sets fn to be called, outside the FSM's lock, with each command
+// ApplyEntry or ApplyPackedEntry applied and its result: the node wakes waiting reserves with
+// it. fn must not block and must not change anything the FSM decides; set it
+// before the first entry is applied.
+func (f *FSM) OnApply(fn func(cmd *Command, res Result)) { f.onApply = fn }
 
 // Apply applies cmd as the log entry at index. index must be greater than
 // every index applied before; the entry's fencing-token slot (tokenSlot) is
@@ -74,22 +87,35 @@ func (f *FSM) Apply(index uint64, cmd *Command) Result {
 // that do not decode count as one invalid command; a command that does not
 // decode is invalid, and the others still apply. One Result per command.
 func (f *FSM) ApplyPackedEntry(index uint64, data []byte) []Result {
+	cmds, out := f.applyPacked(index, data)
+	if f.onApply != nil {
+		for i, cmd := range cmds {
+			f.onApply(cmd, out[i])
+		}
+	}
+	return out
+}
+
+func (f *FSM) applyPacked(index uint64, data []byte) ([]*Command, []Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.enterEntry(index)
 	raw, err := DecodePacked(data)
 	if err != nil {
-		return []Result{f.applyAt(f.tokenSlot(index, 0, true), &Command{})}
+		cmd := &Command{}
+		return []*Command{cmd}, []Result{f.applyAt(f.tokenSlot(index, 0, true), cmd)}
 	}
+	cmds := make([]*Command, len(raw))
 	out := make([]Result, len(raw))
 	for i, b := range raw {
 		cmd, err := DecodeCommand(b)
 		if err != nil {
 			cmd = &Command{}
 		}
+		cmds[i] = cmd
 		out[i] = f.applyAt(f.tokenSlot(index, i, true), cmd)
 	}
-	return out
+	return cmds, out
 }
 
 func (f *FSM) enterEntry(index uint64) {
@@ -178,6 +204,10 @@ func (f *FSM) apply(index uint64, now int64, cmd *Command) Result {
 		return f.release(now, cmd)
 	case OpSweep:
 		return f.sweep(now, cmd)
+	case OpForceRelease:
+		return f.forceRelease(now, cmd)
+	case OpDelete:
+		return f.delete(now, cmd)
 	}
 	return Result{Outcome: OutcomeInvalid}
 }
@@ -188,7 +218,13 @@ func valid(cmd *Command) bool {
 	if cmd.Op == OpSweep {
 		return cmd.AbandonAfter >= 0 && cmd.MaxSweep >= 0
 	}
-	if cmd.Namespace == "" || cmd.Key == "" || cmd.OwnerToken == "" {
+	if cmd.Namespace == "" || cmd.Key == "" {
+		return false
+	}
+	if cmd.Op == OpForceRelease || cmd.Op == OpDelete {
+		return true
+	}
+	if cmd.OwnerToken == "" {
 		return false
 	}
 	switch cmd.Op {
@@ -243,7 +279,7 @@ func (f *FSM) reserve(index uint64, now int64, cmd *Command) Result {
 		f.put(k, rec, &renewed)
 		return acquiredResult(&renewed)
 	}
-	reclaimAt := rec.LeaseExpiresAt + cmd.SkewMargin
+	reclaimAt := reclaimTime(rec, cmd.SkewMargin)
 	if now < reclaimAt {
 		return Result{
 			Outcome:        OutcomeInProgress,

@@ -78,7 +78,9 @@ func (m *model) apply(index uint64, c *Command) Result {
 			}
 			return Result{Outcome: out, FencingToken: k.fencing, PreviousFencingToken: k.prev, LeaseExpiresAt: k.leaseEnd}
 		}
-		if k != nil && now < k.leaseEnd+c.SkewMargin {
+		// An owner-less (force-released) key is free at once; any other
+		// only after its lease plus the skew margin.
+		if k != nil && k.owner != "" && now < k.leaseEnd+c.SkewMargin {
 			return Result{Outcome: OutcomeInProgress, LeaseExpiresAt: k.leaseEnd}
 		}
 		var prev uint64
@@ -117,6 +119,23 @@ func (m *model) apply(index uint64, c *Command) Result {
 		}
 		delete(m.keys, c.Key)
 		return Result{Outcome: OutcomeOK}
+	case OpForceRelease:
+		if k == nil {
+			return Result{Outcome: OutcomeNotFound}
+		}
+		if k.completed {
+			return Result{Outcome: OutcomeFailedPrecondition}
+		}
+		if k.owner != "" {
+			k.owner, k.leaseEnd = "", min(k.leaseEnd, now)
+		}
+		return Result{Outcome: OutcomeOK, PreviousFencingToken: k.fencing}
+	case OpDelete:
+		if k == nil {
+			return Result{Outcome: OutcomeNotFound}
+		}
+		delete(m.keys, c.Key)
+		return Result{Outcome: OutcomeOK, PreviousFencingToken: k.fencing}
 	}
 	return Result{Outcome: OutcomeInvalid}
 }
@@ -139,7 +158,7 @@ func genCommands(data []byte) []*Command {
 		owner := []string{"owner-1", "owner-2", "owner-3"}[(arg/3)%3]
 		fp := []string{"", "x"}[(arg/9)%2]
 		var c *Command
-		switch op % 6 {
+		switch op % 8 {
 		case 0, 1:
 			c = &Command{Op: OpReserve, Fingerprint: fp, OwnerToken: owner, Lease: int64(1+arg%40) * sec, SkewMargin: skew}
 		case 2:
@@ -151,6 +170,10 @@ func genCommands(data []byte) []*Command {
 			c = &Command{Op: OpRelease, OwnerToken: owner}
 		case 5:
 			c = &Command{Op: OpSweep, AbandonAfter: int64(arg%4) * 10 * sec}
+		case 6:
+			c = &Command{Op: OpForceRelease}
+		case 7:
+			c = &Command{Op: OpDelete}
 		}
 		if c.Op != OpSweep {
 			c.Namespace, c.Key = "ns", key

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"container/heap"
+	"math"
 	"sort"
 	"strings"
 )
@@ -51,6 +52,14 @@ type Store interface {
 	// Lookup returns the record at k as readers see it (what has been
 	// applied and committed). Safe concurrently with the writer.
 	Lookup(k RecordKey) (*Record, bool)
+	// Scan visits the committed records of namespace with keys greater
+	// than after, in key order, from one consistent view, until fn returns
+	// false. Safe concurrently with the writer.
+	Scan(namespace, after string, fn func(key string, r *Record) bool) error
+	// ScanInProgress visits committed IN_PROGRESS records, in the order of
+	// their lease ends (earliest first), until fn returns false. Safe
+	// concurrently with the writer.
+	ScanInProgress(fn func(k RecordKey, r *Record) bool) error
 	// Put replaces old (nil when absent) at k with rec (nil deletes) and
 	// keeps the indexes in step.
 	Put(k RecordKey, old, rec *Record)
@@ -179,6 +188,33 @@ func (s *memStore) leasesEnded(at int64, limit int) []RecordKey {
 		keys[i] = e.k
 	}
 	return keys
+}
+
+// Scan sorts the namespace's keys on every call: the in-memory store serves
+// tests and small servers; the disk store scans its ordered keyspace.
+func (s *memStore) Scan(namespace, after string, fn func(string, *Record) bool) error {
+	var keys []string
+	for k := range s.m {
+		if k.Namespace == namespace && k.Key > after {
+			keys = append(keys, k.Key)
+		}
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		if !fn(key, s.m[RecordKey{namespace, key}]) {
+			break
+		}
+	}
+	return nil
+}
+
+func (s *memStore) ScanInProgress(fn func(RecordKey, *Record) bool) error {
+	for _, k := range s.leasesEnded(math.MaxInt64, 0) {
+		if !fn(k, s.m[k]) {
+			break
+		}
+	}
+	return nil
 }
 
 func (s *memStore) View() StoreView {

@@ -33,6 +33,13 @@ const (
 	// OpSweep drops records past retention (and abandoned reservations past
 	// the horizon). Namespace and Key are ignored.
 	OpSweep Op = 5
+	// OpForceRelease (operator action) takes an IN_PROGRESS key away from
+	// its owner: the owner gets NOT_OWNER from then on, and the next reserve
+	// gets RECLAIMED at once. OwnerToken is ignored.
+	OpForceRelease Op = 6
+	// OpDelete (operator action) removes a record, whatever its state; the
+	// next reserve gets ACQUIRED. OwnerToken is ignored.
+	OpDelete Op = 7
 )
 
 func (o Op) String() string {
@@ -47,6 +54,10 @@ func (o Op) String() string {
 		return "release"
 	case OpSweep:
 		return "sweep"
+	case OpForceRelease:
+		return "force-release"
+	case OpDelete:
+		return "delete"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -76,6 +87,12 @@ const (
 	// OutcomeInvalid: the command was malformed (a proposer bug, never user
 	// input: the API validates first). Nothing changed.
 	OutcomeInvalid Outcome = 8
+	// OutcomeNotFound: force-release or delete of a key that has no live
+	// record.
+	OutcomeNotFound Outcome = 9
+	// OutcomeFailedPrecondition: force-release of a COMPLETED key (only an
+	// IN_PROGRESS key can be force-released).
+	OutcomeFailedPrecondition Outcome = 10
 )
 
 func (o Outcome) String() string {
@@ -96,6 +113,10 @@ func (o Outcome) String() string {
 		return "OK"
 	case OutcomeInvalid:
 		return "INVALID"
+	case OutcomeNotFound:
+		return "NOT_FOUND"
+	case OutcomeFailedPrecondition:
+		return "FAILED_PRECONDITION"
 	}
 	return fmt.Sprintf("Outcome(%d)", uint8(o))
 }
@@ -147,6 +168,15 @@ type Command struct {
 	// AbandonAfter (sweep): an IN_PROGRESS record whose lease ended longer
 	// than this ago (nanoseconds) and that nobody reclaimed is dropped.
 	AbandonAfter int64
+	// Wait (reserve) is how long the proposer may wait for an IN_PROGRESS
+	// key to stop being in progress, in nanoseconds (the contract's
+	// wait_ms). It is never encoded: waiting happens around proposals, on
+	// the node that leads the shard, not in the log.
+	Wait int64
+	// Reason (force-release, delete) is the operator's reason, for the
+	// logs of the processes the action passes through; never encoded.
+	Reason string
+
 	// MaxSweep (sweep) bounds how many completed records one sweep drops, so
 	// a mass expiry cannot stall the apply loop; 0 means no bound.
 	MaxSweep int
@@ -157,7 +187,8 @@ type Record struct {
 	State       State
 	Fingerprint string
 	// OwnerToken of the current (IN_PROGRESS) or completing (COMPLETED) owner.
-	// Never returned by reads of the public API, logged or exported.
+	// Never returned by reads of the public API, logged or exported. Empty
+	// for an IN_PROGRESS record an operator force-released (Released).
 	OwnerToken string
 	// FencingToken is the Raft log index of the entry that acquired the key.
 	FencingToken uint64
@@ -191,6 +222,11 @@ type Result struct {
 	CompletedAt int64
 	ExpiresAt   int64
 	Response    *Response
+
+	// OK of force-release / delete: the fencing token of the owner the key
+	// was taken from (force-release) or of the deleted record (delete) is
+	// in PreviousFencingToken, and its state in State.
+	State State
 
 	// Sweep: how many records were dropped.
 	Swept int

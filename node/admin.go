@@ -5,16 +5,35 @@ import (
 	"errors"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/server"
 )
 
-// admin serves idemctl: this node's view of the shards it hosts.
+// admin serves idemctl: this node's view of the shards it hosts, the
+// operator actions on keys (server.KeysAdmin, over the node's API), and
+// ListShard for other nodes' and routers' listings.
 type admin struct {
-	idemv1.UnimplementedAdminServer
+	*server.KeysAdmin
 	n *Node
+}
+
+// ListShard answers one shard's part of a listing page, on the shard's
+// leader (forwarded there when this node does not lead it).
+func (a *admin) ListShard(ctx context.Context, req *idemv1.ListShardRequest) (*idemv1.ListShardResponse, error) {
+	q, err := server.ShardQueryFromProto(req)
+	if err != nil {
+		return nil, err
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	page, err := a.n.ListShard(ctx, req.GetShard(), q, idemv1.HopsFromMetadata(md))
+	if err != nil {
+		return nil, a.n.api.OperatorError(err, "list_shard")
+	}
+	return idemv1.ListShardToProto(page), nil
 }
 
 func (a *admin) Status(ctx context.Context, _ *idemv1.StatusRequest) (*idemv1.StatusResponse, error) {

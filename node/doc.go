@@ -32,8 +32,9 @@
 //     node sees at each tick (who leads, the preferred voter, whether it is
 //     reachable), table-tested.
 //   - metrics.go: the idem_fsm_* collector; admin.go: the Admin gRPC service
-//     idemctl talks to (and peers' clock probes); identity.go: the data
-//     dir's identity file, durable writes, PrepareRejoin (replace-node).
+//     idemctl talks to (and peers' clock probes). The data dir's identity
+//     file and PrepareRejoin (replace-node) live in internal/datadir, which
+//     idemctl uses without linking the node.
 //   - safety.go: lost or corrupt state refused in one line (ErrStateLost),
 //     fail-stop on a Raft log storage failure, the rejoin marker, the fault
 //     injection warning.
@@ -44,6 +45,13 @@
 //     admission type takes further checks (a state-size limit).
 //
 // # Guarantees
+//
+// A reserve with a wait (wait_ms) waits on the node that leads the key's
+// shard: a follower or a router forwards it with the wait, the leader
+// registers it with the shard's backend.Waiters, which the FSM's OnApply
+// wakes, and proposes it again; if the node stops leading meanwhile, the
+// rest of the wait goes to the new leader. A key listing asks each shard's
+// leader for its part of the page (ListShard, forwarded like any request).
 //
 // A node serves a key only through its shard's Raft group: reads on the
 // leader after a read barrier, writes through the log, so every node gives

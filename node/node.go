@@ -11,7 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/router"
@@ -25,7 +28,7 @@ var (
 	// ErrInvalidConfig: Config.Validate failed; the joined errors say why.
 	ErrInvalidConfig = errors.New("node: invalid config")
 	// ErrDataDirMismatch: the data dir belongs to another cluster, node or ring.
-	ErrDataDirMismatch = errors.New("node: data dir does not match this node")
+	ErrDataDirMismatch = datadir.ErrMismatch
 	// ErrStateLost: the data dir held this node's Raft state (it has an
 	// identity file) but the state is missing, truncated or unreadable; the
 	// node refuses to start (idemctl replace-node brings it back).
@@ -44,6 +47,9 @@ type shard struct {
 	group *raftstore.Group
 	sm    *statedb.StateMachine
 	fsm   *fsm.FSM
+	// waiters are the reserves waiting here for a key of the shard; the
+	// FSM's OnApply wakes them.
+	waiters *backend.Waiters
 }
 
 // Node is one idemnode: the Raft groups of the shards it hosts, the public
@@ -65,15 +71,16 @@ type Node struct {
 	httpLn, grpcLn net.Listener
 	servers        []serving.Server
 	loops          []*loop
+	keyMetrics     *keyMetrics
 
 	started, served atomic.Bool
 	// ringErr is set when a peer reports another cluster or ring: this
 	// node's topology file is not the one the cluster was created with.
 	ringErr  atomic.Pointer[error]
 	clocks   *clocks
-	admit    *admission // set by Start
-	disk     *diskSpace // set by Start
-	identity identity   // as read (or written) by Start
+	admit    *admission       // set by Start
+	disk     *diskSpace       // set by Start
+	identity datadir.Identity // as read (or written) by Start
 	// failure is set once the Raft log failed stop; failed is then closed
 	// and Serve returns the error.
 	failure   atomic.Pointer[error]
@@ -108,7 +115,12 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 	info := n.ring.Locate(cmd.Namespace, cmd.Key)
 	prefer := ""
 	if s := n.shards[info.ID]; s != nil {
-		res, leader, done, err := n.proposeLocal(ctx, s, info, cmd)
+		var done bool
+		if cmd.Op == fsm.OpReserve && cmd.Wait > 0 {
+			res, leader, done, cmd, err = n.reserveWaiting(ctx, s, info, cmd)
+		} else {
+			res, leader, done, err = n.proposeLocal(ctx, s, info, cmd)
+		}
 		if done {
 			return res, leader, err
 		}
@@ -148,6 +160,9 @@ func (n *Node) proposeLocal(ctx context.Context, s *shard, info topology.Shard, 
 		if !ok {
 			return fsm.Result{}, n.cfg.NodeID, true, fmt.Errorf("node: shard %s returned %T", info.ID, v)
 		}
+		if n.keyMetrics != nil {
+			n.keyMetrics.observe(info.ID, cmd, res)
+		}
 		return res, n.cfg.NodeID, true, nil
 	}
 	var nle *raftstore.NotLeaderError
@@ -155,6 +170,31 @@ func (n *Node) proposeLocal(ctx context.Context, s *shard, info topology.Shard, 
 		return fsm.Result{}, "", true, unavailable(info, err)
 	}
 	return fsm.Result{}, nle.LeaderID, false, nil
+}
+
+// errForward ends a waiting reserve's loop when this replica stopped
+// leading: the rest of the wait goes to the leader.
+var errForward = errors.New("node: forward the rest of the wait")
+
+// reserveWaiting runs a reserve with a wait on this replica while it leads
+// (backend.Waiters: the shard's applies wake it). When the replica does not
+// lead (or stops leading), done is false and rest is cmd with the wait left,
+// for the caller to forward.
+func (n *Node) reserveWaiting(ctx context.Context, s *shard, info topology.Shard, cmd *fsm.Command) (res fsm.Result, leader string, done bool, rest *fsm.Command, err error) {
+	res, left, err := s.waiters.Reserve(ctx, cmd, n.cfg.ClockSkewMargin, n.now, func(ctx context.Context, c *fsm.Command) (fsm.Result, error) {
+		r, l, d, e := n.proposeLocal(ctx, s, info, c)
+		leader = l
+		if !d {
+			return fsm.Result{}, errForward
+		}
+		return r, e
+	})
+	if errors.Is(err, errForward) {
+		next := *cmd
+		next.Wait = int64(left)
+		return fsm.Result{}, leader, false, &next, nil
+	}
+	return res, leader, true, cmd, err
 }
 
 // Get implements backend.Backend: GetRouted for a request that was not
@@ -183,6 +223,43 @@ func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (
 	}
 	rec, found, err := n.fwd.Get(ctx, info, namespace, key, prefer, hops)
 	return rec, found, "", err
+}
+
+// List implements backend.Backend: one page over every shard of the ring,
+// each shard's part read on its leader (here after a read barrier, or
+// forwarded).
+func (n *Node) List(ctx context.Context, q backend.ListQuery) (backend.ListPage, error) {
+	return backend.ListShards(ctx, router.ShardIDs(n.ring), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
+		return n.ListShard(ctx, id, sq, 0)
+	})
+}
+
+// ListShard answers one shard's part of a listing page: from the local
+// state machine after a read barrier when this node leads the shard,
+// otherwise forwarded to the leader (hops: how often it was forwarded).
+func (n *Node) ListShard(ctx context.Context, id string, q backend.ShardQuery, hops int) (fsm.ListPage, error) {
+	info, ok := n.ring.ShardByID(id)
+	if !ok {
+		return fsm.ListPage{}, &backend.Error{Code: server.CodeInvalidArgument, Message: fmt.Sprintf("no shard %q in this cluster's ring", id)}
+	}
+	prefer := ""
+	if s := n.shards[id]; s != nil {
+		err := s.group.ReadBarrier(ctx)
+		if err == nil {
+			now := n.now()
+			page, err := s.fsm.List(q.FSMQuery(now), now)
+			if err != nil {
+				return fsm.ListPage{}, &backend.Error{Code: contract.CodeInternal, Message: err.Error()}
+			}
+			return page, nil
+		}
+		var nle *raftstore.NotLeaderError
+		if !errors.As(err, &nle) {
+			return fsm.ListPage{}, unavailable(info, err)
+		}
+		prefer = nle.LeaderID
+	}
+	return n.fwd.ListShard(ctx, info, q, prefer, hops)
 }
 
 func unavailable(info topology.Shard, err error) error {

@@ -13,7 +13,9 @@ import (
 	"google.golang.org/grpc"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/router"
@@ -80,7 +82,7 @@ func (n *Node) Start() (err error) {
 		}
 	}()
 	cfg := n.cfg
-	id, existed, err := checkIdentity(cfg.DataDir, identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.ring.Fingerprint()})
+	id, existed, err := datadir.Check(cfg.DataDir, datadir.Identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.ring.Fingerprint()})
 	if err != nil {
 		return err
 	}
@@ -137,7 +139,8 @@ func (n *Node) Start() (err error) {
 		if err != nil {
 			return err
 		}
-		s := &shard{info: info, sm: sm, fsm: sm.FSM()}
+		s := &shard{info: info, sm: sm, fsm: sm.FSM(), waiters: new(backend.Waiters)}
+		s.fsm.OnApply(s.waiters.Settled)
 		if s.group, err = n.host.AddGroup(gc, sm); err != nil {
 			return n.startError(info.ID, err)
 		}
@@ -145,6 +148,9 @@ func (n *Node) Start() (err error) {
 	}
 	// Registered once the shards are in place: the collector reads them.
 	if err := cfg.Registry.Register(&fsmCollector{n: n}); err != nil {
+		return fmt.Errorf("node: register metrics: %w", err)
+	}
+	if n.keyMetrics, err = newKeyMetrics(cfg.Registry); err != nil {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
 	if err := n.clocks.register(cfg.Registry); err != nil {
@@ -187,7 +193,7 @@ func (n *Node) Start() (err error) {
 		return fmt.Errorf("node: grpc listener: %w", err)
 	}
 	grpcSrv := n.api.NewGRPCServer(cfg.Security.GRPCServerOptions()...)
-	idemv1.RegisterAdminServer(grpcSrv, &admin{n: n})
+	idemv1.RegisterAdminServer(grpcSrv, &admin{KeysAdmin: n.api.KeysAdmin(), n: n})
 	n.servers = append(n.servers, serving.GRPC("node: grpc", n.grpcLn, grpcSrv))
 	n.startLoops()
 	return nil

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
 )
@@ -47,7 +48,7 @@ func TestNewHasNoSideEffects(t *testing.T) {
 	if err := n.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(cfg.DataDir, identityFile)); err != nil {
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, datadir.IdentityFile)); err != nil {
 		t.Fatalf("Start wrote no identity file: %v", err)
 	}
 	addr := n.HTTPAddr()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/raftstore"
 )
 
@@ -26,7 +27,7 @@ func (n *Node) startError(shard string, err error) error {
 		return fmt.Errorf("%w: data dir %s has %s but the Raft state of shard %s is missing or truncated; "+
 			"starting on it would make fencing tokens go back, so this node refuses: bring it back as a fresh replica with "+
 			"`idemctl replace-node --config FILE --id %s --data-dir %s` (it empties the dir and rejoins the node, which catches up from its peers)",
-			ErrStateLost, n.cfg.DataDir, identityFile, shard, n.cfg.NodeID, n.cfg.DataDir)
+			ErrStateLost, n.cfg.DataDir, datadir.IdentityFile, shard, n.cfg.NodeID, n.cfg.DataDir)
 	case errors.Is(err, raftstore.ErrCorruptLog):
 		return fmt.Errorf("%w: %s; restore the data dir %s from a backup, or bring the node back as a fresh replica with "+
 			"`idemctl replace-node --config FILE --id %s --data-dir %s`", ErrStateLost, oneLine(err), n.cfg.DataDir, n.cfg.NodeID, n.cfg.DataDir)
@@ -81,7 +82,7 @@ func (n *Node) watchRejoin(ctx context.Context) {
 		if n.rejoined() {
 			id := n.identity
 			id.Rejoining = false
-			if err := writeFileAtomic(filepath.Join(n.cfg.DataDir, identityFile), id); err != nil {
+			if err := datadir.WriteFile(filepath.Join(n.cfg.DataDir, datadir.IdentityFile), id); err != nil {
 				n.log.Error("could not clear the rejoin marker", "error", err)
 			} else {
 				n.log.Info("rejoined: every shard caught up; lost state is refused again from now on")

@@ -29,6 +29,7 @@ const (
 	DefaultUpstreamTimeout     = httpidem.DefaultTimeout             // 60s
 	DefaultStoreTimeout        = httpidem.DefaultStoreTimeout        // 10s
 	DefaultRetention           = httpidem.DefaultRetention           // 24h
+	DefaultMaxWait             = httpidem.DefaultMaxWait             // 30s: --max-wait
 	DefaultReleaseStatuses     = httpidem.DefaultReleaseStatuses     // "5xx,408,425,429"
 )
 

@@ -61,6 +61,7 @@ func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reserva
 		Fingerprint: req.Fingerprint,
 		OwnerToken:  req.OwnerToken,
 		Lease:       int64(req.Lease),
+		Wait:        int64(req.Wait),
 	})
 	if err != nil {
 		return Reservation{}, err

@@ -454,7 +454,9 @@ func (b *Backend) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (
 	if b.unreachable(shard) {
 		return fsm.Result{}, "", b.finish(ctx, shard, time.Now(), errUnreachable)
 	}
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	// A waiting reserve is held on the leader on purpose: its wait adds to
+	// the deadline.
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout+time.Duration(cmd.Wait))
 	defer cancel()
 	start := time.Now()
 	res, err := b.fwd.Apply(ctx, shard, cmd, "", hops)
@@ -523,4 +525,34 @@ func (b *Backend) finish(ctx context.Context, shard topology.Shard, start time.T
 		RetryAfter: b.cfg.RetryAfter,
 		Reason:     reason,
 	}
+}
+
+// ShardIDs lists the ids of every shard of the ring, in the ring's order:
+// the order of a listing's pages.
+func ShardIDs(ring *topology.Ring) []string {
+	shards := ring.Shards()
+	ids := make([]string, len(shards))
+	for i, s := range shards {
+		ids[i] = s.ID
+	}
+	return ids
+}
+
+// List implements backend.Backend: one page across the shards, each
+// shard's part read on its leader, the page within RequestTimeout.
+func (b *Backend) List(ctx context.Context, q backend.ListQuery) (backend.ListPage, error) {
+	if err := b.misrouted(); err != nil {
+		return backend.ListPage{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	defer cancel()
+	return backend.ListShards(ctx, ShardIDs(b.ring), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
+		shard, _ := b.ring.ShardByID(id)
+		if b.unreachable(shard) {
+			return fsm.ListPage{}, b.finish(ctx, shard, time.Now(), errUnreachable)
+		}
+		start := time.Now()
+		page, err := b.fwd.ListShard(ctx, shard, sq, "", 0)
+		return page, b.finish(ctx, shard, start, err)
+	})
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/server"
@@ -185,6 +186,12 @@ func (n *fakeNode) ApplyRouted(ctx context.Context, cmd *fsm.Command, _ int) (fs
 		return fsm.Result{}, n.id, &backend.UnavailableError{Reason: "answer lost"}
 	}
 	return res, n.id, nil
+}
+
+// List is not used: the router lists through ListShard, which fake nodes
+// do not serve; cmd/idemrouter's tests list over real nodes.
+func (n *fakeNode) List(context.Context, backend.ListQuery) (backend.ListPage, error) {
+	return backend.ListPage{}, &backend.Error{Code: contract.CodeInternal, Message: "fake node does not list"}
 }
 
 func (n *fakeNode) Get(ctx context.Context, namespace, key string) (fsm.Record, bool, error) {

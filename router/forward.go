@@ -22,6 +22,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 
 	"github.com/idem-dev/idem/topology"
@@ -177,12 +178,18 @@ func (f *Forwarder) Leader(shardID string) (string, bool) {
 	return id, ok
 }
 
-func (f *Forwarder) conn(nodeID string) (idemv1.IdempotencyClient, error) {
+// nodeClient is both services of a node on one connection.
+type nodeClient struct {
+	idemv1.IdempotencyClient
+	idemv1.AdminClient
+}
+
+func (f *Forwarder) conn(nodeID string) (nodeClient, error) {
 	c, err := f.Conn(nodeID)
 	if err != nil {
-		return nil, err
+		return nodeClient{}, err
 	}
-	return idemv1.NewIdempotencyClient(c), nil
+	return nodeClient{idemv1.NewIdempotencyClient(c), idemv1.NewAdminClient(c)}, nil
 }
 
 // Conn returns the (shared, lazily dialled) gRPC connection to nodeID.
@@ -225,9 +232,11 @@ func (f *Forwarder) candidates(shard topology.Shard, prefer string) []string {
 }
 
 // attempt runs call against the candidates of shard until one answers, ctx
-// ends, or every candidate failed twice. prefer is tried first.
-func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer string, hops int,
-	call func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error) (ambiguous bool, err error) {
+// ends, or every candidate failed twice. prefer is tried first. wait is
+// how long the node may hold the call on purpose (a waiting reserve): it
+// lengthens the attempt timeout.
+func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer string, hops int, wait time.Duration,
+	call func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error) (ambiguous bool, err error) {
 	if hops >= MaxHops {
 		return false, status.Errorf(codes.Unavailable, "shard %s: request already forwarded %d times; the leader is moving, retry", shard.ID, hops)
 	}
@@ -265,7 +274,7 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 			continue
 		}
 		region := f.nodes[target].Region
-		actx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout)
+		actx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout+wait)
 		var sent atomic.Bool
 		actx = context.WithValue(actx, sentKey{}, &sent)
 		var header metadata.MD
@@ -365,12 +374,12 @@ func unavailable(shard topology.Shard, ctxErr, last error) error {
 // is how often the request was forwarded already.
 func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Command, prefer string, hops int) (fsm.Result, error) {
 	var res fsm.Result
-	var call func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error
+	var call func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error
 	switch cmd.Op {
 	case fsm.OpReserve:
 		req := &idemv1.ReserveRequest{Namespace: cmd.Namespace, Key: cmd.Key, Fingerprint: cmd.Fingerprint,
-			LeaseMs: cmd.Lease / int64(time.Millisecond), OwnerToken: cmd.OwnerToken}
-		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+			LeaseMs: cmd.Lease / int64(time.Millisecond), OwnerToken: cmd.OwnerToken, WaitMs: cmd.Wait / int64(time.Millisecond)}
+		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 			resp, err := c.Reserve(ctx, req, opts...)
 			if err == nil {
 				res = idemv1.ReserveFromProto(resp)
@@ -380,7 +389,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 	case fsm.OpHeartbeat:
 		req := &idemv1.HeartbeatRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
 			LeaseMs: cmd.Lease / int64(time.Millisecond)}
-		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 			resp, err := c.Heartbeat(ctx, req, opts...)
 			if err == nil {
 				res = fsm.Result{Outcome: fsm.OutcomeOK, LeaseExpiresAt: idemv1.TimeFromProto(resp.GetLeaseExpiresAt())}
@@ -390,7 +399,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 	case fsm.OpComplete:
 		req := &idemv1.CompleteRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
 			Response: idemv1.ResponseToProto(cmd.Response), RetentionS: cmd.Retention / int64(time.Second)}
-		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 			resp, err := c.Complete(ctx, req, opts...)
 			if err == nil {
 				res = fsm.Result{Outcome: fsm.OutcomeOK, CompletedAt: idemv1.TimeFromProto(resp.GetCompletedAt()), ExpiresAt: idemv1.TimeFromProto(resp.GetExpiresAt())}
@@ -399,8 +408,26 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 		}
 	case fsm.OpRelease:
 		req := &idemv1.ReleaseRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken}
-		call = func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 			_, err := c.Release(ctx, req, opts...)
+			if err == nil {
+				res = fsm.Result{Outcome: fsm.OutcomeOK}
+			}
+			return err
+		}
+	case fsm.OpForceRelease:
+		req := &idemv1.ForceReleaseRequest{Namespace: cmd.Namespace, Key: cmd.Key, Reason: cmd.Reason}
+		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
+			resp, err := c.ForceRelease(ctx, req, opts...)
+			if err == nil {
+				res = fsm.Result{Outcome: fsm.OutcomeOK, PreviousFencingToken: resp.GetPreviousFencingToken()}
+			}
+			return err
+		}
+	case fsm.OpDelete:
+		req := &idemv1.DeleteKeyRequest{Namespace: cmd.Namespace, Key: cmd.Key, Reason: cmd.Reason}
+		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
+			_, err := c.DeleteKey(ctx, req, opts...)
 			if err == nil {
 				res = fsm.Result{Outcome: fsm.OutcomeOK}
 			}
@@ -409,7 +436,10 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 	default:
 		return fsm.Result{}, fmt.Errorf("router: cannot forward %s", cmd.Op)
 	}
-	ambiguous, err := f.attempt(ctx, shard, prefer, hops, call)
+	ambiguous, err := f.attempt(ctx, shard, prefer, hops, time.Duration(cmd.Wait), call)
+	if cmd.Op == fsm.OpForceRelease || cmd.Op == fsm.OpDelete {
+		return operatorResult(cmd, shard, res, ambiguous, err)
+	}
 	if status.Code(err) == codes.FailedPrecondition {
 		if cmd.Op == fsm.OpRelease && ambiguous {
 			return fsm.Result{}, &backend.UnavailableError{Reason: fmt.Sprintf(
@@ -424,7 +454,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 func (f *Forwarder) Get(ctx context.Context, shard topology.Shard, namespace, key, prefer string, hops int) (fsm.Record, bool, error) {
 	var rec fsm.Record
 	req := &idemv1.GetRequest{Namespace: namespace, Key: key}
-	_, err := f.attempt(ctx, shard, prefer, hops, func(ctx context.Context, c idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 		resp, err := c.Get(ctx, req, opts...)
 		if err == nil {
 			rec = idemv1.RecordFromProto(resp)
@@ -438,4 +468,41 @@ func (f *Forwarder) Get(ctx context.Context, shard topology.Shard, namespace, ke
 		return fsm.Record{}, false, nil
 	}
 	return fsm.Record{}, false, idemv1.BackendError(err)
+}
+
+// operatorResult turns the answer to a forwarded force-release or delete
+// into the state machine's outcome. A retried force-release answers the
+// same as the first; a delete retried after an ambiguous first attempt that
+// answers NOT_FOUND may be the first attempt's own doing, so it is reported
+// as UNAVAILABLE (outcome unknown), as for release.
+func operatorResult(cmd *fsm.Command, shard topology.Shard, res fsm.Result, ambiguous bool, err error) (fsm.Result, error) {
+	if err == nil {
+		return res, nil
+	}
+	code, _, _ := idemv1.StatusToError(status.Convert(err))
+	switch {
+	case code == contract.CodeNotFound && cmd.Op == fsm.OpDelete && ambiguous:
+		return fsm.Result{}, &backend.UnavailableError{Reason: fmt.Sprintf(
+			"delete on shard %s: an earlier attempt may have deleted the key before its answer was lost; check with GET", shard.ID)}
+	case code == contract.CodeNotFound:
+		return fsm.Result{Outcome: fsm.OutcomeNotFound}, nil
+	case status.Code(err) == codes.FailedPrecondition:
+		return fsm.Result{Outcome: fsm.OutcomeFailedPrecondition, State: fsm.StateCompleted}, nil
+	}
+	return fsm.Result{}, idemv1.BackendError(err)
+}
+
+// ListShard asks the leader of shard for its part of a listing page.
+func (f *Forwarder) ListShard(ctx context.Context, shard topology.Shard, q backend.ShardQuery, prefer string, hops int) (fsm.ListPage, error) {
+	var page fsm.ListPage
+	req := &idemv1.ListShardRequest{Shard: shard.ID, Namespace: q.Namespace, State: idemv1.StateToProto(q.State),
+		OlderThanS: int64(q.OlderThan / time.Second), Limit: int32(q.Limit), After: q.After}
+	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
+		resp, err := c.ListShard(ctx, req, opts...)
+		if err == nil {
+			page = idemv1.ListShardFromProto(resp)
+		}
+		return err
+	})
+	return page, idemv1.BackendError(err)
 }

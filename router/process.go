@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/proxy"
@@ -189,7 +190,9 @@ func (p *Process) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	p.servers = append(p.servers, serving.GRPC("grpc", grpcLn, api.NewGRPCServer(cfg.Security.GRPCServerOptions()...)))
+	grpcSrv := api.NewGRPCServer(cfg.Security.GRPCServerOptions()...)
+	idemv1.RegisterAdminServer(grpcSrv, api.KeysAdmin())
+	p.servers = append(p.servers, serving.GRPC("grpc", grpcLn, grpcSrv))
 
 	if cfg.Proxy != nil {
 		pcfg := *cfg.Proxy
@@ -214,7 +217,7 @@ func (p *Process) Start(ctx context.Context) (err error) {
 		pt.WriteTimeout = cmp.Or(pt.WriteTimeout, serving.DefaultWriteTimeout) + cmp.Or(pcfg.UpstreamTimeout, proxy.DefaultUpstreamTimeout)
 		p.servers = append(p.servers, serving.HTTPWithTimeouts("proxy", proxyLn, px, p.log, pt))
 		p.log.Info("proxy mode", "proxy", p.addrs["proxy"], "upstream", pcfg.Upstream, "require_key", pcfg.RequireKey,
-			"namespace_header", pcfg.NamespaceHeader)
+			"namespace_header", pcfg.NamespaceHeader, "max_wait", pcfg.MaxWait)
 	}
 	return nil
 }

@@ -109,6 +109,28 @@
 // are Timestamps and fencing tokens uint64; an empty key is INVALID_ARGUMENT
 // (there is no path to be unknown).
 //
+// Operator actions (v1.1). GET /v1/namespaces/{ns}/keys lists keys
+// (query parameters state, older_than_s, limit 1..1000 default 100,
+// page_token; unknown or repeated parameters are 400, as unknown body
+// fields are); older_than_s compares with created_at (when the current
+// owner reserved the key) by the shard leader's clock, for both states.
+// POST .../keys/{key}:force-release and DELETE .../keys/{key} take
+// {"reason": "..."}: the reason is optional here (at most 1024 bytes of text
+// without control characters; idemctl insists on one) and goes to the log
+// only. A force-released key reads as IN_PROGRESS with its lease ended until
+// the next reserve reclaims it, and a retried force-release answers 200 with
+// the same previous_fencing_token. A COMPLETED key's force-release is 409
+// FAILED_PRECONDITION (gRPC FAILED_PRECONDITION with reason
+// FAILED_PRECONDITION in its ErrorInfo, which tells it from NOT_OWNER). The
+// principal is "root" for every caller until authentication is wired
+// (principalOf). Each action is logged at info ("operator action", with
+// action, principal, namespace, key, reason, outcome) by the process a
+// client reached, and at debug by the one it was forwarded to, and counted
+// in idem_operator_actions_total{action,outcome}.
+//
+// Waiting (v1.1). A reserve's wait_ms (0..30000) is validated here and
+// travels as fsm.Command.Wait; the backend waits (see backend.Waiters).
+//
 // # Probes and metrics
 //
 // GET /healthz: 200 {"status":"ok","version":...} while the process runs.

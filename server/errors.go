@@ -35,16 +35,17 @@ type Code = contract.Code
 
 // The codes of the public API (see contract).
 const (
-	CodeInvalidArgument   = contract.CodeInvalidArgument
-	CodeUnauthenticated   = contract.CodeUnauthenticated
-	CodePermissionDenied  = contract.CodePermissionDenied
-	CodeNotFound          = contract.CodeNotFound
-	CodeMethodNotAllowed  = contract.CodeMethodNotAllowed
-	CodeNotOwner          = contract.CodeNotOwner
-	CodePayloadTooLarge   = contract.CodePayloadTooLarge
-	CodeResourceExhausted = contract.CodeResourceExhausted
-	CodeInternal          = contract.CodeInternal
-	CodeUnavailable       = contract.CodeUnavailable
+	CodeInvalidArgument    = contract.CodeInvalidArgument
+	CodeUnauthenticated    = contract.CodeUnauthenticated
+	CodePermissionDenied   = contract.CodePermissionDenied
+	CodeNotFound           = contract.CodeNotFound
+	CodeMethodNotAllowed   = contract.CodeMethodNotAllowed
+	CodeNotOwner           = contract.CodeNotOwner
+	CodeFailedPrecondition = contract.CodeFailedPrecondition
+	CodePayloadTooLarge    = contract.CodePayloadTooLarge
+	CodeResourceExhausted  = contract.CodeResourceExhausted
+	CodeInternal           = contract.CodeInternal
+	CodeUnavailable        = contract.CodeUnavailable
 )
 
 // ErrorDomain is the google.rpc.ErrorInfo domain of idem's gRPC errors. Every

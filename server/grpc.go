@@ -39,6 +39,7 @@ func (g *grpcService) Reserve(ctx context.Context, req *idemv1.ReserveRequest) (
 		Fingerprint: req.GetFingerprint(),
 		LeaseMs:     req.GetLeaseMs(),
 		OwnerToken:  req.GetOwnerToken(),
+		WaitMs:      req.GetWaitMs(),
 	})
 	if e != nil {
 		return nil, e
@@ -168,7 +169,7 @@ func grpcEndpoint(fullMethod string) string {
 		}
 	case "idem.v1.Admin":
 		switch method {
-		case "Status", "TransferLeader", "Snapshot":
+		case "Status", "TransferLeader", "Snapshot", "ListKeys", "ForceRelease", "DeleteKey", "ListShard":
 			return "admin_" + strings.ToLower(method)
 		}
 	}

@@ -69,6 +69,13 @@ func (b *errBackend) Get(context.Context, string, string) (fsm.Record, bool, err
 
 func (b *errBackend) Ready(context.Context) error { return b.err }
 
+func (b *errBackend) List(context.Context, backend.ListQuery) (backend.ListPage, error) {
+	if b.panics {
+		panic("errBackend: boom")
+	}
+	return backend.ListPage{}, b.err
+}
+
 // grpcBackend forwards to an idem gRPC server, as a router does: it shows
 // that codes survive a hop.
 type grpcBackend struct{ c idemv1.IdempotencyClient }
@@ -123,6 +130,12 @@ func (b grpcBackend) Get(ctx context.Context, namespace, key string) (fsm.Record
 
 func (b grpcBackend) Ready(context.Context) error { return nil }
 
+// List is not forwarded by grpcBackend: its tests are about the
+// Idempotency service's codes.
+func (b grpcBackend) List(context.Context, backend.ListQuery) (backend.ListPage, error) {
+	return backend.ListPage{}, &backend.Error{Code: CodeInternal, Message: "grpcBackend does not list"}
+}
+
 // testLogWriter routes the server's log to t.Log.
 type testLogWriter struct{ t *testing.T }
 
@@ -141,6 +154,7 @@ type harness struct {
 	httpURL  string
 	grpcAddr string
 	grpc     idemv1.IdempotencyClient
+	admin    idemv1.AdminClient
 	logs     *syncBuffer
 }
 
@@ -182,6 +196,7 @@ func newHarness(t *testing.T, backend Backend, mod func(*Config)) *harness {
 
 	lis := listenLoopback(t)
 	gs := srv.NewGRPCServer()
+	idemv1.RegisterAdminServer(gs, srv.KeysAdmin())
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.GracefulStop)
 	conn, err := grpc.NewClient(lis.Addr().String(),
@@ -192,7 +207,7 @@ func newHarness(t *testing.T, backend Backend, mod func(*Config)) *harness {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return &harness{t: t, srv: srv, cfg: cfg, reg: cfg.Registry, httpURL: hs.URL, grpcAddr: lis.Addr().String(),
-		grpc: idemv1.NewIdempotencyClient(conn), logs: logs}
+		grpc: idemv1.NewIdempotencyClient(conn), admin: idemv1.NewAdminClient(conn), logs: logs}
 }
 
 // reply is one HTTP answer.

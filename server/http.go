@@ -25,6 +25,9 @@ const (
 	endpointComplete  = "complete"
 	endpointRelease   = "release"
 	endpointGet       = "get"
+	endpointList      = "list"
+	endpointForce     = "force_release"
+	endpointDelete    = "delete"
 	endpointUnknown   = "unknown"
 )
 
@@ -36,6 +39,8 @@ var verbs = map[string]string{
 	"heartbeat": endpointHeartbeat,
 	"complete":  endpointComplete,
 	"release":   endpointRelease,
+	// v1.1 operator action.
+	"force-release": endpointForce,
 }
 
 type httpAPI struct {
@@ -142,7 +147,7 @@ type route struct {
 // only when the key would otherwise end in ":<verb>". The namespace and key
 // are decoded afterwards.
 func parseRoute(method, raw string) (route, *Error) {
-	const usage = "the API is GET /v1/namespaces/{namespace}/keys/{key} and POST /v1/namespaces/{namespace}/keys/{key}:reserve|heartbeat|complete|release"
+	const usage = "the API is GET /v1/namespaces/{namespace}/keys/{key} and POST /v1/namespaces/{namespace}/keys/{key}:reserve|heartbeat|complete|release|force-release, DELETE .../keys/{key}, GET /v1/namespaces/{namespace}/keys (list)"
 	unknown := func() (route, *Error) {
 		return route{endpoint: endpointUnknown}, errorf(CodeNotFound, "unknown path %q: %s", truncate(raw, 128), usage)
 	}
@@ -153,6 +158,9 @@ func parseRoute(method, raw string) (route, *Error) {
 	rawNamespace, rest, ok := strings.Cut(rest, "/")
 	if !ok {
 		return unknown()
+	}
+	if rest == "keys" {
+		return parseListRoute(method, rawNamespace)
 	}
 	rawKey, ok := strings.CutPrefix(rest, "keys/")
 	if !ok {
@@ -166,21 +174,23 @@ func parseRoute(method, raw string) (route, *Error) {
 	switch method {
 	case http.MethodGet, http.MethodHead:
 		rt.endpoint = endpointGet
+	case http.MethodDelete:
+		rt.endpoint = endpointDelete
 	case http.MethodPost:
 		i := strings.LastIndexByte(rawKey, ':')
 		if i < 0 {
-			return route{endpoint: endpointUnknown, allow: "GET, HEAD"}, &Error{Code: CodeMethodNotAllowed,
+			return route{endpoint: endpointUnknown, allow: "GET, HEAD, DELETE"}, &Error{Code: CodeMethodNotAllowed,
 				Message: "POST needs a verb after the key: POST .../keys/{key}:reserve, :heartbeat, :complete or :release; reading a key is GET"}
 		}
 		endpoint, ok := verbs[rawKey[i+1:]]
 		if !ok {
 			return route{endpoint: endpointUnknown}, errorf(CodeNotFound,
-				"unknown verb %q: use :reserve, :heartbeat, :complete or :release (a ':' inside a key must be percent-encoded as %%3A)", truncate(rawKey[i+1:], 32))
+				"unknown verb %q: use :reserve, :heartbeat, :complete, :release or :force-release (a ':' inside a key must be percent-encoded as %%3A)", truncate(rawKey[i+1:], 32))
 		}
 		rt.endpoint = endpoint
 		rawKey = rawKey[:i]
 	default:
-		allow := "GET, HEAD"
+		allow := "GET, HEAD, DELETE"
 		if i := strings.LastIndexByte(rawKey, ':'); i >= 0 && verbs[rawKey[i+1:]] != "" {
 			allow = "POST"
 		}
@@ -206,6 +216,19 @@ func parseRoute(method, raw string) (route, *Error) {
 	return rt, nil
 }
 
+// parseListRoute parses GET /v1/namespaces/{namespace}/keys, a listing.
+func parseListRoute(method, rawNamespace string) (route, *Error) {
+	if method != http.MethodGet && method != http.MethodHead {
+		return route{endpoint: endpointUnknown, allow: "GET, HEAD"}, &Error{Code: CodeMethodNotAllowed,
+			Message: fmt.Sprintf("%s is not allowed here: list the keys of a namespace with GET", method)}
+	}
+	ns, err := url.PathUnescape(rawNamespace)
+	if err != nil {
+		return route{endpoint: endpointList}, errorf(CodeInvalidArgument, "namespace is not validly percent-encoded: %s", namespaceRule)
+	}
+	return route{endpoint: endpointList, namespace: ns}, nil
+}
+
 func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
@@ -228,13 +251,25 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 		fail(e)
 		return
 	}
-	if endpoint == endpointGet {
+	switch endpoint {
+	case endpointGet:
 		outcome = h.serveGet(sw, r, rt, fail)
+		return
+	case endpointList:
+		outcome = h.serveList(sw, r, rt, fail)
 		return
 	}
 	body, e := h.readBody(r, sw)
 	if e != nil {
 		fail(e)
+		return
+	}
+	switch endpoint {
+	case endpointForce:
+		outcome = h.serveOperator(sw, r, rt, fsm.OpForceRelease, body, fail)
+		return
+	case endpointDelete:
+		outcome = h.serveOperator(sw, r, rt, fsm.OpDelete, body, fail)
 		return
 	}
 	var cmd *fsm.Command

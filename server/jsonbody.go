@@ -18,7 +18,8 @@ import (
 
 // The fields each request body may hold.
 var (
-	reserveFields   = []string{"fingerprint", "lease_ms", "owner_token"}
+	reserveFields   = []string{"fingerprint", "lease_ms", "owner_token", "wait_ms"}
+	operatorFields  = []string{"reason"}
 	heartbeatFields = []string{"lease_ms", "owner_token"}
 	completeFields  = []string{"owner_token", "response", "retention_s"}
 	releaseFields   = []string{"owner_token"}
@@ -148,8 +149,16 @@ func decodeReserve(data []byte) (reserveParams, *Error) {
 		Fingerprint: jsonString(&p, f, "fingerprint", "fingerprint"),
 		LeaseMs:     jsonInt(&p, f, "lease_ms", "lease_ms"),
 		OwnerToken:  jsonString(&p, f, "owner_token", "owner_token"),
+		WaitMs:      jsonInt(&p, f, "wait_ms", "wait_ms"),
 	}
 	return r, p.err()
+}
+
+// decodeOperator decodes the body of a force-release or delete.
+func decodeOperator(data []byte) (operatorParams, *Error) {
+	var p problems
+	f := jsonObject(&p, data, operatorFields, "request body")
+	return operatorParams{Reason: jsonString(&p, f, "reason", "reason")}, p.err()
 }
 
 func decodeHeartbeat(data []byte) (heartbeatParams, *Error) {

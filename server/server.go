@@ -22,6 +22,8 @@ type Server struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 	validate validator
+	// operatorActions counts operator actions (operator.go).
+	operatorActions *prometheus.CounterVec
 
 	httpHandler http.Handler
 	grpcService *grpcService
@@ -50,6 +52,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.metrics = m
+	if s.operatorActions, err = newOperatorMetric(s.registry); err != nil {
+		return nil, err
+	}
 	extra, err := extraMux(cfg.ExtraRoutes)
 	if err != nil {
 		return nil, err

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 )
@@ -16,7 +18,16 @@ import (
 type (
 	reserveParams struct {
 		Namespace, Key, Fingerprint, OwnerToken string
-		LeaseMs                                 int64
+		LeaseMs, WaitMs                         int64
+	}
+	// operatorParams are a force-release's or delete's.
+	operatorParams struct {
+		Namespace, Key, Reason string
+	}
+	// listParams are a key listing's; State is "" or a state name.
+	listParams struct {
+		Namespace, State, PageToken string
+		OlderThanS, Limit           int64
 	}
 	heartbeatParams struct {
 		Namespace, Key, OwnerToken string
@@ -158,6 +169,9 @@ func (v validator) reserveCommand(r reserveParams) (*fsm.Command, *Error) {
 	}
 	checkOwnerToken(&p, r.OwnerToken, false)
 	lease := leaseNanos(&p, r.LeaseMs)
+	if r.WaitMs < 0 || r.WaitMs > backend.MaxWait.Milliseconds() {
+		p.addf("wait_ms %d is out of range: use 0..%d milliseconds (0 or leave it out: answer IN_PROGRESS at once)", r.WaitMs, backend.MaxWait.Milliseconds())
+	}
 	if e := p.err(); e != nil {
 		return nil, e
 	}
@@ -172,7 +186,60 @@ func (v validator) reserveCommand(r reserveParams) (*fsm.Command, *Error) {
 		Fingerprint: r.Fingerprint,
 		OwnerToken:  token,
 		Lease:       lease,
+		Wait:        r.WaitMs * int64(time.Millisecond),
 	}, nil
+}
+
+// MaxReasonBytes bounds an operator action's reason.
+const MaxReasonBytes = 1024
+
+// operatorCommand is the force-release (op fsm.OpForceRelease) or delete
+// (fsm.OpDelete) of r. The reason is optional for the API (idemctl asks for
+// one): it goes to the logs, never to the state.
+func (v validator) operatorCommand(op fsm.Op, r operatorParams) (*fsm.Command, *Error) {
+	var p problems
+	checkNamespace(&p, r.Namespace)
+	checkKey(&p, r.Key)
+	switch {
+	case len(r.Reason) > MaxReasonBytes:
+		p.addf("reason is %d bytes long: use at most %d", len(r.Reason), MaxReasonBytes)
+	case !utf8.ValidString(r.Reason) || strings.ContainsFunc(r.Reason, unicode.IsControl):
+		p.addf("reason must be UTF-8 text without control characters (it is written to the logs)")
+	}
+	if e := p.err(); e != nil {
+		return nil, e
+	}
+	return &fsm.Command{Op: op, Namespace: r.Namespace, Key: r.Key, Reason: r.Reason}, nil
+}
+
+// listQuery checks a listing's parameters.
+func (v validator) listQuery(r listParams) (backend.ListQuery, *Error) {
+	var p problems
+	checkNamespace(&p, r.Namespace)
+	q := backend.ListQuery{Namespace: r.Namespace, PageToken: r.PageToken}
+	switch r.State {
+	case "":
+	case fsm.StateInProgress.String():
+		q.State = fsm.StateInProgress
+	case fsm.StateCompleted.String():
+		q.State = fsm.StateCompleted
+	default:
+		p.addf("state %q is not a state: use IN_PROGRESS or COMPLETED, or leave it out for both", truncate(r.State, 32))
+	}
+	if r.OlderThanS < 0 || r.OlderThanS > contract.MaxRetentionS {
+		p.addf("older_than_s %d is out of range: use 0..%d seconds", r.OlderThanS, contract.MaxRetentionS)
+	} else {
+		q.OlderThan = time.Duration(r.OlderThanS) * time.Second
+	}
+	if r.Limit < 0 || r.Limit > backend.MaxListLimit {
+		p.addf("limit %d is out of range: use 1..%d, or 0 or leave it out for %d", r.Limit, backend.MaxListLimit, backend.DefaultListLimit)
+	} else {
+		q.Limit = int(r.Limit)
+	}
+	if len(r.PageToken) > 4096 {
+		p.addf("page_token is %d bytes long: pass the next_page_token of the previous page unchanged", len(r.PageToken))
+	}
+	return q, p.err()
 }
 
 func (v validator) heartbeatCommand(r heartbeatParams) (*fsm.Command, *Error) {

@@ -41,7 +41,7 @@ func randomCommand(rng *rand.Rand, now int64) *fsm.Command {
 	ns := []string{"a", "b", "a\x00b"}[rng.IntN(3)]
 	owner := "o" + strconv.Itoa(rng.IntN(3))
 	c := &fsm.Command{Namespace: ns, Key: key, Now: now, OwnerToken: owner, Fingerprint: "f" + strconv.Itoa(rng.IntN(2))}
-	switch rng.IntN(9) {
+	switch rng.IntN(11) {
 	case 0, 1, 2:
 		c.Op, c.Lease, c.SkewMargin = fsm.OpReserve, int64(1+rng.IntN(20))*sec, sec
 	case 3:
@@ -51,6 +51,10 @@ func randomCommand(rng *rand.Rand, now int64) *fsm.Command {
 		c.Response = &fsm.Response{Status: 200, Headers: map[string]string{"h": owner}, Body: []byte("body of " + key)}
 	case 6:
 		c.Op = fsm.OpRelease
+	case 7:
+		c.Op, c.OwnerToken = fsm.OpForceRelease, ""
+	case 8:
+		c.Op, c.OwnerToken = fsm.OpDelete, ""
 	default:
 		c = &fsm.Command{Op: fsm.OpSweep, Now: now, MaxSweep: rng.IntN(3), AbandonAfter: int64(rng.IntN(3)) * 10 * sec}
 	}
@@ -110,6 +114,28 @@ func TestDiskMatchesMemory(t *testing.T) {
 					t.Fatalf("round %d: Get %q/k%d: disk %v %+v, memory %v %+v", round, ns, k, gok, g, wok, w)
 				}
 			}
+		}
+		// Listings and the oldest in-progress key agree, page by page.
+		for _, ns := range []string{"a", "b", "a\x00b"} {
+			for _, q := range []fsm.ListQuery{{Namespace: ns, Limit: 3, MaxScan: 5}, {Namespace: ns, State: fsm.StateInProgress, Limit: 100},
+				{Namespace: ns, After: "k3", State: fsm.StateCompleted, CreatedBefore: now - 5*sec, Limit: 2}} {
+				for pages := 0; pages < 20; pages++ {
+					w, werr := mem.List(q, now)
+					g, gerr := disk.FSM().List(q, now)
+					if werr != nil || gerr != nil || !reflect.DeepEqual(w, g) {
+						t.Fatalf("round %d: List %+v: disk %+v %v, memory %+v %v", round, q, g, gerr, w, werr)
+					}
+					if w.Done {
+						break
+					}
+					q.After = w.Last
+				}
+			}
+		}
+		wo, wok, werr := mem.OldestInProgress()
+		gotOldest, gok, gerr := disk.FSM().OldestInProgress()
+		if wo != gotOldest || wok != gok || werr != nil || gerr != nil {
+			t.Fatalf("round %d: oldest in progress: disk %d %v %v, memory %d %v %v", round, gotOldest, gok, gerr, wo, wok, werr)
 		}
 		if ws, gs := mem.Stats(), disk.FSM().Stats(); ws != gs {
 			t.Fatalf("round %d: stats disk %+v, memory %+v", round, gs, ws)

@@ -55,10 +55,11 @@ type command struct {
 
 // cmdOptions holds the command-specific flags.
 type cmdOptions struct {
-	addr    string // get
+	addr    string // get, keys
 	node    string // snapshot
 	id      string // replace-node
 	dataDir string // replace-node
+	keys    keysOptions
 }
 
 var commands = []*command{
@@ -108,6 +109,29 @@ truncate its log: the current leader by default, or the voter --node.`,
 			fs.StringVar(&o.node, "node", "", "the voter `ID` that takes the snapshot (default: the shard's leader)")
 		},
 		run: runSnapshot,
+	},
+	{
+		name: "keys", args: "list NAMESPACE | force-release NAMESPACE KEY | delete NAMESPACE KEY", nargs: [2]int{2, 3},
+		extra:   "[--state S] [--older-than D] [--limit N] [--reason TEXT] [--addr HOST:PORT]",
+		summary: "list a namespace's keys; force-release a stuck key; delete a record",
+		about: `The operator actions on keys, over the gRPC Admin service of --addr (a node
+or router) or else of the first node of the topology that answers:
+
+  keys list NAMESPACE [--state IN_PROGRESS|COMPLETED] [--older-than D] [--limit N]
+      the namespace's keys across every shard, in pages (at most --limit in
+      all; --page-token continues); --older-than selects keys whose current
+      owner reserved them at least D ago.
+  keys force-release NAMESPACE KEY --reason TEXT
+      takes an IN_PROGRESS key from its owner (a COMPLETED one is refused):
+      the owner gets NOT_OWNER from then on and the next reserve RECLAIMED,
+      with the old fencing token as previous_fencing_token.
+  keys delete NAMESPACE KEY --reason TEXT
+      removes the record in any state; the next reserve gets ACQUIRED.
+
+Fencing tokens stay strictly increasing through both. Each action is logged by
+the node with the principal, the key and the reason.`,
+		flags: registerKeysFlags,
+		run:   runKeys,
 	},
 	{
 		name: "replace-node", extra: "--id NODE [--data-dir DIR]",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -59,6 +60,22 @@ func TestParseInterleaved(t *testing.T) {
 		pos, err := parseInterleaved(fs, tc.args)
 		if err != nil || strings.Join(pos, "|") != strings.Join(tc.wantPos, "|") || g.json != tc.wantJSON {
 			t.Errorf("parseInterleaved(%q) = %q, json=%v, %v; want %q, json=%v", tc.args, pos, g.json, err, tc.wantPos, tc.wantJSON)
+		}
+	}
+}
+
+// TestIdemctlLinksNoServer keeps idemctl a small client: it must link neither
+// the API server, the node nor the Prometheus client (issue 8's seams).
+func TestIdemctlLinksNoServer(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/idem-dev/idem/cmd/idemctl").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		switch {
+		case dep == "github.com/idem-dev/idem/server", dep == "github.com/idem-dev/idem/node",
+			strings.HasPrefix(dep, "github.com/prometheus/client_golang"):
+			t.Errorf("idemctl links %s", dep)
 		}
 	}
 }

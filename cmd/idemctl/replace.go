@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
-	"github.com/idem-dev/idem/node"
+	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -73,7 +73,7 @@ func runReplaceNode(ctx context.Context, e *env, _ []string) error {
 		return fmt.Errorf("shard(s) %s have no leader among the other voters: a replica can only be rebuilt from a live leader (see idemctl status); nothing was changed",
 			strings.Join(missing, ", "))
 	}
-	if err := node.PrepareRejoin(dataDir, topo.Cluster, id, ring.Fingerprint()); err != nil {
+	if err := datadir.PrepareRejoin(dataDir, topo.Cluster, id, ring.Fingerprint()); err != nil {
 		return err
 	}
 	v := replaceView{Node: id, DataDir: dataDir, Shards: []replacedView{}}

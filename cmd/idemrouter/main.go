@@ -48,6 +48,7 @@ type options struct {
 	upstreamTimeout time.Duration
 	proxyKeyFile    string
 	proxyKeyRandom  bool // no key file: a random key for this process
+	maxWait         time.Duration
 
 	sec secure.Flags
 }
@@ -68,8 +69,9 @@ Proxy mode (--upstream URL): requests to --proxy-addr go to the upstream.
 A POST or PATCH with an Idempotency-Key header is reserved in the store
 first, runs upstream once, and its response is stored and replayed to
 retries (Idempotent-Replayed: true); a retry while it runs gets 409, the
-same key with another request 422 (problem+json). Other requests pass
-through untouched.
+same key with another request 422 (problem+json); a retry with "Prefer:
+wait=N" waits up to N seconds (at most --max-wait) for the running one and
+replays its response. Other requests pass through untouched.
 
 Flags:
 `
@@ -93,6 +95,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.proxyKeyFile, "proxy-key-file", "", "proxy mode: `FILE` with the secret (at least 32 bytes) keying the hash of Authorization that names callers without a namespace header or client certificate; every router must have the same (default: proxy.key in --certs-dir when present, else a random key per process, so replays do not survive a restart)")
 	fs.Int64Var(&o.maxRequestBytes, "max-request-bytes", proxy.DefaultMaxRequestBytes, "proxy mode: largest body of a keyed request in `BYTES`; larger gets 413")
 	fs.DurationVar(&o.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "proxy mode: ceiling `D` of one keyed upstream request; past it the caller gets 504 and the key is released")
+	fs.DurationVar(&o.maxWait, "max-wait", proxy.DefaultMaxWait, "proxy mode: longest `D` a request with \"Prefer: wait=N\" waits for a running request with its key (then 409); at most 30s, 0 ignores Prefer: wait")
 	o.sec.AddFlags(fs)
 	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
 		return nil, err
@@ -206,6 +209,14 @@ func processConfig(o *options) (router.ProcessConfig, error) {
 		pcfg.Upstream, pcfg.RequireKey = o.upstream, o.requireKey
 		pcfg.NamespaceHeader, pcfg.MaxRequestBytes = o.namespaceHeader, o.maxRequestBytes
 		pcfg.UpstreamTimeout = o.upstreamTimeout
+		switch {
+		case o.maxWait < 0 || o.maxWait > proxy.DefaultMaxWait:
+			err = errors.Join(err, fmt.Errorf("--max-wait must be 0..%s, got %s", proxy.DefaultMaxWait, o.maxWait))
+		case o.maxWait == 0:
+			pcfg.MaxWait = -1 // Prefer: wait ignored
+		default:
+			pcfg.MaxWait = o.maxWait
+		}
 		pcfg.MaxStoredBodyBytes = o.maxResponse
 		pcfg.StoreTimeout = o.requestTimeout
 		key, kerr := proxyKey(o)

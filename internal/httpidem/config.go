@@ -38,6 +38,7 @@ const (
 	DefaultTimeout             = 60 * time.Second
 	DefaultStoreTimeout        = 10 * time.Second
 	DefaultRetention           = 24 * time.Hour
+	DefaultMaxWait             = contract.MaxWait
 	DefaultReleaseStatuses     = "5xx,408,425,429"
 	DefaultNamespace           = "default"
 )
@@ -143,6 +144,12 @@ type Policy struct {
 	// Retention is how long a completed response is kept, 1s..30 days in
 	// whole seconds. Zero means DefaultRetention (24h).
 	Retention time.Duration
+	// MaxWait bounds how long a request with "Prefer: wait=N" (RFC 7240)
+	// that meets a running request with its key waits for that request's
+	// response (the store wakes it; nothing polls), 1ms..30s. Zero means
+	// DefaultMaxWait (30s); negative ignores Prefer: wait (409 at once, as
+	// without it).
+	MaxWait time.Duration
 
 	// ReleaseStatuses lists the response statuses that are not final: the
 	// response goes to the caller and the key is released, so that a retry
@@ -174,6 +181,7 @@ func DefaultPolicy() Policy {
 		Lease:               DefaultLease,
 		StoreTimeout:        DefaultStoreTimeout,
 		Retention:           DefaultRetention,
+		MaxWait:             DefaultMaxWait,
 		ReleaseStatuses:     DefaultReleaseStatuses,
 	}
 }
@@ -215,6 +223,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = DefaultMaxWait
 	}
 	if c.ReleaseStatuses == "" {
 		c.ReleaseStatuses = DefaultReleaseStatuses
@@ -275,6 +286,9 @@ func (c Config) Problems() []string {
 	}
 	if c.Timeout < 0 {
 		bad("Timeout %v is negative: use a duration, or 0 for %v", c.Timeout, DefaultTimeout)
+	}
+	if c.MaxWait > contract.MaxWait {
+		bad("MaxWait %v is above %v, the store's bound: use up to that, 0 for %v, or a negative value to ignore Prefer: wait", c.MaxWait, contract.MaxWait, DefaultMaxWait)
 	}
 	if c.StoreTimeout < 0 {
 		bad("StoreTimeout %v is negative: use a duration, or 0 for %v", c.StoreTimeout, DefaultStoreTimeout)

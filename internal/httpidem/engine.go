@@ -162,10 +162,21 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	defer b.close()
 
 	ref := Ref{Namespace: ns, Key: key, OwnerToken: NewOwnerToken()}
+	wait := e.preferredWait(r)
 	sentAt := time.Now()
-	ctx, cancel := e.storeContext(r.Context())
-	res, err := e.cfg.Store.Reserve(ctx, ReserveRequest{Ref: ref, Fingerprint: fingerprintOf(h), Lease: e.cfg.Lease})
+	// A waiting reserve is held by the store on purpose: the wait adds to
+	// the store call's bound. A caller that goes away ends the wait.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), e.cfg.StoreTimeout+wait)
+	if wait > 0 {
+		stop := context.AfterFunc(r.Context(), cancel)
+		defer stop()
+	}
+	res, err := e.cfg.Store.Reserve(ctx, ReserveRequest{Ref: ref, Fingerprint: fingerprintOf(h), Lease: e.cfg.Lease, Wait: wait})
 	cancel()
+	if err != nil && wait > 0 && r.Context().Err() != nil {
+		e.observe(Event{Result: ResultError, StoredBodyBytes: -1})
+		return // the caller left while waiting: nobody to answer
+	}
 	if err != nil {
 		if errors.Is(err, ErrInvalid) {
 			e.log.Error("the store refused a reserve", "namespace", ns, "key", key, "err", err)
@@ -191,8 +202,11 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		}
 		e.replay(w, ns, key, *res.Response)
 	case contract.OutcomeInProgress:
-		p := NewProblem(http.StatusConflict, ProblemInProgress,
-			"another request with this Idempotency-Key is running: retry after Retry-After to get its response")
+		msg := "another request with this Idempotency-Key is running: retry after Retry-After to get its response"
+		if wait > 0 {
+			msg = fmt.Sprintf("another request with this Idempotency-Key is still running after waiting %v for it: retry after Retry-After to get its response", wait)
+		}
+		p := NewProblem(http.StatusConflict, ProblemInProgress, msg)
 		p.RetryAfter = max(res.RetryAfter, time.Second)
 		e.fail(w, ResultConflict, p)
 	case contract.OutcomeFingerprintMismatch:

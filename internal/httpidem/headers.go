@@ -4,7 +4,9 @@ import (
 	"net/http"
 	"net/textproto"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idem-dev/idem/contract"
 )
@@ -106,4 +108,46 @@ func storableHeader(name, value string) bool {
 		}
 	}
 	return true
+}
+
+// HeaderPrefer is RFC 7240's request header; "Prefer: wait=N" asks to wait
+// up to N seconds for a running request with the same key.
+const HeaderPrefer = "Prefer"
+
+// ParsePreferWait returns the wait preference of Prefer header values
+// (RFC 7240: comma-separated preferences, each token[=value] with optional
+// ";" parameters; names are case-insensitive, the value may be quoted), or
+// false when none is given or it is not a non-negative integer. The first
+// wait preference counts.
+func ParsePreferWait(values []string) (time.Duration, bool) {
+	for _, v := range values {
+		for _, pref := range strings.Split(v, ",") {
+			pref, _, _ = strings.Cut(pref, ";")
+			name, val, ok := strings.Cut(strings.TrimSpace(pref), "=")
+			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			val = strings.Trim(strings.TrimSpace(val), `"`)
+			secs, err := strconv.ParseUint(val, 10, 32)
+			if err != nil {
+				return 0, false
+			}
+			return time.Duration(secs) * time.Second, true
+		}
+	}
+	return 0, false
+}
+
+// preferredWait is how long the request may wait for a running request with
+// its key: its Prefer: wait, bounded by MaxWait; 0 without one, or when
+// MaxWait is negative.
+func (e *Engine) preferredWait(r *http.Request) time.Duration {
+	if e.cfg.MaxWait < 0 {
+		return 0
+	}
+	d, ok := ParsePreferWait(r.Header.Values(HeaderPrefer))
+	if !ok {
+		return 0
+	}
+	return min(d, e.cfg.MaxWait)
 }

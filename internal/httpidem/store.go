@@ -52,6 +52,10 @@ type ReserveRequest struct {
 	Fingerprint string
 	// Lease is how long the key stays with the owner without a heartbeat.
 	Lease time.Duration
+	// Wait (0..30 s) is how long the store may wait for a key in progress
+	// to stop being in progress before answering (the caller's Prefer:
+	// wait, bounded by Config.MaxWait).
+	Wait time.Duration
 }
 
 // Reservation is the store's answer to a reserve.

@@ -297,3 +297,24 @@ func TestCaptureWriterHoldsAndSniffs(t *testing.T) {
 		t.Error("ResetResponse of a delivered response succeeded")
 	}
 }
+
+func TestParsePreferWait(t *testing.T) {
+	for _, c := range []struct {
+		in   []string
+		want time.Duration
+		ok   bool
+	}{
+		{nil, 0, false},
+		{[]string{"wait=5"}, 5 * time.Second, true},
+		{[]string{"respond-async, WAIT = 10"}, 10 * time.Second, true},
+		{[]string{"return=minimal", `wait="3"; foo=bar`}, 3 * time.Second, true},
+		{[]string{"wait=-1"}, 0, false},
+		{[]string{"wait=soon"}, 0, false},
+		{[]string{"handling=lenient"}, 0, false},
+	} {
+		got, ok := ParsePreferWait(c.in)
+		if got != c.want || ok != c.ok {
+			t.Errorf("ParsePreferWait(%q) = %v, %v; want %v, %v", c.in, got, ok, c.want, c.ok)
+		}
+	}
+}

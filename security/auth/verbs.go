@@ -156,6 +156,11 @@ func GRPCTarget(fullMethod string, req any) Target {
 			return Target{Verb: VerbSnapshot}
 		case "ListKeys":
 			return nsVerb(VerbList)
+		case "ListShard":
+			// One shard's page of a ListKeys, forwarded by the node or router
+			// that serves the listing with the caller's principal: the same
+			// reader right.
+			return nsVerb(VerbList)
 		case "ForceRelease":
 			return nsVerb(VerbForceRelease)
 		case "DeleteKey", "Delete":

@@ -35,7 +35,7 @@ func GRPCCode(c contract.Code) codes.Code {
 		return codes.NotFound
 	case contract.CodeMethodNotAllowed:
 		return codes.Unimplemented
-	case contract.CodeNotOwner:
+	case contract.CodeNotOwner, contract.CodeFailedPrecondition:
 		return codes.FailedPrecondition
 	case contract.CodePayloadTooLarge, contract.CodeResourceExhausted:
 		return codes.ResourceExhausted
@@ -323,4 +323,57 @@ func RecordFromProto(p *GetResponse) fsm.Record {
 		ExpiresAt:      TimeFromProto(p.GetExpiresAt()),
 		Response:       ResponseFromProto(p.GetResponse()),
 	}
+}
+
+// KeyToProto is the KeyInfo of a listed record.
+func KeyToProto(r fsm.ListedRecord) *KeyInfo {
+	out := &KeyInfo{Key: r.Key, State: StateToProto(r.Record.State), FencingToken: r.Record.FencingToken,
+		CreatedAt: TimeToProto(r.Record.CreatedAt)}
+	if r.Record.State == fsm.StateCompleted {
+		out.CompletedAt = TimeToProto(r.Record.CompletedAt)
+		out.ExpiresAt = TimeToProto(r.Record.ExpiresAt)
+	} else {
+		out.LeaseExpiresAt = TimeToProto(r.Record.LeaseExpiresAt)
+	}
+	return out
+}
+
+// KeyFromProto is the listed record of a KeyInfo.
+func KeyFromProto(p *KeyInfo) fsm.ListedRecord {
+	return fsm.ListedRecord{Key: p.GetKey(), Record: fsm.Record{
+		State:          StateFromProto(p.GetState()),
+		FencingToken:   p.GetFencingToken(),
+		CreatedAt:      TimeFromProto(p.GetCreatedAt()),
+		LeaseExpiresAt: TimeFromProto(p.GetLeaseExpiresAt()),
+		CompletedAt:    TimeFromProto(p.GetCompletedAt()),
+		ExpiresAt:      TimeFromProto(p.GetExpiresAt()),
+	}}
+}
+
+// KeysToProto converts listed records.
+func KeysToProto(rs []fsm.ListedRecord) []*KeyInfo {
+	out := make([]*KeyInfo, len(rs))
+	for i, r := range rs {
+		out[i] = KeyToProto(r)
+	}
+	return out
+}
+
+// KeysFromProto converts KeyInfos.
+func KeysFromProto(ps []*KeyInfo) []fsm.ListedRecord {
+	out := make([]fsm.ListedRecord, len(ps))
+	for i, p := range ps {
+		out[i] = KeyFromProto(p)
+	}
+	return out
+}
+
+// ListShardToProto is the wire form of one shard's page.
+func ListShardToProto(p fsm.ListPage) *ListShardResponse {
+	return &ListShardResponse{Keys: KeysToProto(p.Records), Last: p.Last, Done: p.Done}
+}
+
+// ListShardFromProto is the shard page of a ListShardResponse.
+func ListShardFromProto(p *ListShardResponse) fsm.ListPage {
+	return fsm.ListPage{Records: KeysFromProto(p.GetKeys()), Last: p.GetLast(), Done: p.GetDone()}
 }

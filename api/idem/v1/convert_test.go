@@ -156,3 +156,17 @@ func TestBackendError(t *testing.T) {
 		t.Fatalf("context error changed: %v", err)
 	}
 }
+
+func TestListShardRoundTrip(t *testing.T) {
+	page := fsm.ListPage{Last: "k2", Records: []fsm.ListedRecord{
+		{Key: "k1", Record: fsm.Record{State: fsm.StateInProgress, FencingToken: 3, CreatedAt: t0, LeaseExpiresAt: t0 + 1e9}},
+		{Key: "k2", Record: fsm.Record{State: fsm.StateCompleted, FencingToken: 7, CreatedAt: t0, CompletedAt: t0 + 2e9, ExpiresAt: t0 + 3e9}},
+	}}
+	if got := ListShardFromProto(ListShardToProto(page)); !reflect.DeepEqual(got, page) {
+		t.Errorf("round trip\n got %+v\nwant %+v", got, page)
+	}
+	done := fsm.ListPage{Done: true, Records: []fsm.ListedRecord{}}
+	if got := ListShardFromProto(ListShardToProto(done)); !reflect.DeepEqual(got, done) {
+		t.Errorf("round trip\n got %+v\nwant %+v", got, done)
+	}
+}

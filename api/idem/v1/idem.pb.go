@@ -195,12 +195,15 @@ func (x *StoredResponse) GetBody() []byte {
 }
 
 type ReserveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Fingerprint   string                 `protobuf:"bytes,3,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
-	LeaseMs       int64                  `protobuf:"varint,4,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
-	OwnerToken    string                 `protobuf:"bytes,5,opt,name=owner_token,json=ownerToken,proto3" json:"owner_token,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Namespace   string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Key         string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Fingerprint string                 `protobuf:"bytes,3,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	LeaseMs     int64                  `protobuf:"varint,4,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	OwnerToken  string                 `protobuf:"bytes,5,opt,name=owner_token,json=ownerToken,proto3" json:"owner_token,omitempty"`
+	// v1.1: wait up to this long (0..30000 ms) for an IN_PROGRESS key to stop
+	// being in progress, then decide as usual.
+	WaitMs        int64 `protobuf:"varint,6,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -268,6 +271,13 @@ func (x *ReserveRequest) GetOwnerToken() string {
 		return x.OwnerToken
 	}
 	return ""
+}
+
+func (x *ReserveRequest) GetWaitMs() int64 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
 }
 
 type ReserveResponse struct {
@@ -1501,6 +1511,579 @@ func (x *ClockResponse) GetBelowDiskReserve() bool {
 	return false
 }
 
+// KeyInfo is one listed key.
+type KeyInfo struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Key            string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	State          State                  `protobuf:"varint,2,opt,name=state,proto3,enum=idem.v1.State" json:"state,omitempty"`
+	FencingToken   uint64                 `protobuf:"varint,3,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	CreatedAt      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	LeaseExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=lease_expires_at,json=leaseExpiresAt,proto3" json:"lease_expires_at,omitempty"`
+	CompletedAt    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	ExpiresAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *KeyInfo) Reset() {
+	*x = KeyInfo{}
+	mi := &file_idem_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyInfo) ProtoMessage() {}
+
+func (x *KeyInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
+func (*KeyInfo) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *KeyInfo) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyInfo) GetState() State {
+	if x != nil {
+		return x.State
+	}
+	return State_STATE_UNSPECIFIED
+}
+
+func (x *KeyInfo) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *KeyInfo) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *KeyInfo) GetLeaseExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpiresAt
+	}
+	return nil
+}
+
+func (x *KeyInfo) GetCompletedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CompletedAt
+	}
+	return nil
+}
+
+func (x *KeyInfo) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+type ListKeysRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// STATE_UNSPECIFIED lists both states.
+	State State `protobuf:"varint,2,opt,name=state,proto3,enum=idem.v1.State" json:"state,omitempty"`
+	// Only keys whose current owner reserved them at least this long ago.
+	OlderThanS int64 `protobuf:"varint,3,opt,name=older_than_s,json=olderThanS,proto3" json:"older_than_s,omitempty"`
+	// 1..1000, default 100.
+	Limit int32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The next_page_token of the previous page; empty starts at the beginning.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKeysRequest) Reset() {
+	*x = ListKeysRequest{}
+	mi := &file_idem_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKeysRequest) ProtoMessage() {}
+
+func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
+func (*ListKeysRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListKeysRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListKeysRequest) GetState() State {
+	if x != nil {
+		return x.State
+	}
+	return State_STATE_UNSPECIFIED
+}
+
+func (x *ListKeysRequest) GetOlderThanS() int64 {
+	if x != nil {
+		return x.OlderThanS
+	}
+	return 0
+}
+
+func (x *ListKeysRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListKeysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []*KeyInfo             `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKeysResponse) Reset() {
+	*x = ListKeysResponse{}
+	mi := &file_idem_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKeysResponse) ProtoMessage() {}
+
+func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
+func (*ListKeysResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListKeysResponse) GetKeys() []*KeyInfo {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ListKeysResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type ForceReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForceReleaseRequest) Reset() {
+	*x = ForceReleaseRequest{}
+	mi := &file_idem_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForceReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForceReleaseRequest) ProtoMessage() {}
+
+func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ForceReleaseRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ForceReleaseRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ForceReleaseRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ForceReleaseResponse struct {
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	PreviousFencingToken uint64                 `protobuf:"varint,1,opt,name=previous_fencing_token,json=previousFencingToken,proto3" json:"previous_fencing_token,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *ForceReleaseResponse) Reset() {
+	*x = ForceReleaseResponse{}
+	mi := &file_idem_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForceReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForceReleaseResponse) ProtoMessage() {}
+
+func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ForceReleaseResponse) GetPreviousFencingToken() uint64 {
+	if x != nil {
+		return x.PreviousFencingToken
+	}
+	return 0
+}
+
+type DeleteKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteKeyRequest) Reset() {
+	*x = DeleteKeyRequest{}
+	mi := &file_idem_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteKeyRequest) ProtoMessage() {}
+
+func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
+func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DeleteKeyRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *DeleteKeyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *DeleteKeyRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type DeleteKeyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteKeyResponse) Reset() {
+	*x = DeleteKeyResponse{}
+	mi := &file_idem_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteKeyResponse) ProtoMessage() {}
+
+func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
+func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{28}
+}
+
+type ListShardRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Shard      string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	Namespace  string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	State      State                  `protobuf:"varint,3,opt,name=state,proto3,enum=idem.v1.State" json:"state,omitempty"`
+	OlderThanS int64                  `protobuf:"varint,4,opt,name=older_than_s,json=olderThanS,proto3" json:"older_than_s,omitempty"`
+	Limit      int32                  `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Only keys greater than this.
+	After         string `protobuf:"bytes,6,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListShardRequest) Reset() {
+	*x = ListShardRequest{}
+	mi := &file_idem_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListShardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListShardRequest) ProtoMessage() {}
+
+func (x *ListShardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListShardRequest.ProtoReflect.Descriptor instead.
+func (*ListShardRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ListShardRequest) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+func (x *ListShardRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListShardRequest) GetState() State {
+	if x != nil {
+		return x.State
+	}
+	return State_STATE_UNSPECIFIED
+}
+
+func (x *ListShardRequest) GetOlderThanS() int64 {
+	if x != nil {
+		return x.OlderThanS
+	}
+	return 0
+}
+
+func (x *ListShardRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListShardRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+type ListShardResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []*KeyInfo             `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The last key examined; the shard's next page starts after it.
+	Last string `protobuf:"bytes,2,opt,name=last,proto3" json:"last,omitempty"`
+	// The scan reached the end of the namespace in this shard.
+	Done          bool `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListShardResponse) Reset() {
+	*x = ListShardResponse{}
+	mi := &file_idem_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListShardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListShardResponse) ProtoMessage() {}
+
+func (x *ListShardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListShardResponse.ProtoReflect.Descriptor instead.
+func (*ListShardResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ListShardResponse) GetKeys() []*KeyInfo {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ListShardResponse) GetLast() string {
+	if x != nil {
+		return x.Last
+	}
+	return ""
+}
+
+func (x *ListShardResponse) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
 var File_idem_proto protoreflect.FileDescriptor
 
 const file_idem_proto_rawDesc = "" +
@@ -1513,14 +2096,15 @@ const file_idem_proto_rawDesc = "" +
 	"\x04body\x18\x03 \x01(\fR\x04body\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9e\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb7\x01\n" +
 	"\x0eReserveRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12 \n" +
 	"\vfingerprint\x18\x03 \x01(\tR\vfingerprint\x12\x19\n" +
 	"\blease_ms\x18\x04 \x01(\x03R\aleaseMs\x12\x1f\n" +
 	"\vowner_token\x18\x05 \x01(\tR\n" +
-	"ownerToken\"\xd4\x03\n" +
+	"ownerToken\x12\x17\n" +
+	"\await_ms\x18\x06 \x01(\x03R\x06waitMs\"\xd4\x03\n" +
 	"\x0fReserveResponse\x12*\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x10.idem.v1.OutcomeR\aoutcome\x12\x1f\n" +
 	"\vowner_token\x18\x02 \x01(\tR\n" +
@@ -1616,7 +2200,51 @@ const file_idem_proto_rawDesc = "" +
 	"\rClockResponse\x12\x1d\n" +
 	"\n" +
 	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\x12,\n" +
-	"\x12below_disk_reserve\x18\x02 \x01(\bR\x10belowDiskReserve*y\n" +
+	"\x12below_disk_reserve\x18\x02 \x01(\bR\x10belowDiskReserve\"\xe1\x02\n" +
+	"\aKeyInfo\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12$\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x0e.idem.v1.StateR\x05state\x12#\n" +
+	"\rfencing_token\x18\x03 \x01(\x04R\ffencingToken\x129\n" +
+	"\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12D\n" +
+	"\x10lease_expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x12=\n" +
+	"\fcompleted_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xac\x01\n" +
+	"\x0fListKeysRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12$\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x0e.idem.v1.StateR\x05state\x12 \n" +
+	"\folder_than_s\x18\x03 \x01(\x03R\n" +
+	"olderThanS\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"`\n" +
+	"\x10ListKeysResponse\x12$\n" +
+	"\x04keys\x18\x01 \x03(\v2\x10.idem.v1.KeyInfoR\x04keys\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"]\n" +
+	"\x13ForceReleaseRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"L\n" +
+	"\x14ForceReleaseResponse\x124\n" +
+	"\x16previous_fencing_token\x18\x01 \x01(\x04R\x14previousFencingToken\"Z\n" +
+	"\x10DeleteKeyRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x13\n" +
+	"\x11DeleteKeyResponse\"\xba\x01\n" +
+	"\x10ListShardRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12$\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x0e.idem.v1.StateR\x05state\x12 \n" +
+	"\folder_than_s\x18\x04 \x01(\x03R\n" +
+	"olderThanS\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\x05R\x05limit\x12\x14\n" +
+	"\x05after\x18\x06 \x01(\tR\x05after\"a\n" +
+	"\x11ListShardResponse\x12$\n" +
+	"\x04keys\x18\x01 \x03(\v2\x10.idem.v1.KeyInfoR\x04keys\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\tR\x04last\x12\x12\n" +
+	"\x04done\x18\x03 \x01(\bR\x04done*y\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACQUIRED\x10\x01\x12\r\n" +
@@ -1633,13 +2261,17 @@ const file_idem_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x19.idem.v1.HeartbeatRequest\x1a\x1a.idem.v1.HeartbeatResponse\x12?\n" +
 	"\bComplete\x12\x18.idem.v1.CompleteRequest\x1a\x19.idem.v1.CompleteResponse\x12<\n" +
 	"\aRelease\x12\x17.idem.v1.ReleaseRequest\x1a\x18.idem.v1.ReleaseResponse\x120\n" +
-	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse2\xdb\x02\n" +
+	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse2\xf1\x04\n" +
 	"\x05Admin\x129\n" +
 	"\x06Status\x12\x16.idem.v1.StatusRequest\x1a\x17.idem.v1.StatusResponse\x12Q\n" +
 	"\x0eTransferLeader\x12\x1e.idem.v1.TransferLeaderRequest\x1a\x1f.idem.v1.TransferLeaderResponse\x12?\n" +
 	"\bSnapshot\x12\x18.idem.v1.SnapshotRequest\x1a\x19.idem.v1.SnapshotResponse\x12K\n" +
 	"\fReplaceVoter\x12\x1c.idem.v1.ReplaceVoterRequest\x1a\x1d.idem.v1.ReplaceVoterResponse\x126\n" +
-	"\x05Clock\x12\x15.idem.v1.ClockRequest\x1a\x16.idem.v1.ClockResponseB-Z+github.com/idem-dev/idem/api/idem/v1;idemv1b\x06proto3"
+	"\x05Clock\x12\x15.idem.v1.ClockRequest\x1a\x16.idem.v1.ClockResponse\x12?\n" +
+	"\bListKeys\x12\x18.idem.v1.ListKeysRequest\x1a\x19.idem.v1.ListKeysResponse\x12K\n" +
+	"\fForceRelease\x12\x1c.idem.v1.ForceReleaseRequest\x1a\x1d.idem.v1.ForceReleaseResponse\x12B\n" +
+	"\tDeleteKey\x12\x19.idem.v1.DeleteKeyRequest\x1a\x1a.idem.v1.DeleteKeyResponse\x12B\n" +
+	"\tListShard\x12\x19.idem.v1.ListShardRequest\x1a\x1a.idem.v1.ListShardResponseB-Z+github.com/idem-dev/idem/api/idem/v1;idemv1b\x06proto3"
 
 var (
 	file_idem_proto_rawDescOnce sync.Once
@@ -1654,7 +2286,7 @@ func file_idem_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_idem_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: idem.v1.Outcome
 	(State)(0),                     // 1: idem.v1.State
@@ -1680,51 +2312,77 @@ var file_idem_proto_goTypes = []any{
 	(*ReplaceVoterResponse)(nil),   // 21: idem.v1.ReplaceVoterResponse
 	(*ClockRequest)(nil),           // 22: idem.v1.ClockRequest
 	(*ClockResponse)(nil),          // 23: idem.v1.ClockResponse
-	nil,                            // 24: idem.v1.StoredResponse.HeadersEntry
-	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
+	(*KeyInfo)(nil),                // 24: idem.v1.KeyInfo
+	(*ListKeysRequest)(nil),        // 25: idem.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),       // 26: idem.v1.ListKeysResponse
+	(*ForceReleaseRequest)(nil),    // 27: idem.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),   // 28: idem.v1.ForceReleaseResponse
+	(*DeleteKeyRequest)(nil),       // 29: idem.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),      // 30: idem.v1.DeleteKeyResponse
+	(*ListShardRequest)(nil),       // 31: idem.v1.ListShardRequest
+	(*ListShardResponse)(nil),      // 32: idem.v1.ListShardResponse
+	nil,                            // 33: idem.v1.StoredResponse.HeadersEntry
+	(*timestamppb.Timestamp)(nil),  // 34: google.protobuf.Timestamp
 }
 var file_idem_proto_depIdxs = []int32{
-	24, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
+	33, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
 	0,  // 1: idem.v1.ReserveResponse.outcome:type_name -> idem.v1.Outcome
-	25, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 3: idem.v1.ReserveResponse.response:type_name -> idem.v1.StoredResponse
-	25, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
-	25, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	25, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
+	34, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 7: idem.v1.CompleteRequest.response:type_name -> idem.v1.StoredResponse
-	25, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	25, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	34, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 10: idem.v1.GetResponse.state:type_name -> idem.v1.State
-	25, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	25, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
-	25, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
+	34, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 14: idem.v1.GetResponse.response:type_name -> idem.v1.StoredResponse
 	14, // 15: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
-	3,  // 16: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
-	5,  // 17: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
-	7,  // 18: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
-	9,  // 19: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
-	11, // 20: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
-	13, // 21: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
-	16, // 22: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
-	18, // 23: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
-	20, // 24: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
-	22, // 25: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
-	4,  // 26: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
-	6,  // 27: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
-	8,  // 28: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
-	10, // 29: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
-	12, // 30: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
-	15, // 31: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
-	17, // 32: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
-	19, // 33: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
-	21, // 34: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
-	23, // 35: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
-	26, // [26:36] is the sub-list for method output_type
-	16, // [16:26] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	1,  // 16: idem.v1.KeyInfo.state:type_name -> idem.v1.State
+	34, // 17: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
+	34, // 18: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 19: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
+	34, // 20: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 21: idem.v1.ListKeysRequest.state:type_name -> idem.v1.State
+	24, // 22: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
+	1,  // 23: idem.v1.ListShardRequest.state:type_name -> idem.v1.State
+	24, // 24: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
+	3,  // 25: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
+	5,  // 26: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
+	7,  // 27: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
+	9,  // 28: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
+	11, // 29: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
+	13, // 30: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
+	16, // 31: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
+	18, // 32: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
+	20, // 33: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
+	22, // 34: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
+	25, // 35: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
+	27, // 36: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
+	29, // 37: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
+	31, // 38: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
+	4,  // 39: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
+	6,  // 40: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
+	8,  // 41: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
+	10, // 42: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
+	12, // 43: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
+	15, // 44: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
+	17, // 45: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
+	19, // 46: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
+	21, // 47: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
+	23, // 48: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
+	26, // 49: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
+	28, // 50: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
+	30, // 51: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
+	32, // 52: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
+	39, // [39:53] is the sub-list for method output_type
+	25, // [25:39] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_idem_proto_init() }
@@ -1738,7 +2396,7 @@ func file_idem_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_proto_rawDesc), len(file_idem_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   23,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -292,6 +292,10 @@ const (
 	Admin_Snapshot_FullMethodName       = "/idem.v1.Admin/Snapshot"
 	Admin_ReplaceVoter_FullMethodName   = "/idem.v1.Admin/ReplaceVoter"
 	Admin_Clock_FullMethodName          = "/idem.v1.Admin/Clock"
+	Admin_ListKeys_FullMethodName       = "/idem.v1.Admin/ListKeys"
+	Admin_ForceRelease_FullMethodName   = "/idem.v1.Admin/ForceRelease"
+	Admin_DeleteKey_FullMethodName      = "/idem.v1.Admin/DeleteKey"
+	Admin_ListShard_FullMethodName      = "/idem.v1.Admin/ListShard"
 )
 
 // AdminClient is the client API for Admin service.
@@ -314,6 +318,21 @@ type AdminClient interface {
 	// Clock returns this node's wall clock; peers measure their clock offset
 	// to it (bounded by the call's round trip) for --max-clock-offset.
 	Clock(ctx context.Context, in *ClockRequest, opts ...grpc.CallOption) (*ClockResponse, error)
+	// The operator actions on keys (API-v1.md, "Operator actions"), served by
+	// every node and router. Each is logged with its principal, key and reason.
+	//
+	// ListKeys lists the keys of a namespace, a page at a time, across every
+	// shard of the namespace.
+	ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error)
+	// ForceRelease takes an IN_PROGRESS key from its owner: the owner gets
+	// FAILED_PRECONDITION (NOT_OWNER) afterwards, the next reserve RECLAIMED.
+	ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error)
+	// DeleteKey removes a record; the next reserve gets ACQUIRED.
+	DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*DeleteKeyResponse, error)
+	// ListShard is one shard's part of a ListKeys page, answered by the
+	// shard's leader (forwarded there like any request). Nodes and routers
+	// call it; clients use ListKeys.
+	ListShard(ctx context.Context, in *ListShardRequest, opts ...grpc.CallOption) (*ListShardResponse, error)
 }
 
 type adminClient struct {
@@ -374,6 +393,46 @@ func (c *adminClient) Clock(ctx context.Context, in *ClockRequest, opts ...grpc.
 	return out, nil
 }
 
+func (c *adminClient) ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListKeysResponse)
+	err := c.cc.Invoke(ctx, Admin_ListKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForceReleaseResponse)
+	err := c.cc.Invoke(ctx, Admin_ForceRelease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*DeleteKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteKeyResponse)
+	err := c.cc.Invoke(ctx, Admin_DeleteKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListShard(ctx context.Context, in *ListShardRequest, opts ...grpc.CallOption) (*ListShardResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListShardResponse)
+	err := c.cc.Invoke(ctx, Admin_ListShard_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -394,6 +453,21 @@ type AdminServer interface {
 	// Clock returns this node's wall clock; peers measure their clock offset
 	// to it (bounded by the call's round trip) for --max-clock-offset.
 	Clock(context.Context, *ClockRequest) (*ClockResponse, error)
+	// The operator actions on keys (API-v1.md, "Operator actions"), served by
+	// every node and router. Each is logged with its principal, key and reason.
+	//
+	// ListKeys lists the keys of a namespace, a page at a time, across every
+	// shard of the namespace.
+	ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error)
+	// ForceRelease takes an IN_PROGRESS key from its owner: the owner gets
+	// FAILED_PRECONDITION (NOT_OWNER) afterwards, the next reserve RECLAIMED.
+	ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error)
+	// DeleteKey removes a record; the next reserve gets ACQUIRED.
+	DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error)
+	// ListShard is one shard's part of a ListKeys page, answered by the
+	// shard's leader (forwarded there like any request). Nodes and routers
+	// call it; clients use ListKeys.
+	ListShard(context.Context, *ListShardRequest) (*ListShardResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -418,6 +492,18 @@ func (UnimplementedAdminServer) ReplaceVoter(context.Context, *ReplaceVoterReque
 }
 func (UnimplementedAdminServer) Clock(context.Context, *ClockRequest) (*ClockResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Clock not implemented")
+}
+func (UnimplementedAdminServer) ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListKeys not implemented")
+}
+func (UnimplementedAdminServer) ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForceRelease not implemented")
+}
+func (UnimplementedAdminServer) DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteKey not implemented")
+}
+func (UnimplementedAdminServer) ListShard(context.Context, *ListShardRequest) (*ListShardResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListShard not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -530,6 +616,78 @@ func _Admin_Clock_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListKeys(ctx, req.(*ListKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ForceRelease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForceReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ForceRelease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ForceRelease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ForceRelease(ctx, req.(*ForceReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DeleteKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DeleteKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DeleteKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DeleteKey(ctx, req.(*DeleteKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListShard_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListShardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListShard(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListShard_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListShard(ctx, req.(*ListShardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -556,6 +714,22 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Clock",
 			Handler:    _Admin_Clock_Handler,
+		},
+		{
+			MethodName: "ListKeys",
+			Handler:    _Admin_ListKeys_Handler,
+		},
+		{
+			MethodName: "ForceRelease",
+			Handler:    _Admin_ForceRelease_Handler,
+		},
+		{
+			MethodName: "DeleteKey",
+			Handler:    _Admin_DeleteKey_Handler,
+		},
+		{
+			MethodName: "ListShard",
+			Handler:    _Admin_ListShard_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

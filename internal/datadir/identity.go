@@ -1,4 +1,9 @@
-package node
+// Package datadir is a node's data dir identity: the file that says which
+// cluster, node and ring a data dir belongs to, checked on every start, and
+// the rejoin marker idemctl replace-node leaves. It is a leaf (the standard
+// library and internal/durable) so that idemctl can prepare a data dir
+// without linking the node.
+package datadir
 
 import (
 	"encoding/json"
@@ -12,15 +17,19 @@ import (
 	"github.com/idem-dev/idem/internal/durable"
 )
 
-// identityFile records which cluster, node and ring a data dir belongs to.
-const identityFile = "idem-identity.json"
+// IdentityFile records which cluster, node and ring a data dir belongs to.
+const IdentityFile = "idem-identity.json"
 
-// identity is written once, when a data dir is first used, and checked on
+// ErrMismatch: the data dir belongs to another cluster, node or ring, or
+// was not made by idem.
+var ErrMismatch = errors.New("datadir: data dir does not match this node")
+
+// Identity is written once, when a data dir is first used, and checked on
 // every later start so a data dir is never mixed into another cluster or a
 // changed ring (which would strand records on shards that no longer own them).
 // Its presence also says that this dir held Raft state: a later start whose
 // state is missing refuses (ErrStateLost) instead of bootstrapping again.
-type identity struct {
+type Identity struct {
 	Cluster         string    `json:"cluster"`
 	NodeID          string    `json:"node_id"`
 	RingFingerprint string    `json:"ring_fingerprint"`
@@ -32,33 +41,33 @@ type identity struct {
 	Rejoining bool `json:"rejoining,omitempty"`
 }
 
-// checkIdentity creates dir and its identity file, or verifies that an
+// Check creates dir and its identity file, or verifies that an
 // existing one matches want. It returns the identity on disk and whether
 // the file existed before (the dir held state).
-func checkIdentity(dir string, want identity) (identity, bool, error) {
+func Check(dir string, want Identity) (Identity, bool, error) {
 	if err := mkdirDurable(dir); err != nil {
-		return identity{}, false, fmt.Errorf("node: data dir: %w", err)
+		return Identity{}, false, fmt.Errorf("datadir: %w", err)
 	}
-	path := filepath.Join(dir, identityFile)
+	path := filepath.Join(dir, IdentityFile)
 	data, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		entries, err := os.ReadDir(dir)
 		if err != nil {
-			return identity{}, false, fmt.Errorf("node: data dir: %w", err)
+			return Identity{}, false, fmt.Errorf("datadir: %w", err)
 		}
 		if len(entries) > 0 {
-			return identity{}, false, fmt.Errorf("%w: %s is not empty but has no %s; it was not created by idem (or by an older version): use an empty --data-dir",
-				ErrDataDirMismatch, dir, identityFile)
+			return Identity{}, false, fmt.Errorf("%w: %s is not empty but has no %s; it was not created by idem (or by an older version): use an empty --data-dir",
+				ErrMismatch, dir, IdentityFile)
 		}
 		want.CreatedAt = time.Now().UTC()
-		return want, false, writeFileAtomic(path, want)
+		return want, false, WriteFile(path, want)
 	case err != nil:
-		return identity{}, false, fmt.Errorf("node: data dir: %w", err)
+		return Identity{}, false, fmt.Errorf("datadir: %w", err)
 	}
-	var have identity
+	var have Identity
 	if err := json.Unmarshal(data, &have); err != nil {
-		return identity{}, true, fmt.Errorf("%w: %s is unreadable (%v)", ErrDataDirMismatch, path, err)
+		return Identity{}, true, fmt.Errorf("%w: %s is unreadable (%v)", ErrMismatch, path, err)
 	}
 	var problems []error
 	if have.Cluster != want.Cluster {
@@ -72,16 +81,16 @@ func checkIdentity(dir string, want identity) (identity, bool, error) {
 			have.RingFingerprint, want.RingFingerprint))
 	}
 	if len(problems) > 0 {
-		return identity{}, true, fmt.Errorf("%w: refusing to start on %s: %w; restore the original topology file or use a fresh --data-dir",
-			ErrDataDirMismatch, dir, errors.Join(problems...))
+		return Identity{}, true, fmt.Errorf("%w: refusing to start on %s: %w; restore the original topology file or use a fresh --data-dir",
+			ErrMismatch, dir, errors.Join(problems...))
 	}
 	return have, true, nil
 }
 
-// writeFileAtomic writes v as JSON to path through a temporary file, fsyncs
+// WriteFile writes v as JSON to path through a temporary file, fsyncs
 // it, renames it into place and fsyncs the directory, so the file is either
 // the old or the new one after a crash, and its entry is durable.
-func writeFileAtomic(path string, v any) error {
+func WriteFile(path string, v any) error {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
@@ -89,21 +98,21 @@ func writeFileAtomic(path string, v any) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
-		return fmt.Errorf("node: data dir: %w", err)
+		return fmt.Errorf("datadir: %w", err)
 	}
 	if _, err := f.Write(append(data, '\n')); err != nil {
 		f.Close()
-		return fmt.Errorf("node: data dir: %w", err)
+		return fmt.Errorf("datadir: %w", err)
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
-		return fmt.Errorf("node: data dir: fsync of %s: %w", tmp, err)
+		return fmt.Errorf("datadir: fsync of %s: %w", tmp, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("node: data dir: %w", err)
+		return fmt.Errorf("datadir: %w", err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("node: data dir: %w", err)
+		return fmt.Errorf("datadir: %w", err)
 	}
 	return syncDir(filepath.Dir(path))
 }
@@ -111,7 +120,7 @@ func writeFileAtomic(path string, v any) error {
 // syncDir fsyncs a directory, making the entries created in it durable.
 func syncDir(dir string) error {
 	if err := durable.SyncDir(dir); err != nil {
-		return fmt.Errorf("node: data dir: %w", err)
+		return fmt.Errorf("datadir: %w", err)
 	}
 	return nil
 }
@@ -126,30 +135,30 @@ func mkdirDurable(dir string) error { return durable.MkdirAll(dir, 0o755) }
 // must be stopped; idemctl replace-node checks that first. Use it only
 // together with the leaders' ReplaceVoter (idemctl replace-node does both).
 func PrepareRejoin(dataDir, cluster, nodeID, ringFingerprint string) error {
-	want := identity{Cluster: cluster, NodeID: nodeID, RingFingerprint: ringFingerprint}
-	if data, err := os.ReadFile(filepath.Join(dataDir, identityFile)); err == nil {
-		var have identity
+	want := Identity{Cluster: cluster, NodeID: nodeID, RingFingerprint: ringFingerprint}
+	if data, err := os.ReadFile(filepath.Join(dataDir, IdentityFile)); err == nil {
+		var have Identity
 		if json.Unmarshal(data, &have) == nil && (have.Cluster != cluster || have.NodeID != nodeID) {
 			return fmt.Errorf("%w: %s belongs to node %q of cluster %q, not %q of %q: refusing to empty it",
-				ErrDataDirMismatch, dataDir, have.NodeID, have.Cluster, nodeID, cluster)
+				ErrMismatch, dataDir, have.NodeID, have.Cluster, nodeID, cluster)
 		}
 	}
 	entries, err := os.ReadDir(dataDir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("node: data dir: %w", err)
+		return fmt.Errorf("datadir: %w", err)
 	}
 	for _, e := range entries {
 		if err := os.RemoveAll(filepath.Join(dataDir, e.Name())); err != nil {
-			return fmt.Errorf("node: emptying data dir: %w", err)
+			return fmt.Errorf("datadir: emptying %w", err)
 		}
 	}
 	if err := mkdirDurable(dataDir); err != nil {
-		return fmt.Errorf("node: data dir: %w", err)
+		return fmt.Errorf("datadir: %w", err)
 	}
 	if err := syncDir(dataDir); err != nil { // the removals
 		return err
 	}
 	want.CreatedAt = time.Now().UTC()
 	want.Rejoining = true
-	return writeFileAtomic(filepath.Join(dataDir, identityFile), want)
+	return WriteFile(filepath.Join(dataDir, IdentityFile), want)
 }
