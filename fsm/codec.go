@@ -135,6 +135,12 @@ func DecodeCommand(data []byte) (*Command, error) {
 	cmd.MaxSweep = int(d.uvarint())
 	if d.err == nil && len(d.buf) != 0 {
 		cmd.ClockQuorum = int(d.uvarint())
+		if d.err == nil && cmd.ClockQuorum == 0 {
+			// EncodeCommand writes the tail only with a quorum: one with
+			// none is not a command it wrote (found by FuzzDecodeCommand,
+			// testdata/fuzz/FuzzDecodeCommand/76cd630773c76ec9).
+			d.err = fmt.Errorf("%w: clock readings without a quorum", ErrCorrupt)
+		}
 		cmd.ClockBound = d.varint()
 		n := d.uvarint()
 		if n > maxClockReadings {
