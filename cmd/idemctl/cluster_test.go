@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -67,7 +66,7 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopOnCleanup(t, c)
+	c.StopOnCleanup(t)
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}
@@ -322,25 +321,6 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 		}
 		if msg := stderr.String(); !strings.HasPrefix(msg, "idemctl: no record") || strings.Count(msg, "\n") != 1 {
 			t.Fatalf("stderr %q, want one line", msg)
-		}
-	})
-}
-
-// stopOnCleanup stops c's processes when the test ends, and shows the tail
-// of each node's log if it failed.
-func stopOnCleanup(t *testing.T, c *cluster.Cluster) {
-	t.Cleanup(func() {
-		if err := c.StopAll(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-		if t.Failed() {
-			for id, p := range c.Nodes {
-				data, _ := os.ReadFile(p.Log)
-				if len(data) > 4000 {
-					data = data[len(data)-4000:]
-				}
-				t.Logf("---- tail of %s log ----\n%s", id, data)
-			}
 		}
 	})
 }

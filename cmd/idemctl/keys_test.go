@@ -32,11 +32,7 @@ func TestIdemctlKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := c.StopAll(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-	})
+	c.StopOnCleanup(t)
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}

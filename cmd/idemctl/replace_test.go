@@ -36,7 +36,7 @@ func TestReplaceNodeUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopOnCleanup(t, c)
+	c.StopOnCleanup(t)
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}

@@ -39,11 +39,7 @@ func TestIdemctlSecure(t *testing.T) {
 	if err := c.Secure(authFile, "root", "bob"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := c.StopAll(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-	})
+	c.StopOnCleanup(t)
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}

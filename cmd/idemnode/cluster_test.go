@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -37,30 +36,13 @@ func startCluster(t *testing.T, spec cluster.Spec, extraArgs ...string) *cluster
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := c.StopAll(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-		if t.Failed() {
-			dumpLogs(t, c)
-		}
-	})
+	c.StopOnCleanup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	if err := c.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return c
-}
-
-func dumpLogs(t *testing.T, c *cluster.Cluster) {
-	for id, p := range c.Nodes {
-		data, _ := os.ReadFile(p.Log)
-		if len(data) > 6000 {
-			data = data[len(data)-6000:]
-		}
-		t.Logf("---- tail of %s log ----\n%s", id, data)
-	}
 }
 
 func nodeIDs(c *cluster.Cluster) []string {

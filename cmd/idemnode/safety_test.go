@@ -244,14 +244,7 @@ func TestSkewedNodeNeverLeads(t *testing.T) {
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := c.StopAll(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-		if t.Failed() {
-			dumpLogs(t, c)
-		}
-	})
+	c.StopOnCleanup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	var good []string
@@ -448,14 +441,7 @@ func TestFollowerFullDiskStopsAddingWrites(t *testing.T) {
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := c.StopAll(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-		if t.Failed() {
-			dumpLogs(t, c)
-		}
-	})
+	c.StopOnCleanup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	if err := c.WaitReady(ctx); err != nil {

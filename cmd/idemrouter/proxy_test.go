@@ -61,11 +61,7 @@ func TestProxyModeEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := c.StopAll(); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	c.StopOnCleanup(t)
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}
