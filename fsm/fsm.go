@@ -255,9 +255,11 @@ func liveRecord(rec *Record, ok bool, now int64) (*Record, bool) {
 
 func (f *FSM) reserve(index uint64, now int64, cmd *Command) Result {
 	k := RecordKey{cmd.Namespace, cmd.Key}
-	rec, ok := f.live(k, now)
+	stored, found := f.store.Get(k)
+	rec, ok := liveRecord(stored, found, now)
 	if !ok {
-		return f.acquire(k, index, now, cmd, 0)
+		// stored may be an expired record not swept yet: acquire replaces it.
+		return f.acquire(k, stored, index, now, cmd, 0)
 	}
 	if rec.Fingerprint != cmd.Fingerprint {
 		return Result{Outcome: OutcomeFingerprintMismatch}
@@ -287,13 +289,15 @@ func (f *FSM) reserve(index uint64, now int64, cmd *Command) Result {
 			RetryAfter:     min(reclaimAt-now, MaxRetryAfter),
 		}
 	}
-	return f.acquire(k, index, now, cmd, rec.FencingToken)
+	return f.acquire(k, rec, index, now, cmd, rec.FencingToken)
 }
 
-// acquire gives k to cmd's owner with fencing token index; previous is the
-// fencing token of the owner it reclaims from (0 for a fresh acquisition).
-func (f *FSM) acquire(k RecordKey, index uint64, now int64, cmd *Command, previous uint64) Result {
-	old, _ := f.store.Get(k)
+// acquire gives k to cmd's owner with fencing token index; old is the record
+// stored at k (nil: none), previous the fencing token of the owner it
+// reclaims from (0 for a fresh acquisition). The caller read old: a reserve
+// of a new key is a point read that misses, the most expensive read there is,
+// and is done once.
+func (f *FSM) acquire(k RecordKey, old *Record, index uint64, now int64, cmd *Command, previous uint64) Result {
 	if old != nil && index <= old.FencingToken {
 		panic(fmt.Sprintf("fsm: fencing token %d for %q would not exceed %d", index, k.Key, old.FencingToken))
 	}

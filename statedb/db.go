@@ -21,11 +21,20 @@ var (
 	ErrShardOpen = errors.New("statedb: shard already open")
 )
 
+// DefaultCacheBytes is the default block cache: 256 MiB, of which the
+// memtables take 64-128 MiB; the rest holds the filter and index blocks a
+// point read that misses needs (measured: with 64 MiB, all of it taken by the
+// memtables, the block cache hit 1% of reads at 1M records and applies
+// slowed by 43%; with 256 MiB it hits 95% and they did not slow).
+const DefaultCacheBytes = 256 << 20
+
 // Config configures a DB.
 type Config struct {
 	// Dir is the engine's directory (created if missing). Required.
 	Dir string
-	// CacheBytes is the engine's block cache; 0 means 64 MiB. Resident
+	// CacheBytes is the engine's block cache; 0 means DefaultCacheBytes.
+	// pebble reserves its memtables inside it (32 MiB each, two or more at a
+	// time), so it must be well above 64 MiB. Resident
 	// memory is bounded by it and the memtables, not by the stored state.
 	CacheBytes int64
 	// MaxStateBytes is the stored state (StateBytes) at which Admit refuses

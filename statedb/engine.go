@@ -11,7 +11,7 @@ import (
 // memtables, so that resident memory does not grow with the retained state.
 func pebbleOptions(cacheBytes int64) *pebble.Options {
 	if cacheBytes == 0 {
-		cacheBytes = 64 << 20
+		cacheBytes = DefaultCacheBytes
 	}
 	o := &pebble.Options{
 		Cache:                       pebble.NewCache(cacheBytes),

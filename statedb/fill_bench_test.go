@@ -35,7 +35,8 @@ func BenchmarkFill(b *testing.B) {
 	if d := os.Getenv("IDEM_FILL_DIR"); d != "" {
 		dir = d
 	}
-	db, err := Open(Config{Dir: dir})
+	cache, _ := strconv.ParseInt(os.Getenv("IDEM_FILL_CACHE_MIB"), 10, 64)
+	db, err := Open(Config{Dir: dir, CacheBytes: cache << 20})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -85,8 +86,10 @@ func BenchmarkFill(b *testing.B) {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		n := at + window
-		fmt.Fprintf(os.Stderr, "retained %9d: %7.0f cycles/s over the next %d | RSS %4d MiB | Go heap %3d MiB | engine on disk %6.0f B/record\n",
-			at, rate, window, rssBytes()>>20, ms.HeapInuse>>20, float64(db.DiskBytes())/float64(n))
+		m := db.db.Metrics()
+		fmt.Fprintf(os.Stderr, "retained %9d: %7.0f cycles/s over the next %d | RSS %4d MiB | Go heap %3d MiB | engine on disk %6.0f B/record | read amp %d, L0 files %d, block cache hit %.0f%%, filter hits %d misses %d\n",
+			at, rate, window, rssBytes()>>20, ms.HeapInuse>>20, float64(db.DiskBytes())/float64(n),
+			m.ReadAmp(), m.Levels[0].TablesCount, 100*float64(m.BlockCache.Hits)/float64(max(1, m.BlockCache.Hits+m.BlockCache.Misses)), m.Filter.Hits, m.Filter.Misses)
 	}
 	checkpoints := []int{0, 1_000_000, 10_000_000}
 	done := 0
