@@ -17,7 +17,7 @@ import (
 )
 
 // metricSum scrapes a node's /metrics and sums the samples of name.
-func metricSum(t *testing.T, c *cluster.Cluster, id, name string) float64 {
+func metricSum(t testing.TB, c *cluster.Cluster, id, name string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + c.HTTPAddr(id) + "/metrics")
 	if err != nil {
