@@ -54,6 +54,23 @@ type DurableStateMachine interface {
 	RestoreApplied(r io.Reader, applied uint64) error
 }
 
+// LiveSnapshotter is a DurableStateMachine whose Raft snapshots refer to
+// its own state on disk instead of copying it (see DESIGN.md "Reference
+// snapshots"): taking a snapshot costs one sync, whatever the state's size,
+// and the state is read out only when a follower needs it.
+type LiveSnapshotter interface {
+	DurableStateMachine
+	// SyncState makes everything committed so far (CommitApplied) survive
+	// a crash. Called on the apply goroutine before a reference snapshot is
+	// written: the state on disk then covers the snapshot's index.
+	SyncState() error
+	// LiveSnapshot captures the committed state now, with the Raft index it
+	// covers. Called from any goroutine (a leader's replication sending a
+	// snapshot), concurrently with Apply. WriteTo must be repeatable and
+	// write the same bytes each time (its size is measured first).
+	LiveSnapshot() (SnapshotWriter, uint64, error)
+}
+
 // SnapshotWriter is a captured view of a StateMachine.
 type SnapshotWriter interface {
 	// WriteTo writes the view; it runs concurrently with Apply.
@@ -70,12 +87,27 @@ type SnapshotWriter interface {
 // view was captured. raft's own snapshot index may be slightly higher (it
 // also counts no-op and barrier entries the StateMachine never sees); after a
 // restore the header lets fsmAdapter know exactly what the state covers.
+//
+// Version 2 is a reference snapshot of a LiveSnapshotter: the header alone,
+// the state being the state machine's own on disk, synced up to at least
+// the header's applied index before the header was written. It never
+// leaves the node: liveSnapshotStore.Open turns it into a version 1 stream
+// of the live state (with the live state's applied index in its header).
 var snapMagic = [4]byte{'I', 'D', 'R', 'S'}
 
 const (
-	snapVersion   = 1
-	snapHeaderLen = 13
+	snapVersion    = 1
+	snapVersionRef = 2
+	snapHeaderLen  = 13
 )
+
+func snapHeader(version byte, applied uint64) []byte {
+	h := make([]byte, snapHeaderLen)
+	copy(h[:4], snapMagic[:])
+	h[4] = version
+	binary.BigEndian.PutUint64(h[5:], applied)
+	return h
+}
 
 // fsmAdapter turns a StateMachine into a raft.BatchingFSM and tracks how far
 // it has applied, which ReadBarrier and Ready wait on.
@@ -200,6 +232,12 @@ func (f *fsmAdapter) appliedChanged() (uint64, <-chan struct{}) {
 }
 
 func (f *fsmAdapter) Snapshot() (raft.FSMSnapshot, error) {
+	if live, ok := f.sm.(LiveSnapshotter); ok {
+		if err := live.SyncState(); err != nil {
+			return nil, err
+		}
+		return &fsmSnapshot{applied: f.applied.Load(), metrics: f.metrics}, nil
+	}
 	w, err := f.sm.Snapshot()
 	if err != nil {
 		return nil, err
@@ -214,6 +252,9 @@ func (f *fsmAdapter) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("raftstore: reading snapshot header: %w", err)
 	}
 	if [4]byte(h[:4]) != snapMagic || h[4] != snapVersion {
+		// A reference snapshot (version 2) is opened through
+		// liveSnapshotStore, which turns it into version 1: one here was
+		// sent by a peer or read around the store, and has no state.
 		return fmt.Errorf("raftstore: snapshot has an unknown header %x", h[:5])
 	}
 	applied := binary.BigEndian.Uint64(h[5:])
@@ -226,14 +267,21 @@ func (f *fsmAdapter) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return fmt.Errorf("raftstore: restoring state machine: %w", err)
 	}
-	f.onDisk = 0 // raft hands only entries after the snapshot from now on
+	// raft hands the entries after its snapshot's index from now on. A
+	// live snapshot may cover more than that index (the leader's state when
+	// it was sent): a durable state skips every entry it already holds.
+	f.onDisk = 0
+	if f.durable != nil {
+		f.onDisk = applied
+	}
 	f.setApplied(applied)
 	f.restores.Add(1)
 	f.metrics.restores.Inc()
 	return nil
 }
 
-// fsmSnapshot writes our header and then the StateMachine's view.
+// fsmSnapshot writes our header and then the StateMachine's view, or, with
+// no view (a LiveSnapshotter's), a reference snapshot: the header alone.
 type fsmSnapshot struct {
 	w       SnapshotWriter
 	applied uint64
@@ -242,17 +290,19 @@ type fsmSnapshot struct {
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	start := time.Now()
-	var h [snapHeaderLen]byte
-	copy(h[:4], snapMagic[:])
-	h[4] = snapVersion
-	binary.BigEndian.PutUint64(h[5:], s.applied)
-	if _, err := sink.Write(h[:]); err != nil {
+	version := byte(snapVersion)
+	if s.w == nil {
+		version = snapVersionRef
+	}
+	if _, err := sink.Write(snapHeader(version, s.applied)); err != nil {
 		sink.Cancel()
 		return fmt.Errorf("raftstore: writing snapshot header: %w", err)
 	}
-	if _, err := s.w.WriteTo(sink); err != nil {
-		sink.Cancel()
-		return fmt.Errorf("raftstore: writing snapshot: %w", err)
+	if s.w != nil {
+		if _, err := s.w.WriteTo(sink); err != nil {
+			sink.Cancel()
+			return fmt.Errorf("raftstore: writing snapshot: %w", err)
+		}
 	}
 	if err := sink.Close(); err != nil {
 		return fmt.Errorf("raftstore: closing snapshot: %w", err)
@@ -262,4 +312,8 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	return nil
 }
 
-func (s *fsmSnapshot) Release() { s.w.Release() }
+func (s *fsmSnapshot) Release() {
+	if s.w != nil {
+		s.w.Release()
+	}
+}

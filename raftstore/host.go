@@ -187,9 +187,13 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		cacheBytes = 64 << 20
 	}
 	logs := newLogCache(counted, logCacheSize, cacheBytes)
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, snapshotsRetained, rlog.Named("snapshot"))
+	files, err := raft.NewFileSnapshotStoreWithLogger(dir, snapshotsRetained, rlog.Named("snapshot"))
 	if err != nil {
 		return nil, shardErr(id, "snapshot store: %w", err)
+	}
+	var snaps raft.SnapshotStore = files
+	if live, ok := sm.(LiveSnapshotter); ok {
+		snaps = &liveSnapshotStore{FileSnapshotStore: files, live: live}
 	}
 
 	stream, err := h.mux.register(id)
@@ -273,7 +277,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		// restores a snapshot nor re-applies what the state holds, unless
 		// the state is older than the newest snapshot.
 		rc.NoSnapshotRestoreOnStart = true
-		if err := catchUpFromSnapshot(fsm, snaps, logger); err != nil {
+		if err := catchUpFromSnapshot(fsm, files, logger); err != nil {
 			return nil, shardErr(id, "%w", err)
 		}
 	}
@@ -297,7 +301,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		counted:       counted,
 		store:         store,
 		sharedLog:     shared,
-		snaps:         snaps,
+		snaps:         files,
 		trans:         trans,
 		stream:        stream,
 		metrics:       gm,
@@ -667,12 +671,17 @@ func catchUpFromSnapshot(f *fsmAdapter, snaps raft.SnapshotStore, logger *slog.L
 	if _, err := io.ReadFull(rc, h[:]); err != nil {
 		return fmt.Errorf("reading snapshot %s: %w", meta.ID, err)
 	}
-	if [4]byte(h[:4]) != snapMagic || h[4] != snapVersion {
+	if [4]byte(h[:4]) != snapMagic || (h[4] != snapVersion && h[4] != snapVersionRef) {
 		return fmt.Errorf("snapshot %s has an unknown header %x", meta.ID, h[:5])
 	}
 	applied := binary.BigEndian.Uint64(h[5:])
 	if applied <= f.onDisk {
 		return nil // only no-op or barrier entries lie between
+	}
+	if h[4] == snapVersionRef {
+		// The snapshot is the state on disk itself, which was synced up to
+		// applied before the snapshot was written: it lost what it had.
+		return fmt.Errorf("%w: snapshot %s refers to the state at index %d, the state on disk covers %d", ErrReferenceAhead, meta.ID, applied, f.onDisk)
 	}
 	start := time.Now()
 	if err := f.durable.RestoreApplied(rc, applied); err != nil {

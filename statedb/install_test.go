@@ -3,6 +3,7 @@ package statedb
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -107,6 +108,18 @@ func TestFollowerCatchesUpBySnapshotInstall(t *testing.T) {
 	if _, _, err := l.g.Snapshot(); err != nil {
 		t.Fatal(err)
 	}
+	// The leader's snapshot is a reference to its engine: a header, not a
+	// copy of the state.
+	if size := newestSnapshotSize(t, filepath.Join(l.dir, "raft")); size != 13 {
+		t.Fatalf("leader's newest snapshot holds %d bytes, want the 13-byte reference", size)
+	}
+	// Writes after the snapshot: the state the leader streams when the
+	// follower asks is newer than the snapshot's index, and the follower
+	// must skip the entries after the snapshot that its restored state
+	// already holds (applying one twice would panic in the FSM).
+	for i := 200; i < 300; i++ {
+		n.cycle(i, now)
+	}
 	lagging.open(t, voters)
 	target := l.g.Stats().AppliedIndex
 	for lagging.g.Stats().AppliedIndex < target {
@@ -121,5 +134,31 @@ func TestFollowerCatchesUpBySnapshotInstall(t *testing.T) {
 	if st := lagging.g.Stats(); st.SnapshotRestores != 1 {
 		t.Fatalf("follower restored %d snapshots, want 1 (an install)", st.SnapshotRestores)
 	}
-	(&singleNode{t: t, f: lagging.f}).checkAll(200, now)
+	(&singleNode{t: t, f: lagging.f}).checkAll(300, now)
+	n.cycle(300, now) // and both go on from there
+	for lagging.f.Stats().Completed < 301 && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	(&singleNode{t: t, f: lagging.f}).checkAll(301, now)
+}
+
+// newestSnapshotSize is the size of the state file of the newest snapshot
+// under a raftstore data dir.
+func newestSnapshotSize(t *testing.T, raftDir string) int64 {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(raftDir, "shards", "*", "snapshots", "*", "state.bin"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no snapshot under %s (%v)", raftDir, err)
+	}
+	var newest os.FileInfo
+	for _, f := range files {
+		fi, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if newest == nil || fi.ModTime().After(newest.ModTime()) {
+			newest = fi
+		}
+	}
+	return newest.Size()
 }

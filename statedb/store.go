@@ -268,7 +268,7 @@ func (s *ShardStore) View() fsm.StoreView {
 	val, c, err := snap.Get(s.metaKey)
 	switch {
 	case err == nil:
-		v.meta, _, v.err = decodeMeta(val)
+		v.meta, v.applied, v.err = decodeMeta(val)
 		c.Close()
 	case !errors.Is(err, pebble.ErrNotFound):
 		v.err = err
@@ -281,6 +281,7 @@ type view struct {
 	s                 *ShardStore
 	recPrefix, recEnd []byte
 	meta              fsm.Meta
+	applied           uint64 // the Raft index the viewed state covers
 	err               error
 }
 
