@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,6 +27,8 @@ import (
 // to ready and the snapshots it restored (none expected). Run with
 //
 //	IDEM_NODE_FILL_RECORDS=10000000 go test -run XXX -bench NodeFill -benchtime 1x -timeout 3h ./cmd/idemnode
+//
+// IDEM_NODE_FILL_ARGS adds idemnode flags (e.g. "--pprof-addr 127.0.0.1:6060").
 func BenchmarkNodeFill(b *testing.B) {
 	total := 1_000_000
 	if s := os.Getenv("IDEM_NODE_FILL_RECORDS"); s != "" {
@@ -36,7 +39,8 @@ func BenchmarkNodeFill(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, b.TempDir(), binaries["idemnode"], "--log-level", "warn")
+	args := append([]string{"--log-level", "warn"}, strings.Fields(os.Getenv("IDEM_NODE_FILL_ARGS"))...)
+	c, err := cluster.NewNodes(topo, b.TempDir(), binaries["idemnode"], args...)
 	if err != nil {
 		b.Fatal(err)
 	}
