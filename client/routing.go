@@ -27,6 +27,12 @@ import (
 // leader is unknown, and while the connection to the leader is not up, calls
 // go to the endpoints round-robin as they would without routing.
 
+// leaderCooldown is how long the client sends no first attempt to a node
+// after an attempt there failed undecided: a leader the client cannot reach
+// (blackholed, or cut off from this client alone) while the nodes still
+// name it costs one attempt timeout per cooldown, not one per call.
+var leaderCooldown = 5 * time.Second
+
 // routes is one routing answer in use: the ring and every node's address.
 // It never changes once published; a refresh publishes a new one.
 type routes struct {
@@ -58,6 +64,9 @@ type leaderRouter struct {
 	mu      sync.Mutex
 	leaders map[string]string           // shard id -> node id
 	conns   map[string]*grpc.ClientConn // address -> connection dialled here
+	// cooling maps a node's address to when first attempts may go there
+	// again (leaderCooldown).
+	cooling map[string]time.Time
 	closed  bool
 
 	kick        chan struct{} // a refresh wanted now (buffered, 1)
@@ -79,6 +88,7 @@ func newLeaderRouter(c *Client, opts []grpc.DialOption) *leaderRouter {
 		endpoints: make(map[string]*grpc.ClientConn, len(c.conns)),
 		leaders:   map[string]string{},
 		conns:     map[string]*grpc.ClientConn{},
+		cooling:   map[string]time.Time{},
 		kick:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
@@ -214,6 +224,12 @@ func (r *leaderRouter) leaderStub(cr callRoute) (idemv1.IdempotencyClient, strin
 	if leader == "" || !ok {
 		return nil, "", false
 	}
+	if until, ok := r.cooling[addr]; ok {
+		if time.Now().Before(until) {
+			return nil, "", false
+		}
+		delete(r.cooling, addr)
+	}
 	conn := r.endpoints[addr]
 	if conn == nil {
 		conn = r.conns[addr]
@@ -238,8 +254,9 @@ func (r *leaderRouter) leaderStub(cr callRoute) (idemv1.IdempotencyClient, strin
 
 // learn updates the leader cache after an attempt of a call routed by cr:
 // from the leader the answering node named in its header, and by
-// forgetting a leader that failed undecided without naming another. tried
-// is the leader the attempt was sent to ("" for an endpoint).
+// forgetting a leader that failed undecided without naming another (and
+// cooling its address down). tried is the leader the attempt was sent to
+// ("" for an endpoint).
 func (r *leaderRouter) learn(cr callRoute, tried string, header metadata.MD, err error) {
 	named := ""
 	if v := header.Get(idemv1.LeaderHeader); len(v) > 0 {
@@ -256,6 +273,9 @@ func (r *leaderRouter) learn(cr callRoute, tried string, header metadata.MD, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if tried != "" && err != nil && retryable(err) {
+		r.cooling[cr.routes.nodes[tried]] = time.Now().Add(leaderCooldown)
+	}
 	switch {
 	case named != "":
 		r.leaders[cr.shard.ID] = named

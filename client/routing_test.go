@@ -286,6 +286,40 @@ func TestRoutingFallsBack(t *testing.T) {
 	})
 }
 
+// TestRoutingCoolsDownAFailedLeader: a leader whose attempts fail
+// undecided while the nodes keep naming it (cut off from this client alone)
+// gets no first attempt during the cooldown: it costs one failed attempt,
+// not one per call.
+func TestRoutingCoolsDownAFailedLeader(t *testing.T) {
+	old := client.SetLeaderCooldown(time.Hour)
+	t.Cleanup(func() { client.SetLeaderCooldown(old) })
+	rg := newRegion(t, nil)
+	shard := rg.ring.Shards()[0].ID
+	rg.serveRouting(map[string]string{shard: "n2"})
+	for _, srv := range rg.servers {
+		srv.SetLeaderHint("n2")
+	}
+	c := newClient(t, []string{rg.servers["n1"].Addr()})
+	waitRouting(t, c, rg.ring.Fingerprint())
+	seq := 0
+	waitFor(t, "a call at n2", func() (bool, string) {
+		got := rg.reserveOn(t, c, rg.keyIn(t, shard, &seq))
+		return got == "n2", "landed on " + got
+	})
+	rg.servers["n2"].FailNext(idemtest.MethodReserve, -1, codes.Unavailable)
+	before := rg.reserves()
+	for i := range 10 {
+		res, err := c.Reserve(t.Context(), client.ReserveRequest{Namespace: ns, Key: rg.keyIn(t, shard, &seq)})
+		if err != nil || res.Outcome != client.OutcomeAcquired {
+			t.Fatalf("reserve %d with the leader failing: %+v, %v", i, res, err)
+		}
+	}
+	after := rg.reserves()
+	if after["n2"]-before["n2"] != 1 || after["n1"]-before["n1"] != 10 {
+		t.Fatalf("reserves %v -> %v: want one failed attempt at n2, then every call at the endpoint n1 although it names n2", before, after)
+	}
+}
+
 // TestRoutingCanBeTurnedOff: DisableRouting never asks for routing.
 func TestRoutingCanBeTurnedOff(t *testing.T) {
 	rg := newRegion(t, nil)
