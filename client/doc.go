@@ -64,8 +64,9 @@
 // leader's node is dialled lazily, once per address, with the same TLS,
 // token and DialOptions as the endpoints; Close closes those connections
 // and stops the refresher. Routing never delays a call: until it is
-// learned, while the leader is unknown or its connection not up, and on
-// every retry, calls go to the endpoints round-robin. Routers do not serve
+// learned, while the leader is unknown or its connection not up, for 5 s
+// after an attempt at a leader failed undecided, and on every retry, calls
+// go to the endpoints round-robin. Routers do not serve
 // Routing, so behind routers calls stay round-robin. Config.DisableRouting
 // turns it off (use it when only the endpoints, not the nodes' topology
 // addresses, can be reached). Stats tells where attempts went.
