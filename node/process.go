@@ -60,6 +60,7 @@ func New(cfg Config) (*Node, error) {
 	n.clocks = newClocks(n)
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
+		Routing: n.routing,
 	}); err != nil {
 		n.fwd.Close()
 		return nil, err
