@@ -210,7 +210,11 @@ func TestCrashDuringSnapshotInstallKeepsOldState(t *testing.T) {
 		return err == nil && len(st.Shards) == 1 && st.Shards[0].Records == setA+setB
 	})
 	testutil.Until(t, 30*time.Second, "the leadership moved to the follower", func() bool {
-		return transferLeader(t, c, leader, shard, follower) == nil
+		leaders, err := c.ShardLeaders(ctx)
+		if err != nil || leaders[shard] == "" {
+			return false
+		}
+		return leaders[shard] == follower || transferLeader(t, c, leaders[shard], shard, follower) == nil
 	})
 	fapi := cluster.NewAPI(c.HTTPAddr(follower))
 	for key, body := range bodies {
