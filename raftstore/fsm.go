@@ -3,6 +3,7 @@ package raftstore
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -81,32 +82,81 @@ type SnapshotWriter interface {
 
 // Snapshot stream layout: our header, then the StateMachine's bytes.
 //
-//	magic "IDRS" | version (1 byte) | applied index (8 bytes, big endian)
+//	magic "IDRS" | version (1 byte) | applied index (8 bytes, big endian) [| CRC-32C of the 13 bytes before (4, big endian), version 4]
 //
 // The applied index is the last log entry the StateMachine had seen when the
 // view was captured. raft's own snapshot index may be slightly higher (it
 // also counts no-op and barrier entries the StateMachine never sees); after a
 // restore the header lets fsmAdapter know exactly what the state covers.
 //
+// Version 4 is a full snapshot (header, then the state), the header with a
+// checksum of itself; every full snapshot is written so. 4, not 3: no
+// single flipped bit turns it into version 1 or 2, which the checksum
+// would not cover. The state's bytes
+// carry their own checksum (package fsm's CRC-32C trailer) and raft's file
+// store a CRC-64 of a file on disk, but nothing else covers the applied
+// index of a stream as it is restored (a follower checksums what it
+// received): a flipped bit there would make a durable state machine skip or
+// re-apply log entries silently.
+//
+// Version 1 is a full snapshot of an older release, without the checksum:
+// still restored.
+//
 // Version 2 is a reference snapshot of a LiveSnapshotter: the header alone,
 // the state being the state machine's own on disk, synced up to at least
 // the header's applied index before the header was written. It never
-// leaves the node: liveSnapshotStore.Open turns it into a version 1 stream
-// of the live state (with the live state's applied index in its header).
+// leaves the node (raft's CRC-64 covers it on disk): liveSnapshotStore.Open
+// turns it into a version 4 stream of the live state (with the live state's
+// applied index in its header).
 var snapMagic = [4]byte{'I', 'D', 'R', 'S'}
 
 const (
-	snapVersion    = 1
-	snapVersionRef = 2
-	snapHeaderLen  = 13
+	snapVersion       = 1 // full, header unchecked (older releases)
+	snapVersionRef    = 2 // reference
+	snapVersionSummed = 4 // full, header checked
+	snapHeaderLen     = 13
+	snapSummedLen     = 17
 )
 
+// snapHeader is a version 1 or 2 header.
 func snapHeader(version byte, applied uint64) []byte {
 	h := make([]byte, snapHeaderLen)
 	copy(h[:4], snapMagic[:])
 	h[4] = version
 	binary.BigEndian.PutUint64(h[5:], applied)
 	return h
+}
+
+// fullSnapHeader is the header of a full snapshot: version 4, checksummed.
+func fullSnapHeader(applied uint64) []byte {
+	h := snapHeader(snapVersionSummed, applied)
+	return binary.BigEndian.AppendUint32(h, crc32.Checksum(h, castagnoli))
+}
+
+// readSnapHeader reads a snapshot header of any version and returns the
+// version and the applied index it carries; a damaged or unknown one is
+// ErrCorruptSnapshot.
+func readSnapHeader(r io.Reader) (version byte, applied uint64, err error) {
+	h := make([]byte, snapSummedLen)
+	if _, err := io.ReadFull(r, h[:snapHeaderLen]); err != nil {
+		return 0, 0, fmt.Errorf("%w: reading its header: %v", ErrCorruptSnapshot, err)
+	}
+	if [4]byte(h[:4]) != snapMagic {
+		return 0, 0, fmt.Errorf("%w: not an idem snapshot (header %x)", ErrCorruptSnapshot, h[:5])
+	}
+	switch h[4] {
+	case snapVersion, snapVersionRef:
+	case snapVersionSummed:
+		if _, err := io.ReadFull(r, h[snapHeaderLen:]); err != nil {
+			return 0, 0, fmt.Errorf("%w: reading its header: %v", ErrCorruptSnapshot, err)
+		}
+		if want, got := crc32.Checksum(h[:snapHeaderLen], castagnoli), binary.BigEndian.Uint32(h[snapHeaderLen:]); want != got {
+			return 0, 0, fmt.Errorf("%w: header checksum %08x, computed %08x", ErrCorruptSnapshot, got, want)
+		}
+	default:
+		return 0, 0, fmt.Errorf("%w: unknown header version %d (written by a newer release?)", ErrCorruptSnapshot, h[4])
+	}
+	return h[4], binary.BigEndian.Uint64(h[5:snapHeaderLen]), nil
 }
 
 // fsmAdapter turns a StateMachine into a raft.BatchingFSM and tracks how far
@@ -247,18 +297,16 @@ func (f *fsmAdapter) Snapshot() (raft.FSMSnapshot, error) {
 
 func (f *fsmAdapter) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	var h [snapHeaderLen]byte
-	if _, err := io.ReadFull(rc, h[:]); err != nil {
-		return fmt.Errorf("raftstore: reading snapshot header: %w", err)
+	version, applied, err := readSnapHeader(rc)
+	if err != nil {
+		return err
 	}
-	if [4]byte(h[:4]) != snapMagic || h[4] != snapVersion {
-		// A reference snapshot (version 2) is opened through
-		// liveSnapshotStore, which turns it into version 1: one here was
-		// sent by a peer or read around the store, and has no state.
-		return fmt.Errorf("raftstore: snapshot has an unknown header %x", h[:5])
+	if version == snapVersionRef {
+		// A reference snapshot is opened through liveSnapshotStore, which
+		// turns it into a full one: one here was sent by a peer or read
+		// around the store, and has no state.
+		return fmt.Errorf("%w: a reference snapshot (no state) where a full one was expected", ErrCorruptSnapshot)
 	}
-	applied := binary.BigEndian.Uint64(h[5:])
-	var err error
 	if f.durable != nil {
 		err = f.durable.RestoreApplied(rc, applied)
 	} else {
@@ -290,11 +338,11 @@ type fsmSnapshot struct {
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	start := time.Now()
-	version := byte(snapVersion)
+	h := fullSnapHeader(s.applied)
 	if s.w == nil {
-		version = snapVersionRef
+		h = snapHeader(snapVersionRef, s.applied)
 	}
-	if _, err := sink.Write(snapHeader(version, s.applied)); err != nil {
+	if _, err := sink.Write(h); err != nil {
 		sink.Cancel()
 		return fmt.Errorf("raftstore: writing snapshot header: %w", err)
 	}

@@ -17,10 +17,10 @@ var ErrReferenceAhead = errors.New("raftstore: reference snapshot ahead of the s
 
 // liveSnapshotStore is a group's file snapshot store when its state machine
 // is a LiveSnapshotter: it stores reference snapshots (a 13-byte header) as
-// raft writes them, and Open turns one into a full version 1 snapshot of the
-// live state, streamed from a LiveSnapshot without holding it in memory.
-// Version 1 snapshots (a data dir of an earlier release, or one a leader
-// sent) open as they are.
+// raft writes them, and Open turns one into a full (version 4) snapshot of
+// the live state, streamed from a LiveSnapshot without holding it in memory.
+// Full snapshots (a data dir of an earlier release, or one a leader sent)
+// open as they are.
 type liveSnapshotStore struct {
 	*raft.FileSnapshotStore
 	live LiveSnapshotter
@@ -63,11 +63,11 @@ func (s *liveSnapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, 
 		return nil, nil, fmt.Errorf("raftstore: snapshot %s: measuring the state: %w", id, err)
 	}
 	m := *meta
-	m.Size = snapHeaderLen + n
+	m.Size = snapSummedLen + n
 	pr, pw := io.Pipe()
 	go func() {
 		defer w.Release()
-		if _, err := pw.Write(snapHeader(snapVersion, applied)); err != nil {
+		if _, err := pw.Write(fullSnapHeader(applied)); err != nil {
 			pw.CloseWithError(err)
 			return
 		}

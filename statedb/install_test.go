@@ -3,6 +3,7 @@ package statedb
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -18,20 +19,33 @@ type replica struct {
 	db            *DB
 	g             *raftstore.Group
 	f             *fsm.FSM
+	log           *slog.Logger // nil: discarded
+	rec           *logRecorder // what log wrote, when set
+	// wrap, when set, stands between the shard's state machine and raft.
+	wrap func(*StateMachine) raftstore.StateMachine
 }
 
 func (r *replica) open(t *testing.T, voters []raftstore.Peer) {
 	t.Helper()
+	if err := r.tryOpen(t, voters); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryOpen is open that returns AddGroup's error (the replica then closed).
+func (r *replica) tryOpen(t *testing.T, voters []raftstore.Peer) error {
+	t.Helper()
 	cfg := raftstore.DefaultConfig()
 	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir, cfg.NoFsync = r.id, r.addr, filepath.Join(r.dir, "raft"), true
 	cfg.CommitTimeout, cfg.TrailingLogs, cfg.SnapshotThreshold = 10*time.Millisecond, 5, 1<<40
+	cfg.Logger = r.log
 	h, err := raftstore.NewHost(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.host, r.addr = h, h.Addr()
 	if voters == nil {
-		return
+		return nil
 	}
 	if r.db, err = Open(Config{Dir: filepath.Join(r.dir, "state"), CacheBytes: 8 << 20}); err != nil {
 		t.Fatal(err)
@@ -41,9 +55,16 @@ func (r *replica) open(t *testing.T, voters []raftstore.Peer) {
 		t.Fatal(err)
 	}
 	r.f = sm.FSM()
-	if r.g, err = h.AddGroup(raftstore.GroupConfig{ID: "s1", Voters: voters}, sm); err != nil {
-		t.Fatal(err)
+	var rsm raftstore.StateMachine = sm
+	if r.wrap != nil {
+		rsm = r.wrap(sm)
 	}
+	if r.g, err = h.AddGroup(raftstore.GroupConfig{ID: "s1", Voters: voters}, rsm); err != nil {
+		r.close()
+		r.g = nil
+		return err
+	}
+	return nil
 }
 
 func (r *replica) close() {
