@@ -21,7 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/node"
@@ -59,7 +58,7 @@ type options struct {
 	testingFlags   []string
 	faultInjection bool
 	pprofAddr      string
-	packCommands   bool
+	packCommands   node.PackMode
 	showVersion    bool
 	sec            secure.Flags
 	maxRaftConns   int
@@ -101,7 +100,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
 	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): shift this node's clock by `D` (fault injection for clock-skew scenarios)")
 	fs.Uint64Var(&o.testFailCommits, "testing-fail-log-commits-after", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): make every Raft log commit after the first `N` fail as a failed fsync would")
-	fs.BoolVar(&o.packCommands, "raft-pack-commands", false, "pack commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load; turn on only once every node runs a version that has this flag)")
+	fs.Var(&o.packCommands, "raft-pack-commands", "`MODE` of packing commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load): auto packs in a shard once every voter of it advertises that it reads packed entries; on always packs (every node must run a release with this flag; a bare --raft-pack-commands means on, =true and =false are on and off); off never packs and holds back every shard this node votes in that does not pack yet")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `HOST:PORT`, e.g. 127.0.0.1:6060 (default: off)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.sec.AddFlags(fs)
@@ -182,6 +181,7 @@ func nodeConfig(o *options) (node.Config, error) {
 		DiskReserveBytes: o.diskReserve,
 		Version:          version,
 		Raft:             raftstore.DefaultConfig(),
+		PackCommands:     o.packCommands,
 	}
 	cfg.Raft.TestingFailCommitsAfter = o.testFailCommits
 	if len(o.testingFlags) > 0 {
@@ -190,9 +190,6 @@ func nodeConfig(o *options) (node.Config, error) {
 				strings.Join(o.testingFlags, ", "), faultInjectionEnv)
 		}
 		cfg.FaultInjection = o.testingFlags
-	}
-	if o.packCommands {
-		cfg.Raft.Packer = fsm.Packer{}
 	}
 	if o.snapshotEvery > 0 {
 		cfg.Raft.SnapshotThreshold = o.snapshotEvery

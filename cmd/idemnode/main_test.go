@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/internal/testutil"
+	"github.com/idem-dev/idem/node"
 )
 
 func TestRunFlags(t *testing.T) {
@@ -40,7 +42,43 @@ func TestRunFlags(t *testing.T) {
 		{Name: "pprof not loopback", Args: []string{"--dev", "--pprof-addr", "0.0.0.0:6060"}, WantErr: "--pprof-addr \"0.0.0.0:6060\": only a loopback address"},
 		{Name: "pprof not host:port", Args: []string{"--dev", "--pprof-addr", "6060"}, WantErr: "--pprof-addr \"6060\" is not HOST:PORT"},
 		{Name: "bad log level", Args: []string{"--dev", "--log-level", "loud"}, WantErr: "--log-level"},
+		{Name: "bad packing mode", Args: []string{"--dev", "--raft-pack-commands=sometimes"}, WantErr: "not a packing mode"},
 	})
+}
+
+// --raft-pack-commands: auto by default; bare (as when it was a bool) on;
+// =true and =false still work.
+func TestPackFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want node.PackMode
+	}{
+		{nil, node.PackAuto},
+		{[]string{"--raft-pack-commands"}, node.PackOn},
+		{[]string{"--raft-pack-commands=true"}, node.PackOn},
+		{[]string{"--raft-pack-commands=false"}, node.PackOff},
+		{[]string{"--raft-pack-commands=off"}, node.PackOff},
+		{[]string{"--raft-pack-commands", "on"}, node.PackOn}, // "on" is then a stray argument
+		{[]string{"--raft-pack-commands=auto"}, node.PackAuto},
+	} {
+		o, err := parseFlags(append([]string{"--dev"}, tc.args...), io.Discard)
+		if tc.args != nil && len(tc.args) == 2 {
+			if err == nil {
+				t.Errorf("%v: a bare boolean-style flag took the next argument", tc.args)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		cfg, err := nodeConfig(o)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if o.packCommands != tc.want || cfg.PackCommands != tc.want {
+			t.Errorf("%v: mode %v, node config %v; want %v", tc.args, o.packCommands, cfg.PackCommands, tc.want)
+		}
+	}
 }
 
 // TestDevModeEndToEnd runs the real binary in dev mode and walks every
