@@ -101,6 +101,14 @@ func TestDefaultRegionPacks(t *testing.T) {
 	} else {
 		t.Logf("%v entries of more than one command", n)
 	}
+	// Some shard applied a packed entry on every replica (the 25 keys may
+	// all fall into a few shards): its state is in packed token mode.
+	for _, id := range nodeIDs(c) {
+		waitFor(t, id+" applied a packed entry", func() bool {
+			v, _ := metricWhere(t, c, id, "idem_fsm_packed_token_mode")
+			return v >= 1
+		})
+	}
 	for _, id := range nodeIDs(c) {
 		if m := grepLines(mustRead(t, c.Nodes[id].Log), "shard packs commands into Raft entries from now on"); m == "" {
 			t.Errorf("%s logged no switch to packing", id)
@@ -155,6 +163,11 @@ func TestOldVoterHoldsPackingBack(t *testing.T) {
 	}
 	if n := packedEntries(t, c); n != 0 {
 		t.Fatalf("%v entries of more than one command while %s votes", n, old)
+	}
+	for _, id := range ids {
+		if v, ok := metricWhere(t, c, id, "idem_fsm_packed_token_mode"); !ok || v != 0 {
+			t.Errorf("%s: idem_fsm_packed_token_mode sums to %v (found %v), want 0 in every shard", id, v, ok)
+		}
 	}
 
 	// The rolling upgrade's last step: the old node restarts on this release.
