@@ -173,6 +173,20 @@ func (f *FSM) tokenSlot(index uint64, pos int, packed bool) uint64 {
 	return slot
 }
 
+// PackedTokens reports whether fencing-token slots are in packed mode: a
+// packed entry was applied to this state (here, or before the snapshot or
+// durable state it continues). Such a state can only be carried on by a
+// release that reads packed entries: a release before packing takes the
+// slot for a log index, so its re-apply guard would refuse (panic at) the
+// next entry, and its tokens would go back below the ones issued. The node
+// reads it as "packing is already on for this group" (a packed entry was
+// committed, so every voter read it).
+func (f *FSM) PackedTokens() bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.meta.LastIndex&packedSlotMark != 0
+}
+
 // applyAt applies cmd with fencing-token slot token; f.mu is held.
 func (f *FSM) applyAt(index uint64, cmd *Command) Result {
 	at, ok := commandTime(cmd)

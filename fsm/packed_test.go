@@ -65,6 +65,9 @@ func TestPackedFencingTokens(t *testing.T) {
 		}
 	}
 	preUpgrade := issued[len(issued)-1]
+	if f.PackedTokens() {
+		t.Fatal("PackedTokens before any packed entry")
+	}
 
 	// Packed entries: reserve, release, reserve again of the same key in one
 	// entry, and other keys beside it.
@@ -110,6 +113,9 @@ func TestPackedFencingTokens(t *testing.T) {
 	g := New()
 	if err := g.Restore(&buf); err != nil {
 		t.Fatal(err)
+	}
+	if !f.PackedTokens() || !g.PackedTokens() {
+		t.Fatalf("PackedTokens after packed entries %v, after restoring their snapshot %v; want both", f.PackedTokens(), g.PackedTokens())
 	}
 	index++
 	acquired("k", g.Apply(index, reserveCmd("k", owner("k", 5000), "", now)))

@@ -62,6 +62,7 @@ func (a *admin) Status(ctx context.Context, _ *idemv1.StatusRequest) (*idemv1.St
 			LastIndex:    st.LastLogIndex,
 			Records:      uint64(fs.Records),
 			RecordBytes:  uint64(fs.Bytes),
+			Packing:      st.Packing,
 		})
 	}
 	return resp, nil
@@ -117,14 +118,15 @@ func (a *admin) ReplaceVoter(ctx context.Context, req *idemv1.ReplaceVoterReques
 }
 
 // Clock answers a peer's clock probe with this node's clock (the one it
-// would stamp commands with, before any correction) and whether its disk is
-// below its reserve (the peer's admission control reads it).
+// would stamp commands with, before any correction), whether its disk is
+// below its reserve (the peer's admission control reads it) and the
+// features it advertises (the peer's packGate reads them).
 func (a *admin) Clock(context.Context, *idemv1.ClockRequest) (*idemv1.ClockResponse, error) {
 	low := false
 	if d := a.n.disk; d != nil {
 		low, _ = d.low()
 	}
-	return &idemv1.ClockResponse{UnixNanos: a.n.localNow(), BelowDiskReserve: low}, nil
+	return &idemv1.ClockResponse{UnixNanos: a.n.localNow(), BelowDiskReserve: low, Features: a.n.features()}, nil
 }
 
 func adminError(err error) error {

@@ -39,13 +39,18 @@ type peerClock struct {
 	offset   time.Duration // peer's clock minus this node's, at the reading
 	// lowDisk: the peer reported its disk below its reserve.
 	lowDisk bool
+	// packedEntries: the peer advertised FeaturePackedEntries.
+	packedEntries bool
 }
 
 // clocks measures this node's clock against its peers' (the voters of the
 // shards it hosts) on their Admin.Clock RPC, over the same gRPC connection
 // forwarding uses, and answers what the node needs: whether its own clock is
 // past the bound, the clock readings a command is stamped with, and the
-// offset metric.
+// offset metric. The same answers carry each peer's disk-reserve state and
+// features, so the probes run even with the clock check off: every voter of
+// a shard probes every other voter of it, which is what the packing gate
+// (features.go) needs from its leader.
 type clocks struct {
 	n     *Node
 	bound time.Duration // < 0: off
@@ -58,8 +63,9 @@ type clocks struct {
 	// stamped the old way, which their state machine can decode.
 	legacy map[string]bool
 
-	offsetGauge *prometheus.GaugeVec
-	skewedGauge prometheus.Gauge
+	offsetGauge  *prometheus.GaugeVec
+	skewedGauge  prometheus.Gauge
+	featureGauge *prometheus.GaugeVec
 }
 
 func newClocks(n *Node) *clocks {
@@ -68,6 +74,8 @@ func newClocks(n *Node) *clocks {
 			Help: "Each peer's clock minus this node's, measured on the Admin.Clock RPC (accurate to half the round trip)."}, []string{"peer"}),
 		skewedGauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_node_clock_skewed",
 			Help: "1 while this node's clock is off from its peers' by more than --max-clock-offset: it leads no shard and is not ready."}),
+		featureGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_peer_feature",
+			Help: "1 if the peer's last Admin.Clock answer advertised the feature (packed-entries: it reads packed Raft entries), 0 if it did not or its release has no Admin.Clock; absent until it answered."}, []string{"peer", "feature"}),
 	}
 	seen := map[string]bool{n.cfg.NodeID: true}
 	for _, s := range n.cfg.Topology.ShardsOnNode(n.cfg.NodeID) {
@@ -83,7 +91,7 @@ func newClocks(n *Node) *clocks {
 }
 
 func (c *clocks) register(r *prometheus.Registry) error {
-	for _, m := range []prometheus.Collector{c.offsetGauge, c.skewedGauge} {
+	for _, m := range []prometheus.Collector{c.offsetGauge, c.skewedGauge, c.featureGauge} {
 		if err := r.Register(m); err != nil {
 			return fmt.Errorf("node: register clock metrics: %w", err)
 		}
@@ -112,17 +120,24 @@ func (c *clocks) probe(ctx context.Context) {
 					c.mu.Lock()
 					c.legacy[p] = true
 					c.mu.Unlock()
+					c.featureGauge.WithLabelValues(p, FeaturePackedEntries).Set(0)
 				}
 				return
 			}
 			rtt := time.Since(start)
-			pc := peerClock{peerTime: resp.GetUnixNanos(), mid: start.Add(rtt / 2), rtt: rtt, lowDisk: resp.GetBelowDiskReserve()}
+			pc := peerClock{peerTime: resp.GetUnixNanos(), mid: start.Add(rtt / 2), rtt: rtt, lowDisk: resp.GetBelowDiskReserve(),
+				packedEntries: slices.Contains(resp.GetFeatures(), FeaturePackedEntries)}
 			pc.offset = time.Duration(pc.peerTime - (local0 + int64(rtt/2)))
 			c.mu.Lock()
 			c.readings[p] = pc
 			delete(c.legacy, p)
 			c.mu.Unlock()
 			c.offsetGauge.WithLabelValues(p).Set(pc.offset.Seconds())
+			feature := 0.0
+			if pc.packedEntries {
+				feature = 1
+			}
+			c.featureGauge.WithLabelValues(p, FeaturePackedEntries).Set(feature)
 		})
 	}
 	wg.Wait()
@@ -281,18 +296,25 @@ func (c *clocks) now() int64 {
 	return local + int64(off)
 }
 
-// run probes the peers every clockProbeInterval and, while this node's
-// clock is past the bound, hands over every leadership it holds (again
-// whenever it is elected).
+// run probes the peers every clockProbeInterval (then runs the packing
+// gate) and, with the clock check on and while this node's clock is past
+// the bound, hands over every leadership it holds (again whenever it is
+// elected).
 func (c *clocks) run(ctx context.Context) {
-	if !c.enabled() {
+	c.n.gatePacking() // one-voter shards need no peer's answer
+	if len(c.peers) == 0 {
 		return
 	}
 	c.probe(ctx)
+	c.n.gatePacking()
 	probe := time.NewTicker(clockProbeInterval)
 	defer probe.Stop()
-	guard := time.NewTicker(clockGuardInterval)
-	defer guard.Stop()
+	var guardC <-chan time.Time // nil, never fires, with the check off
+	if c.enabled() {
+		guard := time.NewTicker(clockGuardInterval)
+		defer guard.Stop()
+		guardC = guard.C
+	}
 	wasSkewed := false
 	for {
 		select {
@@ -300,7 +322,11 @@ func (c *clocks) run(ctx context.Context) {
 			return
 		case <-probe.C:
 			c.probe(ctx)
-		case <-guard.C:
+			c.n.gatePacking()
+		case <-guardC:
+		}
+		if !c.enabled() {
+			continue
 		}
 		err := c.skewed()
 		switch {

@@ -62,8 +62,14 @@ type Config struct {
 	// another node; 0 means 2s.
 	ForwardAttemptTimeout time.Duration
 	// Raft tunes the Raft groups; NodeID, addresses and DataDir are filled
-	// in from the fields above. Zero value: raftstore.DefaultConfig().
+	// in from the fields above, and Packer and PackingGated from
+	// PackCommands. Zero value: raftstore.DefaultConfig().
 	Raft raftstore.Config
+	// PackCommands is --raft-pack-commands: whether a shard this node leads
+	// packs commands queued behind in-flight Raft entries into one entry.
+	// The zero value, PackAuto, packs once every voter of the shard was
+	// seen advertising FeaturePackedEntries (features.go).
+	PackCommands PackMode
 	// ClockOffset is added to this node's wall clock when it stamps
 	// commands. For fault testing (regionsim's clock skew) only.
 	ClockOffset time.Duration
@@ -139,6 +145,9 @@ func (c Config) Validate() error {
 	}
 	if c.ClockSkewMargin < 0 {
 		bad("clock skew margin %s is negative", c.ClockSkewMargin)
+	}
+	if c.PackCommands < PackAuto || c.PackCommands > PackOff {
+		bad("unknown packing mode %d", int(c.PackCommands))
 	}
 	if c.SweepInterval < 0 || c.MaxSweep < 0 || c.AbandonAfter < 0 || c.ForwardAttemptTimeout < 0 {
 		bad("sweep interval, max sweep, abandon-after and forward attempt timeout must not be negative")

@@ -43,6 +43,9 @@
 //     voters' clock readings (fsm.QuorumTime).
 //   - admission.go: 429 for data-adding writes below the disk reserve; the
 //     admission type takes further checks (a state-size limit).
+//   - features.go: what the node advertises on Admin.Clock (packed-entries)
+//     and the gate of --raft-pack-commands=auto: a shard packs once every
+//     voter advertised it (raftstore/DESIGN.md, "Switching packing on").
 //
 // # Guarantees
 //

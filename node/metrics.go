@@ -19,6 +19,9 @@ var (
 		"Age of the shard's oldest IN_PROGRESS key (since its current owner reserved it; 0 when none), as this replica sees it. A key stuck for long is a candidate for idemctl keys force-release.",
 		[]string{"shard"}, nil)
 	waitingDesc = prometheus.NewDesc("idem_keys_waiting_reserves", "Reserves (wait_ms) waiting on this node for an in-progress key of the shard.", []string{"shard"}, nil)
+	packedDesc  = prometheus.NewDesc("idem_fsm_packed_token_mode",
+		"1 once a packed Raft entry (many commands in one entry) was applied to the shard's state: its fencing tokens are above 2^62 and a release without packing can no longer serve it (no downgrade).",
+		[]string{"shard"}, nil)
 )
 
 func (c *fsmCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -26,6 +29,7 @@ func (c *fsmCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- recordBytesDesc
 	ch <- oldestDesc
 	ch <- waitingDesc
+	ch <- packedDesc
 }
 
 func (c *fsmCollector) Collect(ch chan<- prometheus.Metric) {
@@ -43,6 +47,11 @@ func (c *fsmCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, age, id)
 		ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(s.waiters.Stats().Waiting), id)
+		packed := 0.0
+		if s.fsm.PackedTokens() {
+			packed = 1
+		}
+		ch <- prometheus.MustNewConstMetric(packedDesc, prometheus.GaugeValue, packed, id)
 	}
 }
 

@@ -78,6 +78,7 @@ type Node struct {
 	// node's topology file is not the one the cluster was created with.
 	ringErr  atomic.Pointer[error]
 	clocks   *clocks
+	packGate *packGate        // PackAuto's feature gate
 	admit    *admission       // set by Start
 	disk     *diskSpace       // set by Start
 	identity datadir.Identity // as read (or written) by Start

@@ -59,6 +59,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.clocks = newClocks(n)
+	n.packGate = newPackGate(cfg.NodeID)
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
 		Routing: n.routing,
@@ -103,6 +104,14 @@ func (n *Node) Start() (err error) {
 	}
 	n.warnFaultInjection()
 	rcfg := cfg.Raft
+	switch cfg.PackCommands {
+	case PackOff:
+		rcfg.Packer, rcfg.PackingGated = nil, false
+	case PackOn:
+		rcfg.Packer, rcfg.PackingGated = fsm.Packer{}, false
+	default: // PackAuto: gatePacking switches each group on
+		rcfg.Packer, rcfg.PackingGated = fsm.Packer{}, true
+	}
 	rcfg.OnStorageFailure = n.storageFailed
 	rcfg.NodeID = cfg.NodeID
 	rcfg.RaftListenAddr = cmp.Or(cfg.RaftAddr, n.self.RaftAddr)
@@ -188,6 +197,7 @@ func (n *Node) Start() (err error) {
 		}
 	}
 	n.log.Info("admission control", "disk_reserve_bytes", disk.reserve)
+	n.log.Info("command packing", "raft_pack_commands", cfg.PackCommands.String(), "advertises", n.features())
 
 	if n.httpLn, err = cfg.Security.ListenHTTP(cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
 		return fmt.Errorf("node: http listener: %w", err)

@@ -131,9 +131,16 @@ type Config struct {
 	// with one result per command, in order. A lone command is proposed as
 	// itself, unpacked. The StateMachine must tell packed entries from
 	// single commands by their bytes. Every replica must understand packed
-	// entries before any leader packs, so turn it on only once every node
-	// of the cluster runs a version that does. nil: one entry per command.
+	// entries before any leader packs: either every node of the cluster
+	// runs a version that does, or PackingGated is set and the caller
+	// enables packing per group once it knows. nil: one entry per command.
 	Packer CommandPacker
+	// PackingGated (with Packer): a group starts without packing (every
+	// command its own entry, exactly as without Packer) and packs from
+	// Group.EnablePacking on, which the caller calls once every voter of
+	// the group is known to read packed entries (package node's feature
+	// gate). The switch is one-way. false: groups pack from the start.
+	PackingGated bool
 }
 
 // CommandPacker packs commands into the bytes of one Raft entry, in a form

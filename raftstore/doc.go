@@ -37,6 +37,7 @@
 // bolt file keeps it), and their snapshots in DataDir/shards/<id>/. With
 // Config.Packer, commands proposed while a group's entries are in flight
 // are packed into one Raft entry (the proposal buffer); each proposer still
-// gets its own result and error. See DESIGN.md for the wire format, the
+// gets its own result and error; with Config.PackingGated only from
+// Group.EnablePacking on (the caller's feature gate). See DESIGN.md for the wire format, the
 // read barrier's proof sketch, the timeouts and the trade-offs.
 package raftstore

@@ -100,7 +100,7 @@ func (g *Group) Apply(ctx context.Context, data []byte) (any, error) {
 	}
 	ctx, cancel := g.opContext(ctx)
 	defer cancel()
-	if g.buf != nil {
+	if g.buf != nil && g.buf.on.Load() {
 		return g.buf.apply(ctx, data)
 	}
 	enqueueTimeout := remaining(ctx)
@@ -530,6 +530,9 @@ type GroupStats struct {
 	LogEntries      uint64        // entries written by those writes
 	LogCommitTime   time.Duration // total time spent in those writes (until durable)
 
+	// Packing: this replica's proposal buffer packs commands when it leads
+	// (Config.Packer, and Group.EnablePacking when Config.PackingGated).
+	Packing          bool
 	ProposedEntries  uint64 // entries proposed through the proposal buffer (0 without Config.Packer)
 	ProposedCommands uint64 // commands in those entries: ProposedCommands/ProposedEntries per entry
 	// SnapshotRestores counts snapshots restored into the state machine
@@ -563,10 +566,31 @@ func (g *Group) Stats() GroupStats {
 		s.LastContact = g.raft.LastContact()
 	}
 	if g.buf != nil {
+		s.Packing = g.buf.on.Load()
 		s.ProposedEntries, s.ProposedCommands = g.buf.entries.Load(), g.buf.commands.Load()
 	}
 	return s
 }
+
+// EnablePacking switches the group's proposal buffer on (Config.Packer
+// with Config.PackingGated): from the next command on, commands proposed
+// while entries are in flight are packed into one entry. The caller must
+// know that every voter of the group reads packed entries. One-way: there
+// is no switching off, since a leader that stops packing is harmless but
+// gains nothing once every voter reads packed entries (DESIGN.md,
+// "Switching packing on"). It reports whether this call switched it on
+// (false: already on, or no Packer).
+func (g *Group) EnablePacking() bool {
+	if g.buf == nil || !g.buf.on.CompareAndSwap(false, true) {
+		return false
+	}
+	g.logger.Info("proposal buffer on: commands queued behind in-flight entries are packed into one entry from now on")
+	return true
+}
+
+// Packing reports whether the group packs commands when this replica
+// leads (GroupStats.Packing).
+func (g *Group) Packing() bool { return g.buf != nil && g.buf.on.Load() }
 
 // shutdown stops the group's raft instance and closes its stores. It does
 // not hand over leadership; Host.Shutdown does that first.

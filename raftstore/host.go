@@ -309,7 +309,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		closedCh:      make(chan struct{}),
 	}
 	if h.cfg.Packer != nil {
-		g.buf = newPropBuffer(g, h.cfg.Packer.PackCommands)
+		g.buf = newPropBuffer(g, h.cfg.Packer.PackCommands, !h.cfg.PackingGated)
 	}
 	g.observer = raft.NewObserver(g.obsCh, false, func(o *raft.Observation) bool {
 		_, ok := o.Data.(raft.LeaderObservation)

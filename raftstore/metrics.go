@@ -31,7 +31,7 @@ type hostMetrics struct {
 	sharedCommitDuration prometheus.Histogram
 	storageFailures      prometheus.Counter
 
-	stateDesc, leaderDesc, termDesc, commitDesc, appliedDesc, lastLogDesc, contactDesc *prometheus.Desc
+	stateDesc, leaderDesc, termDesc, commitDesc, appliedDesc, lastLogDesc, contactDesc, packingDesc *prometheus.Desc
 
 	host *Host
 }
@@ -109,6 +109,8 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 			"Last index in stable storage (log or snapshot).", shard, nil),
 		contactDesc: prometheus.NewDesc("idem_raft_last_contact_seconds",
 			"Seconds since this follower last heard from its leader (0 on the leader, -1 never).", shard, nil),
+		packingDesc: prometheus.NewDesc("idem_raft_proposal_packing",
+			"1 once the group packs commands queued behind in-flight entries into one Raft entry when this replica leads (Config.Packer; gated: from Group.EnablePacking on), else 0.", shard, nil),
 	}
 	m.sharedCommits = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "idem_raft_shared_log_commits_total",
@@ -190,7 +192,7 @@ func (m *hostMetrics) forgetGroup(id string) {
 // rather than polled.
 func (m *hostMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.stateDesc, m.leaderDesc, m.termDesc, m.commitDesc,
-		m.appliedDesc, m.lastLogDesc, m.contactDesc} {
+		m.appliedDesc, m.lastLogDesc, m.contactDesc, m.packingDesc} {
 		ch <- d
 	}
 }
@@ -220,6 +222,11 @@ func (m *hostMetrics) Collect(ch chan<- prometheus.Metric) {
 			contact = time.Since(s.LastContact).Seconds()
 		}
 		gauge(m.contactDesc, contact)
+		packing := 0.0
+		if s.Packing {
+			packing = 1
+		}
+		gauge(m.packingDesc, packing)
 	}
 }
 

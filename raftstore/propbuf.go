@@ -45,6 +45,12 @@ type proposalResult struct {
 type propBuffer struct {
 	g    *Group
 	pack func([][]byte) []byte
+	// on: commands go through the buffer and may be packed. Read by
+	// Group.Apply for every command, i.e. when its entry is formed; while
+	// it is false commands bypass the buffer (one entry each, no in-flight
+	// bound). Set once (Group.EnablePacking), never cleared: see
+	// DESIGN.md "Switching packing on".
+	on atomic.Bool
 
 	entries, commands atomic.Uint64 // proposed through the buffer (GroupStats)
 
@@ -54,8 +60,10 @@ type propBuffer struct {
 	closed   bool
 }
 
-func newPropBuffer(g *Group, pack func([][]byte) []byte) *propBuffer {
-	return &propBuffer{g: g, pack: pack}
+func newPropBuffer(g *Group, pack func([][]byte) []byte, on bool) *propBuffer {
+	b := &propBuffer{g: g, pack: pack}
+	b.on.Store(on)
+	return b
 }
 
 // apply is Group.Apply through the buffer; ctx already carries the

@@ -13,10 +13,38 @@ import (
 // the result of its own command, and every replica applies every command.
 func TestProposalBufferPacks(t *testing.T) {
 	c := newTestCluster(t, 3, []string{"s1"}, func(cfg *Config) { cfg.Packer = testPacker{} })
-	li := c.leader("s1")
-	g := c.group(li, "s1")
-
 	const proposers, rounds = 64, 5
+	want := proposeConcurrently(t, c, "k", proposers, rounds)
+	li := c.leader("s1")
+	c.waitReplicated("s1", want, c.upNodes())
+	sm := c.nodes[li].sms["s1"]
+	sm.mu.Lock()
+	packed, applies := sm.packed, sm.applies
+	sm.mu.Unlock()
+	// 64 proposers at once: the buffer must have packed some of them.
+	if packed == 0 {
+		t.Errorf("%d commands applied without a single packed entry", applies)
+	}
+	// Over every node that led (one unless the leader stepped down): every
+	// command proposed at least once, in fewer entries than commands.
+	var st GroupStats
+	for _, i := range c.upNodes() {
+		s := c.group(i, "s1").Stats()
+		st.ProposedCommands += s.ProposedCommands
+		st.ProposedEntries += s.ProposedEntries
+	}
+	if st.ProposedCommands < proposers*rounds || st.ProposedEntries >= st.ProposedCommands {
+		t.Errorf("stats: %d commands in %d entries, want at least %d commands in fewer entries", st.ProposedCommands, st.ProposedEntries, proposers*rounds)
+	}
+	t.Logf("%d commands, %d packed entries; %d commands proposed in %d entries", applies, packed, st.ProposedCommands, st.ProposedEntries)
+}
+
+// proposeConcurrently has proposers goroutines set rounds keys each on s1's
+// leader (following leader changes) and checks that each gets its own
+// result; it returns what was acknowledged.
+func proposeConcurrently(t *testing.T, c *testCluster, prefix string, proposers, rounds int) map[string]string {
+	t.Helper()
+	g := c.group(c.leader("s1"), "s1")
 	want := map[string]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -25,7 +53,7 @@ func TestProposalBufferPacks(t *testing.T) {
 		wg.Go(func() {
 			g := g // this proposer's view of the leader
 			for r := range rounds {
-				key, val := fmt.Sprintf("k%d-%d", p, r), fmt.Sprintf("v%d", r)
+				key, val := fmt.Sprintf("%s%d-%d", prefix, p, r), fmt.Sprintf("v%d", r)
 				// A set is idempotent: follow a leader change (a loaded box
 				// can make the leader step down) as a client would.
 				var res any
@@ -62,27 +90,53 @@ func TestProposalBufferPacks(t *testing.T) {
 	if len(want) != proposers*rounds {
 		t.Fatalf("%d of %d commands acknowledged", len(want), proposers*rounds)
 	}
-	c.waitReplicated("s1", want, c.upNodes())
-	sm := c.nodes[li].sms["s1"]
-	sm.mu.Lock()
-	packed, applies := sm.packed, sm.applies
-	sm.mu.Unlock()
-	// 64 proposers at once: the buffer must have packed some of them.
-	if packed == 0 {
-		t.Errorf("%d commands applied without a single packed entry", applies)
-	}
-	// Over every node that led (one unless the leader stepped down): every
-	// command proposed at least once, in fewer entries than commands.
-	var st GroupStats
+	return want
+}
+
+// With Config.PackingGated a group proposes one entry per command (the
+// buffer bypassed) until Group.EnablePacking, and packs from then on; the
+// switch is one-way, and single entries before it and packed ones after it
+// replicate alike.
+func TestProposalBufferGated(t *testing.T) {
+	c := newTestCluster(t, 3, []string{"s1"}, func(cfg *Config) { cfg.Packer = testPacker{}; cfg.PackingGated = true })
+	const proposers, rounds = 64, 3
+	before := proposeConcurrently(t, c, "off", proposers, rounds)
+	c.waitReplicated("s1", before, c.upNodes())
 	for _, i := range c.upNodes() {
-		s := c.group(i, "s1").Stats()
-		st.ProposedCommands += s.ProposedCommands
-		st.ProposedEntries += s.ProposedEntries
+		g := c.group(i, "s1")
+		sm := c.nodes[i].sms["s1"]
+		sm.mu.Lock()
+		packed := sm.packed
+		sm.mu.Unlock()
+		if st := g.Stats(); packed != 0 || st.Packing || g.Packing() || st.ProposedEntries != 0 {
+			t.Fatalf("node %d before EnablePacking: %d packed entries applied, Packing %v, %d entries through the buffer; want none", i, packed, st.Packing, st.ProposedEntries)
+		}
 	}
-	if st.ProposedCommands < proposers*rounds || st.ProposedEntries >= st.ProposedCommands {
-		t.Errorf("stats: %d commands in %d entries, want at least %d commands in fewer entries", st.ProposedCommands, st.ProposedEntries, proposers*rounds)
+	for _, i := range c.upNodes() {
+		g := c.group(i, "s1")
+		if !g.EnablePacking() {
+			t.Fatalf("node %d: first EnablePacking did not switch packing on", i)
+		}
+		if g.EnablePacking() || !g.Packing() || !g.Stats().Packing {
+			t.Fatalf("node %d: packing not latched on after EnablePacking", i)
+		}
 	}
-	t.Logf("%d commands, %d packed entries; %d commands proposed in %d entries", applies, packed, st.ProposedCommands, st.ProposedEntries)
+	after := proposeConcurrently(t, c, "on", proposers, rounds)
+	all := map[string]string{}
+	for k, v := range before {
+		all[k] = v
+	}
+	for k, v := range after {
+		all[k] = v
+	}
+	c.waitReplicated("s1", all, c.upNodes())
+	sm := c.nodes[c.leader("s1")].sms["s1"]
+	sm.mu.Lock()
+	packed := sm.packed
+	sm.mu.Unlock()
+	if packed == 0 {
+		t.Errorf("no packed entry after EnablePacking under %d concurrent proposers", proposers)
+	}
 }
 
 // A proposer whose context ends while its command is still queued gets a

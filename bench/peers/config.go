@@ -17,7 +17,8 @@ const (
 	sysIdem3JSON = "idem3-json" // three-node idem region, JSON API over HTTP
 	sysIdem1GRPC = "idem1-grpc" // one-node dev node, Go client over gRPC
 	sysIdem1JSON = "idem1-json" // one-node dev node, JSON API over HTTP
-	// The same with --raft-pack-commands (many commands per Raft entry).
+	// The same with --raft-pack-commands=on (many commands per Raft entry);
+	// the plain ones run with =off, since idemnode packs by default (auto).
 	sysIdem3PackGRPC = "idem3pack-grpc"
 	sysIdem3PackJSON = "idem3pack-json"
 	sysIdem1PackGRPC = "idem1pack-grpc"
@@ -174,4 +175,14 @@ func (c config) validate() error {
 		errs = append(errs, fmt.Errorf("--request-timeout %v: want a positive duration", c.RequestTimeout))
 	}
 	return errors.Join(errs...)
+}
+
+// packArgs are the idemnode flags of an idem variant: the pack variants
+// always pack, the plain ones never do (the default, auto, would pack too
+// once the nodes have seen each other, and the comparison would be gone).
+func packArgs(variant string) []string {
+	if strings.HasSuffix(variant, "pack") {
+		return []string{"--raft-pack-commands=on"}
+	}
+	return []string{"--raft-pack-commands=off"}
 }

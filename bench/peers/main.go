@@ -232,7 +232,7 @@ func fetchTo(ctx context.Context, url, path string) error {
 }
 
 // writePacking prints, for each idem cluster running with
-// --raft-pack-commands, how many commands its proposal buffers packed per
+// --raft-pack-commands=on, how many commands its proposal buffers packed per
 // Raft entry over the whole run (idem_raft_proposal_entry_commands, summed
 // over nodes and shards).
 func writePacking(ctx context.Context, w io.Writer, systems []*system) {

@@ -219,3 +219,14 @@ idem_raft_apply_batch_commands_sum{shard="us-east-1"} 999
 		t.Error("a malformed value was accepted")
 	}
 }
+
+// The plain variants turn packing off (idemnode packs by default), the pack
+// variants on.
+func TestPackArgs(t *testing.T) {
+	for variant, want := range map[string]string{"idem3": "--raft-pack-commands=off", "idem1": "--raft-pack-commands=off",
+		"idem3pack": "--raft-pack-commands=on", "idem1pack": "--raft-pack-commands=on"} {
+		if got := packArgs(variant); len(got) != 1 || got[0] != want {
+			t.Errorf("packArgs(%s) = %v, want [%s]", variant, got, want)
+		}
+	}
+}

@@ -377,10 +377,7 @@ func (l *lab) startAll(ctx context.Context) ([]*system, error) {
 			variant, api, _ := strings.Cut(name, "-")
 			n := clusters[variant]
 			if n == nil {
-				var extra []string
-				if strings.HasSuffix(variant, "pack") {
-					extra = []string{"--raft-pack-commands"}
-				}
+				extra := packArgs(variant)
 				if strings.HasPrefix(variant, "idem3") {
 					n, err = l.startIdem3(ctx, variant, extra...)
 				} else {

@@ -182,7 +182,7 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 		}
 		text := mustCtl(t, "status", "--config", cfg)
 		for _, want := range []string{"cluster ctl: 2 regions, 6 nodes (6 reachable, 6 ready), 2 shards (2 with a leader)",
-			"REGION", "HEALTH", "east-0", "west-0", "leader", "follower", "APPLIED"} {
+			"REGION", "HEALTH", "east-0", "west-0", "leader", "follower", "APPLIED", "PACKING"} {
 			if !strings.Contains(text, want) {
 				t.Fatalf("status table lacks %q:\n%s", want, text)
 			}

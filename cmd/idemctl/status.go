@@ -54,6 +54,9 @@ type replicaView struct {
 	LastIndex    uint64 `json:"last_index"`
 	Records      uint64 `json:"records"`
 	RecordBytes  uint64 `json:"record_bytes"`
+	// Packing: this replica packs commands into Raft entries when it leads
+	// (idemnode --raft-pack-commands).
+	Packing bool `json:"packing"`
 }
 
 // shardView is a shard with its leader as its voters report it.
@@ -154,7 +157,7 @@ func shardViews(shards []topology.Shard, nodes []nodeView) []shardView {
 					}
 					rv = replicaView{Node: voter, Reachable: true, RaftState: st.GetRaftState(), LeaderID: st.GetLeaderId(),
 						Term: st.GetTerm(), CommitIndex: st.GetCommitIndex(), AppliedIndex: st.GetAppliedIndex(),
-						LastIndex: st.GetLastIndex(), Records: st.GetRecords(), RecordBytes: st.GetRecordBytes()}
+						LastIndex: st.GetLastIndex(), Records: st.GetRecords(), RecordBytes: st.GetRecordBytes(), Packing: st.GetPacking()}
 				}
 			}
 			if rv.RaftState == "Leader" && rv.Term >= sv.Term {
@@ -245,7 +248,7 @@ func printStatus(w io.Writer, v clusterView) {
 	fmt.Fprintln(w)
 
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SHARD\tHOME\tLEADER\tREPLICA\tSTATE\tTERM\tCOMMIT\tAPPLIED\tLAST\tRECORDS")
+	fmt.Fprintln(tw, "SHARD\tHOME\tLEADER\tREPLICA\tSTATE\tTERM\tCOMMIT\tAPPLIED\tLAST\tRECORDS\tPACKING")
 	for _, s := range v.Shards {
 		leader := s.Leader
 		if leader == "" {
@@ -257,11 +260,15 @@ func printStatus(w io.Writer, v clusterView) {
 				shard, home, lead = "", "", ""
 			}
 			if !r.Reachable {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t-\t-\t-\t-\t-\n", shard, home, lead, r.Node, healthUnreachable)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t-\t-\t-\t-\t-\t-\n", shard, home, lead, r.Node, healthUnreachable)
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", shard, home, lead, r.Node, strings.ToLower(r.RaftState),
-				r.Term, r.CommitIndex, r.AppliedIndex, r.LastIndex, r.Records)
+			packing := "no"
+			if r.Packing {
+				packing = "yes"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", shard, home, lead, r.Node, strings.ToLower(r.RaftState),
+				r.Term, r.CommitIndex, r.AppliedIndex, r.LastIndex, r.Records, packing)
 		}
 	}
 	tw.Flush()

@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/node"
@@ -62,7 +61,7 @@ type options struct {
 	testingFlags   []string
 	faultInjection bool
 	pprofAddr      string
-	packCommands   bool
+	packCommands   node.PackMode
 	showVersion    bool
 	sec            secure.Flags
 	maxRaftConns   int
@@ -105,7 +104,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): shift this node's clock by `D` (fault injection for clock-skew scenarios)")
 	fs.Uint64Var(&o.testFailCommits, "testing-fail-log-commits-after", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): make every Raft log commit after the first `N` fail as a failed fsync would")
 	fs.IntVar(&o.testCrashRestore, "testing-crash-during-restore", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): exit at once with status 86, no cleanup (a crash), when a snapshot restore has written `N` records into the new state generation, before it switches to it")
-	fs.BoolVar(&o.packCommands, "raft-pack-commands", false, "pack commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load; turn on only once every node runs a version that has this flag)")
+	fs.Var(&o.packCommands, "raft-pack-commands", "=auto, =on or =off (with the =): pack commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load). auto packs in a shard once every voter of it advertises that it reads packed entries; on always packs (every node must run a release that has this flag; a bare --raft-pack-commands means on, =true and =false mean on and off); off never packs and holds back every shard this node votes in that does not pack yet")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `HOST:PORT`, e.g. 127.0.0.1:6060 (default: off)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	o.sec.AddFlags(fs)
@@ -208,6 +207,7 @@ func nodeConfig(o *options) (node.Config, error) {
 		DiskReserveBytes: o.diskReserve,
 		Version:          version,
 		Raft:             raftstore.DefaultConfig(),
+		PackCommands:     o.packCommands,
 	}
 	cfg.Raft.TestingFailCommitsAfter = o.testFailCommits
 	if o.testCrashRestore < 0 {
@@ -219,9 +219,6 @@ func nodeConfig(o *options) (node.Config, error) {
 				strings.Join(o.testingFlags, ", "), faultInjectionEnv)
 		}
 		cfg.FaultInjection = o.testingFlags
-	}
-	if o.packCommands {
-		cfg.Raft.Packer = fsm.Packer{}
 	}
 	if o.snapshotEvery > 0 {
 		cfg.Raft.SnapshotThreshold = o.snapshotEvery

@@ -4,15 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/internal/testutil"
+	"github.com/idem-dev/idem/node"
 )
 
 func TestRunFlags(t *testing.T) {
@@ -42,7 +45,40 @@ func TestRunFlags(t *testing.T) {
 		{Name: "pprof not loopback", Args: []string{"--dev", "--pprof-addr", "0.0.0.0:6060"}, WantErr: "--pprof-addr \"0.0.0.0:6060\": only a loopback address"},
 		{Name: "pprof not host:port", Args: []string{"--dev", "--pprof-addr", "6060"}, WantErr: "--pprof-addr \"6060\" is not HOST:PORT"},
 		{Name: "bad log level", Args: []string{"--dev", "--log-level", "loud"}, WantErr: "--log-level"},
+		{Name: "bad packing mode", Args: []string{"--dev", "--raft-pack-commands=sometimes"}, WantErr: "not a packing mode"},
 	})
+}
+
+// --raft-pack-commands: auto by default; bare (as when it was a bool) on;
+// =true and =false still work.
+func TestPackFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want node.PackMode
+	}{
+		{nil, node.PackAuto},
+		{[]string{"--raft-pack-commands"}, node.PackOn},
+		{[]string{"--raft-pack-commands=true"}, node.PackOn},
+		{[]string{"--raft-pack-commands=false"}, node.PackOff},
+		{[]string{"--raft-pack-commands=off"}, node.PackOff},
+		{[]string{"--raft-pack-commands=auto"}, node.PackAuto},
+	} {
+		o, err := parseFlags(append([]string{"--dev"}, tc.args...), io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		cfg, err := nodeConfig(o)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if o.packCommands != tc.want || cfg.PackCommands != tc.want {
+			t.Errorf("%v: mode %v, node config %v; want %v", tc.args, o.packCommands, cfg.PackCommands, tc.want)
+		}
+	}
+	// As a boolean-style flag it never takes the next argument as its value.
+	if _, err := parseFlags([]string{"--dev", "--raft-pack-commands", "off"}, io.Discard); err == nil || !strings.Contains(err.Error(), `unexpected argument "off"`) {
+		t.Errorf("--raft-pack-commands off: %v, want the stray argument refused (the value needs =)", err)
+	}
 }
 
 // TestDevModeEndToEnd runs the real binary in dev mode and walks every

@@ -1,7 +1,15 @@
 package main
 
 import (
+	"bufio"
+	"context"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
 )
@@ -13,4 +21,183 @@ func TestPackedCommandsKeepPromises(t *testing.T) {
 	c := startCluster(t, cluster.Spec{}, "--raft-pack-commands")
 	testConcurrentReservesOneOwner(t, c)
 	killLeaderUnderLoad(t, c)
+}
+
+// metricWhere scrapes a node's /metrics and sums the samples of name whose
+// line contains every one of labels (e.g. `le="1"`).
+func metricWhere(t *testing.T, c *cluster.Cluster, id, name string, labels ...string) (sum float64, found bool) {
+	t.Helper()
+	resp, err := http.Get("http://" + c.HTTPAddr(id) + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+next:
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		for _, l := range labels {
+			if !strings.Contains(line, l) {
+				continue next
+			}
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		sum, found = sum+v, true
+	}
+	return sum, found
+}
+
+// packedEntries is how many entries with more than one command the
+// proposal buffers of all running nodes proposed (the
+// idem_raft_proposal_entry_commands histogram: all minus those of one).
+func packedEntries(t *testing.T, c *cluster.Cluster) float64 {
+	t.Helper()
+	var n float64
+	for _, id := range nodeIDs(c) {
+		all, _ := metricWhere(t, c, id, "idem_raft_proposal_entry_commands_count")
+		one, _ := metricWhere(t, c, id, "idem_raft_proposal_entry_commands_bucket", `le="1"`)
+		n += all - one
+	}
+	return n
+}
+
+// waitFor polls cond every 100ms until it holds; past a generous bound the
+// test fails with what. (A bound on waiting, not a timed assertion.)
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not the case after 60s: %s", what)
+		}
+	}
+}
+
+// packingShards is how many of id's shards pack (idem_raft_proposal_packing).
+func packingShards(t *testing.T, c *cluster.Cluster, id string) float64 {
+	v, _ := metricWhere(t, c, id, "idem_raft_proposal_packing")
+	return v
+}
+
+// A region started with the defaults (--raft-pack-commands=auto) switches
+// packing on in every shard once the nodes have seen each other advertise
+// packed-entries, and packs under concurrent load.
+func TestDefaultRegionPacks(t *testing.T) {
+	c := startCluster(t, cluster.Spec{})
+	shards := float64(c.Topology.ShardsPerRegion) // every node votes in every shard
+	for _, id := range nodeIDs(c) {
+		waitFor(t, id+" packs in every shard", func() bool { return packingShards(t, c, id) == shards })
+	}
+	testConcurrentReservesOneOwner(t, c)
+	if n := packedEntries(t, c); n == 0 {
+		t.Fatal("48 concurrent reserves per key over 25 keys: no entry carried more than one command")
+	} else {
+		t.Logf("%v entries of more than one command", n)
+	}
+	// Some shard applied a packed entry on every replica (the 25 keys may
+	// all fall into a few shards): its state is in packed token mode.
+	for _, id := range nodeIDs(c) {
+		waitFor(t, id+" applied a packed entry", func() bool {
+			v, _ := metricWhere(t, c, id, "idem_fsm_packed_token_mode")
+			return v >= 1
+		})
+	}
+	for _, id := range nodeIDs(c) {
+		if m := grepLines(mustRead(t, c.Nodes[id].Log), "shard packs commands into Raft entries from now on"); m == "" {
+			t.Errorf("%s logged no switch to packing", id)
+		}
+	}
+}
+
+// One node runs with --raft-pack-commands=off, whose Clock answer is on the
+// wire that of a release without packing (no features field): this is the
+// simulated old release of a rolling upgrade. While it is a voter no shard
+// packs, though the other two see each other advertise; once it restarts
+// with the defaults (upgraded), every shard packs.
+func TestOldVoterHoldsPackingBack(t *testing.T) {
+	topo, err := cluster.Topology(cluster.Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := nodeIDs(c)
+	old := ids[2]
+	c.Nodes[old].Args = append(c.Nodes[old].Args, "--raft-pack-commands=off")
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	c.StopOnCleanup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	feature := func(at, peer string) (float64, bool) {
+		return metricWhere(t, c, at, "idem_node_peer_feature", `peer="`+peer+`"`, `feature="packed-entries"`)
+	}
+	// The gate had its chance: each new node has answers from both peers,
+	// the other new one advertising, the old one not.
+	for _, id := range ids[:2] {
+		other := ids[1-slices.Index(ids, id)]
+		waitFor(t, id+" heard both peers", func() bool {
+			o, ok1 := feature(id, old)
+			n, ok2 := feature(id, other)
+			return ok1 && ok2 && o == 0 && n == 1
+		})
+	}
+	testConcurrentReservesOneOwner(t, c)
+	for _, id := range ids {
+		if p := packingShards(t, c, id); p != 0 {
+			t.Errorf("%s packs in %v shards while %s (no packed-entries) votes in all of them", id, p, old)
+		}
+	}
+	if n := packedEntries(t, c); n != 0 {
+		t.Fatalf("%v entries of more than one command while %s votes", n, old)
+	}
+	for _, id := range ids {
+		if v, ok := metricWhere(t, c, id, "idem_fsm_packed_token_mode"); !ok || v != 0 {
+			t.Errorf("%s: idem_fsm_packed_token_mode sums to %v (found %v), want 0 in every shard", id, v, ok)
+		}
+	}
+
+	// The rolling upgrade's last step: the old node restarts on this release.
+	if err := c.Nodes[old].Stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.Nodes[old].Args = slices.DeleteFunc(c.Nodes[old].Args, func(a string) bool { return a == "--raft-pack-commands=off" })
+	if err := c.Nodes[old].Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	shards := float64(c.Topology.ShardsPerRegion)
+	for _, id := range ids {
+		waitFor(t, id+" packs in every shard after the upgrade", func() bool { return packingShards(t, c, id) == shards })
+	}
+	testConcurrentReservesOneOwner(t, c)
+	if n := packedEntries(t, c); n == 0 {
+		t.Fatal("after the upgrade: no entry carried more than one command")
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

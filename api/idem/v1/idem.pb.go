@@ -1237,14 +1237,18 @@ type ShardStatus struct {
 	HomeRegion string                 `protobuf:"bytes,2,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
 	Voters     []string               `protobuf:"bytes,3,rep,name=voters,proto3" json:"voters,omitempty"`
 	// This node's view.
-	RaftState     string `protobuf:"bytes,4,opt,name=raft_state,json=raftState,proto3" json:"raft_state,omitempty"`
-	LeaderId      string `protobuf:"bytes,5,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
-	Term          uint64 `protobuf:"varint,6,opt,name=term,proto3" json:"term,omitempty"`
-	CommitIndex   uint64 `protobuf:"varint,7,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
-	AppliedIndex  uint64 `protobuf:"varint,8,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	LastIndex     uint64 `protobuf:"varint,9,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
-	Records       uint64 `protobuf:"varint,10,opt,name=records,proto3" json:"records,omitempty"`
-	RecordBytes   uint64 `protobuf:"varint,11,opt,name=record_bytes,json=recordBytes,proto3" json:"record_bytes,omitempty"`
+	RaftState    string `protobuf:"bytes,4,opt,name=raft_state,json=raftState,proto3" json:"raft_state,omitempty"`
+	LeaderId     string `protobuf:"bytes,5,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	Term         uint64 `protobuf:"varint,6,opt,name=term,proto3" json:"term,omitempty"`
+	CommitIndex  uint64 `protobuf:"varint,7,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	AppliedIndex uint64 `protobuf:"varint,8,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	LastIndex    uint64 `protobuf:"varint,9,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
+	Records      uint64 `protobuf:"varint,10,opt,name=records,proto3" json:"records,omitempty"`
+	RecordBytes  uint64 `protobuf:"varint,11,opt,name=record_bytes,json=recordBytes,proto3" json:"record_bytes,omitempty"`
+	// packing: this node packs commands queued behind in-flight Raft entries
+	// into one entry when it leads the shard (idemnode --raft-pack-commands;
+	// with auto, once every voter was seen advertising "packed-entries").
+	Packing       bool `protobuf:"varint,12,opt,name=packing,proto3" json:"packing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1354,6 +1358,13 @@ func (x *ShardStatus) GetRecordBytes() uint64 {
 		return x.RecordBytes
 	}
 	return 0
+}
+
+func (x *ShardStatus) GetPacking() bool {
+	if x != nil {
+		return x.Packing
+	}
+	return false
 }
 
 type StatusResponse struct {
@@ -1784,8 +1795,14 @@ type ClockResponse struct {
 	// than its --disk-reserve-bytes; leaders of the shards it votes in refuse
 	// writes that add data until it has room again.
 	BelowDiskReserve bool `protobuf:"varint,2,opt,name=below_disk_reserve,json=belowDiskReserve,proto3" json:"below_disk_reserve,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// features are what the answering node's release understands and agrees
+	// to have in the logs of the shards it votes in, e.g. "packed-entries"
+	// (many commands in one Raft entry). A release without the field answers
+	// without it: it supports none of them. A leader uses a feature in a
+	// shard only once every voter of the shard advertised it.
+	Features      []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClockResponse) Reset() {
@@ -1830,6 +1847,13 @@ func (x *ClockResponse) GetBelowDiskReserve() bool {
 		return x.BelowDiskReserve
 	}
 	return false
+}
+
+func (x *ClockResponse) GetFeatures() []string {
+	if x != nil {
+		return x.Features
+	}
+	return nil
 }
 
 // KeyInfo is one listed key.
@@ -2500,7 +2524,7 @@ const file_idem_proto_rawDesc = "" +
 	"\x06shards\x18\x04 \x03(\v2\x15.idem.v1.RoutingShardR\x06shards\x12*\n" +
 	"\x05nodes\x18\x05 \x03(\v2\x14.idem.v1.RoutingNodeR\x05nodes\x12\x17\n" +
 	"\anode_id\x18\x06 \x01(\tR\x06nodeId\"\x0f\n" +
-	"\rStatusRequest\"\xd0\x02\n" +
+	"\rStatusRequest\"\xea\x02\n" +
 	"\vShardStatus\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x1f\n" +
 	"\vhome_region\x18\x02 \x01(\tR\n" +
@@ -2516,7 +2540,8 @@ const file_idem_proto_rawDesc = "" +
 	"last_index\x18\t \x01(\x04R\tlastIndex\x12\x18\n" +
 	"\arecords\x18\n" +
 	" \x01(\x04R\arecords\x12!\n" +
-	"\frecord_bytes\x18\v \x01(\x04R\vrecordBytes\"\xe4\x01\n" +
+	"\frecord_bytes\x18\v \x01(\x04R\vrecordBytes\x12\x18\n" +
+	"\apacking\x18\f \x01(\bR\apacking\"\xe4\x01\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -2540,11 +2565,12 @@ const file_idem_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"3\n" +
 	"\x14ReplaceVoterResponse\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\x0e\n" +
-	"\fClockRequest\"\\\n" +
+	"\fClockRequest\"x\n" +
 	"\rClockResponse\x12\x1d\n" +
 	"\n" +
 	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\x12,\n" +
-	"\x12below_disk_reserve\x18\x02 \x01(\bR\x10belowDiskReserve\"\xe1\x02\n" +
+	"\x12below_disk_reserve\x18\x02 \x01(\bR\x10belowDiskReserve\x12\x1a\n" +
+	"\bfeatures\x18\x03 \x03(\tR\bfeatures\"\xe1\x02\n" +
 	"\aKeyInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12$\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x0e.idem.v1.StateR\x05state\x12#\n" +
