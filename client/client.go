@@ -30,6 +30,7 @@ type Client struct {
 	// routing is nil with Config.DisableRouting.
 	routing          *leaderRouter
 	endpointAttempts atomic.Uint64 // without routing
+	batch            batchStats
 }
 
 // Stats are the client's routing figures, for tests and status pages.
@@ -46,6 +47,11 @@ type Stats struct {
 	RingFingerprint string
 	// KnownLeaders is how many shards the client knows a leader of.
 	KnownLeaders int
+	// BatchRPCs counts the Batch RPCs sent, BatchedCalls the attempts they
+	// answered (BatchedCalls/BatchRPCs is the mean batch size), and
+	// BatchFallbacks the queued attempts sent on their own after all (the
+	// node does not know Batch, or withheld a large result).
+	BatchRPCs, BatchedCalls, BatchFallbacks uint64
 }
 
 // Stats returns the client's routing figures.
@@ -56,6 +62,9 @@ func (c *Client) Stats() Stats {
 	} else {
 		s.EndpointAttempts = c.endpointAttempts.Load()
 	}
+	s.BatchRPCs = c.batch.batches.Load()
+	s.BatchedCalls = c.batch.batchedCalls.Load()
+	s.BatchFallbacks = c.batch.fallbacks.Load()
 	return s
 }
 
@@ -83,7 +92,7 @@ func New(cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("client: endpoint %q: %w", ep, err)
 		}
 		c.conns = append(c.conns, conn)
-		c.stubs = append(c.stubs, idemv1.NewIdempotencyClient(conn))
+		c.stubs = append(c.stubs, c.newStub(conn))
 	}
 	// Start different processes at different endpoints, so that many clients
 	// configured alike do not all hit the first one.
@@ -92,6 +101,15 @@ func New(cfg Config) (*Client, error) {
 		c.routing = newLeaderRouter(c, opts)
 	}
 	return c, nil
+}
+
+// newStub is the stub of a connection: with batching unless
+// Config.DisableBatching.
+func (c *Client) newStub(conn *grpc.ClientConn) idemv1.IdempotencyClient {
+	if c.cfg.DisableBatching {
+		return idemv1.NewIdempotencyClient(conn)
+	}
+	return newBatchStub(conn, &c.batch)
 }
 
 // Close stops the routing refresher and closes every connection. Calls in
