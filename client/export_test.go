@@ -10,3 +10,17 @@ func SetLeaderCooldown(d time.Duration) time.Duration {
 	leaderCooldown = d
 	return old
 }
+
+// QueuedCalls is how many calls wait in the client's batchers' queues, for
+// the tests of package client_test.
+func (c *Client) QueuedCalls() int {
+	n := 0
+	for _, s := range c.stubs {
+		if b, ok := s.(*batchStub); ok {
+			b.b.mu.Lock()
+			n += len(b.b.queue)
+			b.b.mu.Unlock()
+		}
+	}
+	return n
+}
