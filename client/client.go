@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/internal/rpcbatch"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -30,7 +31,7 @@ type Client struct {
 	// routing is nil with Config.DisableRouting.
 	routing          *leaderRouter
 	endpointAttempts atomic.Uint64 // without routing
-	batch            batchStats
+	batch            rpcbatch.Stats
 }
 
 // Stats are the client's routing figures, for tests and status pages.
@@ -62,9 +63,9 @@ func (c *Client) Stats() Stats {
 	} else {
 		s.EndpointAttempts = c.endpointAttempts.Load()
 	}
-	s.BatchRPCs = c.batch.batches.Load()
-	s.BatchedCalls = c.batch.batchedCalls.Load()
-	s.BatchFallbacks = c.batch.fallbacks.Load()
+	s.BatchRPCs = c.batch.Batches.Load()
+	s.BatchedCalls = c.batch.BatchedCalls.Load()
+	s.BatchFallbacks = c.batch.Fallbacks.Load()
 	return s
 }
 
@@ -103,13 +104,21 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// newStub is the stub of a connection: with batching unless
-// Config.DisableBatching.
+// newStub is the stub of a connection: with batching (package rpcbatch; one
+// Batcher per connection, shared by the calls routed to a leader there and
+// those sent round-robin) unless Config.DisableBatching.
 func (c *Client) newStub(conn *grpc.ClientConn) idemv1.IdempotencyClient {
 	if c.cfg.DisableBatching {
 		return idemv1.NewIdempotencyClient(conn)
 	}
-	return newBatchStub(conn, &c.batch)
+	raw := idemv1.NewIdempotencyClient(conn)
+	b := rpcbatch.New(rpcbatch.Config{
+		Send: func(ctx context.Context, _ []context.Context, req *idemv1.BatchRequest) (*idemv1.BatchResponse, error) {
+			return raw.Batch(ctx, req)
+		},
+		Stats: &c.batch,
+	})
+	return &rpcbatch.Stub{IdempotencyClient: raw, Pick: func(context.Context) *rpcbatch.Batcher { return b }}
 }
 
 // Close stops the routing refresher and closes every connection. Calls in

@@ -1,6 +1,11 @@
 package client
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/idem-dev/idem/internal/rpcbatch"
+)
 
 // SetLeaderCooldown sets how long a node that failed a routed attempt gets
 // no first attempt, for the tests of package client_test; it returns the
@@ -16,10 +21,8 @@ func SetLeaderCooldown(d time.Duration) time.Duration {
 func (c *Client) QueuedCalls() int {
 	n := 0
 	for _, s := range c.stubs {
-		if b, ok := s.(*batchStub); ok {
-			b.b.mu.Lock()
-			n += len(b.b.queue)
-			b.b.mu.Unlock()
+		if b, ok := s.(*rpcbatch.Stub); ok {
+			n += b.Pick(context.Background()).Queued()
 		}
 	}
 	return n

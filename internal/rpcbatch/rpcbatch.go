@@ -1,4 +1,19 @@
-package client
+// Package rpcbatch coalesces the Idempotency calls that go to one node at
+// the same time into Batch RPCs, for the Go client (package client) and for
+// node-to-node forwarding (router.Forwarder).
+//
+// A Batcher keeps up to Inflight RPCs (unary or Batch) in flight; calls that
+// arrive meanwhile queue, and the first RPC to end sends the whole queue as
+// one Batch RPC (raftstore's proposal buffer does the same with the commands
+// a leader receives together: those of one batch pack into one Raft entry).
+// A call with nothing ahead of it goes at once as its unary RPC, so batching
+// adds no latency to a lone call. Every call keeps its own context: one
+// whose context ends while queued is withdrawn (never sent); one whose
+// context ends while its batch is in flight returns its context's error at
+// once (its operation may still be applied: undecided, as a unary RPC cut
+// short). A node that answers Batch UNIMPLEMENTED gets unary RPCs from that
+// Batcher from then on.
+package rpcbatch
 
 import (
 	"context"
@@ -15,50 +30,78 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 )
 
-// Batching: calls that reach the same connection while batchInflight RPCs
-// are in flight on it queue, and the next RPC to end sends the whole queue
-// as one Batch RPC (raftstore's proposal buffer does the same with the
-// commands a leader receives together: those of one batch pack into one
-// Raft entry). A call with nothing ahead of it goes at once as its unary
-// RPC, so batching adds no latency to a lone call; under load the RPCs per
-// call fall with the concurrency. Every call keeps its own context, error
-// mapping and retries (Client.invoke): the batcher answers each attempt as
-// its unary RPC would have been answered.
-
 const (
-	// batchInflight is how many RPCs (unary or Batch) a connection's
-	// batcher keeps in flight before calls queue.
-	batchInflight = 2
-	// maxBatchOpBytes is the largest operation that goes in a batch; a
-	// larger one (a complete with a large stored response) goes alone.
-	maxBatchOpBytes = 64 << 10
+	// Inflight is how many RPCs (unary or Batch) a Batcher keeps in flight
+	// before calls queue.
+	Inflight = 2
+	// MaxOpBytes is the largest operation that goes in a batch; a larger
+	// one (a complete with a large stored response) goes alone.
+	MaxOpBytes = 64 << 10
 	// batchOpOverhead is what the repeated field adds per operation (tag
 	// and length), bounded.
 	batchOpOverhead = 4
 )
 
-// batchStats counts the batcher's RPCs, for Stats.
-type batchStats struct {
-	// batches counts Batch RPCs sent, batchedCalls the calls a batch
-	// answered, fallbacks the queued calls sent unary after all (the node
+// Stats counts Batchers' RPCs; one Stats may serve many Batchers.
+type Stats struct {
+	// Batches counts Batch RPCs sent, BatchedCalls the calls a batch
+	// answered, Fallbacks the queued calls sent unary after all (the node
 	// does not know Batch, or withheld a large result).
-	batches, batchedCalls, fallbacks atomic.Uint64
+	Batches, BatchedCalls, Fallbacks atomic.Uint64
 }
 
-// batchStub is the IdempotencyClient of one connection: Reserve,
-// Heartbeat, Complete, Release and Get go through the connection's batcher,
-// anything else (Routing) straight to the connection.
-type batchStub struct {
-	idemv1.IdempotencyClient // the connection's plain stub
-	b                        *batcher
+// SendFunc sends one Batch RPC. ctx is the batch's own context: no
+// cancellation, the latest deadline of its operations, and the values of
+// none of them; ops are the operations' contexts, in the order of req.Ops.
+type SendFunc func(ctx context.Context, ops []context.Context, req *idemv1.BatchRequest) (*idemv1.BatchResponse, error)
+
+// Config configures a Batcher.
+type Config struct {
+	// Send sends a Batch RPC (to the one node the Batcher serves).
+	Send SendFunc
+	// Stats is counted in; nil counts nowhere.
+	Stats *Stats
+	// SharedMetadata says that every call given to the Batcher carries the
+	// same outgoing metadata and principal (the caller keeps one Batcher per
+	// set), which Send puts on the batch. Without it, a call whose context
+	// carries outgoing metadata goes alone: a batch has one set for all.
+	SharedMetadata bool
 }
 
-func newBatchStub(conn grpc.ClientConnInterface, stats *batchStats) *batchStub {
-	raw := idemv1.NewIdempotencyClient(conn)
-	return &batchStub{IdempotencyClient: raw, b: &batcher{raw: raw, stats: stats}}
+// New returns a Batcher.
+func New(cfg Config) *Batcher {
+	if cfg.Stats == nil {
+		cfg.Stats = &Stats{}
+	}
+	return &Batcher{cfg: cfg}
 }
 
-func (s *batchStub) Reserve(ctx context.Context, in *idemv1.ReserveRequest, opts ...grpc.CallOption) (*idemv1.ReserveResponse, error) {
+// Queued is how many calls wait in the queue.
+func (b *Batcher) Queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
+}
+
+// Stub is an IdempotencyClient whose Reserve, Heartbeat, Complete, Release
+// and Get go through the Batcher Pick returns for the call's context (nil:
+// the unary RPC), and anything else (Routing, Batch) straight to the
+// embedded client. Waiting reserves always go alone: they would hold their
+// whole batch's answer back.
+type Stub struct {
+	idemv1.IdempotencyClient
+	Pick func(ctx context.Context) *Batcher
+}
+
+func (s *Stub) call(ctx context.Context, op *idemv1.BatchOp, opts []grpc.CallOption, unary func() error) (*idemv1.BatchResult, error) {
+	b := s.Pick(ctx)
+	if b == nil {
+		return nil, unary()
+	}
+	return b.Call(ctx, op, opts, unary)
+}
+
+func (s *Stub) Reserve(ctx context.Context, in *idemv1.ReserveRequest, opts ...grpc.CallOption) (*idemv1.ReserveResponse, error) {
 	var out *idemv1.ReserveResponse
 	unary := func() (err error) { out, err = s.IdempotencyClient.Reserve(ctx, in, opts...); return err }
 	if in.GetWaitMs() > 0 {
@@ -66,57 +109,57 @@ func (s *batchStub) Reserve(ctx context.Context, in *idemv1.ReserveRequest, opts
 		err := unary()
 		return out, err
 	}
-	res, err := s.b.call(ctx, &idemv1.BatchOp{Op: &idemv1.BatchOp_Reserve{Reserve: in}}, opts, unary)
+	res, err := s.call(ctx, &idemv1.BatchOp{Op: &idemv1.BatchOp_Reserve{Reserve: in}}, opts, unary)
 	if res != nil {
 		return res.GetReserve(), nil
 	}
 	return out, err
 }
 
-func (s *batchStub) Heartbeat(ctx context.Context, in *idemv1.HeartbeatRequest, opts ...grpc.CallOption) (*idemv1.HeartbeatResponse, error) {
+func (s *Stub) Heartbeat(ctx context.Context, in *idemv1.HeartbeatRequest, opts ...grpc.CallOption) (*idemv1.HeartbeatResponse, error) {
 	var out *idemv1.HeartbeatResponse
 	unary := func() (err error) { out, err = s.IdempotencyClient.Heartbeat(ctx, in, opts...); return err }
-	res, err := s.b.call(ctx, &idemv1.BatchOp{Op: &idemv1.BatchOp_Heartbeat{Heartbeat: in}}, opts, unary)
+	res, err := s.call(ctx, &idemv1.BatchOp{Op: &idemv1.BatchOp_Heartbeat{Heartbeat: in}}, opts, unary)
 	if res != nil {
 		return res.GetHeartbeat(), nil
 	}
 	return out, err
 }
 
-func (s *batchStub) Complete(ctx context.Context, in *idemv1.CompleteRequest, opts ...grpc.CallOption) (*idemv1.CompleteResponse, error) {
+func (s *Stub) Complete(ctx context.Context, in *idemv1.CompleteRequest, opts ...grpc.CallOption) (*idemv1.CompleteResponse, error) {
 	var out *idemv1.CompleteResponse
 	unary := func() (err error) { out, err = s.IdempotencyClient.Complete(ctx, in, opts...); return err }
-	res, err := s.b.call(ctx, &idemv1.BatchOp{Op: &idemv1.BatchOp_Complete{Complete: in}}, opts, unary)
+	res, err := s.call(ctx, &idemv1.BatchOp{Op: &idemv1.BatchOp_Complete{Complete: in}}, opts, unary)
 	if res != nil {
 		return res.GetComplete(), nil
 	}
 	return out, err
 }
 
-func (s *batchStub) Release(ctx context.Context, in *idemv1.ReleaseRequest, opts ...grpc.CallOption) (*idemv1.ReleaseResponse, error) {
+func (s *Stub) Release(ctx context.Context, in *idemv1.ReleaseRequest, opts ...grpc.CallOption) (*idemv1.ReleaseResponse, error) {
 	var out *idemv1.ReleaseResponse
 	unary := func() (err error) { out, err = s.IdempotencyClient.Release(ctx, in, opts...); return err }
-	res, err := s.b.call(ctx, &idemv1.BatchOp{Op: &idemv1.BatchOp_Release{Release: in}}, opts, unary)
+	res, err := s.call(ctx, &idemv1.BatchOp{Op: &idemv1.BatchOp_Release{Release: in}}, opts, unary)
 	if res != nil {
 		return res.GetRelease(), nil
 	}
 	return out, err
 }
 
-func (s *batchStub) Get(ctx context.Context, in *idemv1.GetRequest, opts ...grpc.CallOption) (*idemv1.GetResponse, error) {
+func (s *Stub) Get(ctx context.Context, in *idemv1.GetRequest, opts ...grpc.CallOption) (*idemv1.GetResponse, error) {
 	var out *idemv1.GetResponse
 	unary := func() (err error) { out, err = s.IdempotencyClient.Get(ctx, in, opts...); return err }
-	res, err := s.b.call(ctx, &idemv1.BatchOp{Op: &idemv1.BatchOp_Get{Get: in}}, opts, unary)
+	res, err := s.call(ctx, &idemv1.BatchOp{Op: &idemv1.BatchOp_Get{Get: in}}, opts, unary)
 	if res != nil {
 		return res.GetGet(), nil
 	}
 	return out, err
 }
 
-// batcher coalesces the calls of one connection.
-type batcher struct {
-	raw   idemv1.IdempotencyClient
-	stats *batchStats
+// Batcher coalesces the calls to one node (and, with SharedMetadata, of one
+// set of metadata).
+type Batcher struct {
+	cfg Config
 	// off is set once the node answered Batch UNIMPLEMENTED: every call
 	// goes unary from then on.
 	off atomic.Bool
@@ -132,7 +175,7 @@ type pendingOp struct {
 	ctx   context.Context
 	op    *idemv1.BatchOp
 	size  int
-	state int // opQueued, then opSent; guarded by batcher.mu
+	state int // opQueued, then opSent or opWithdrawn; guarded by Batcher.mu
 	done  chan struct{}
 
 	res    *idemv1.BatchResult
@@ -147,25 +190,27 @@ const (
 	opWithdrawn
 )
 
-// call answers op as its unary RPC would: the batch's result for it (an
+// Call answers op as its unary RPC would: the batch's result for it (an
 // error result as the unary RPC's status error), or, when op goes on its
 // own, nil and the error of unary, which sends op's unary RPC and keeps
-// its response.
-func (b *batcher) call(ctx context.Context, op *idemv1.BatchOp, opts []grpc.CallOption, unary func() error) (*idemv1.BatchResult, error) {
+// its response. opts are the call's options: only grpc.Header is honoured
+// in a batch (set to the result's leader hint); a call with others goes
+// alone.
+func (b *Batcher) Call(ctx context.Context, op *idemv1.BatchOp, opts []grpc.CallOption, unary func() error) (*idemv1.BatchResult, error) {
 	header, ok := headerOption(opts)
 	if !ok || b.off.Load() {
 		return nil, unary()
 	}
-	if md, _ := metadata.FromOutgoingContext(ctx); len(md) > 0 {
+	if md, _ := metadata.FromOutgoingContext(ctx); len(md) > 0 && !b.cfg.SharedMetadata {
 		// Metadata is per RPC; a batch carries one set for all.
 		return nil, unary()
 	}
 	size := proto.Size(op)
-	if size > maxBatchOpBytes {
+	if size > MaxOpBytes {
 		return nil, unary()
 	}
 	b.mu.Lock()
-	if b.inflight < batchInflight && len(b.queue) == 0 {
+	if b.inflight < Inflight && len(b.queue) == 0 {
 		// Nothing ahead: go at once, as the unary RPC, in a slot.
 		b.inflight++
 		b.mu.Unlock()
@@ -175,7 +220,7 @@ func (b *batcher) call(ctx context.Context, op *idemv1.BatchOp, opts []grpc.Call
 	p := &pendingOp{ctx: ctx, op: op, size: size, done: make(chan struct{})}
 	b.queue = append(b.queue, p)
 	var batch []*pendingOp
-	if b.inflight < batchInflight {
+	if b.inflight < Inflight {
 		b.inflight++
 		batch = b.takeLocked()
 	}
@@ -213,7 +258,7 @@ func (b *batcher) call(ctx context.Context, op *idemv1.BatchOp, opts []grpc.Call
 	}
 	switch {
 	case p.unary:
-		b.stats.fallbacks.Add(1)
+		b.cfg.Stats.Fallbacks.Add(1)
 		return nil, unary()
 	case p.err != nil:
 		return nil, p.err
@@ -240,7 +285,7 @@ func headerOption(opts []grpc.CallOption) (*metadata.MD, bool) {
 
 // release ends an RPC of the batcher's: the queue, if any, goes out as the
 // next batch in the same slot; otherwise the slot is free.
-func (b *batcher) release() {
+func (b *Batcher) release() {
 	b.mu.Lock()
 	batch := b.takeLocked()
 	if batch == nil {
@@ -254,7 +299,7 @@ func (b *batcher) release() {
 
 // takeLocked removes the next batch from the queue: as many operations as
 // fit in one Batch RPC (idemv1.MaxBatchOps, idemv1.MaxBatchBytes).
-func (b *batcher) takeLocked() []*pendingOp {
+func (b *Batcher) takeLocked() []*pendingOp {
 	n, bytes := 0, 0
 	for n < len(b.queue) && n < idemv1.MaxBatchOps {
 		sz := b.queue[n].size + batchOpOverhead
@@ -282,7 +327,7 @@ func (b *batcher) takeLocked() []*pendingOp {
 // its slot. The RPC runs until the latest of the operations' deadlines (each
 // attempt has one, Client.invoke); an operation whose context ends
 // meanwhile has already returned.
-func (b *batcher) send(batch []*pendingOp) {
+func (b *Batcher) send(batch []*pendingOp) {
 	defer b.release()
 	ctx := context.Background()
 	var latest time.Time
@@ -302,11 +347,12 @@ func (b *batcher) send(batch []*pendingOp) {
 		defer cancel()
 	}
 	req := &idemv1.BatchRequest{Ops: make([]*idemv1.BatchOp, len(batch))}
+	ops := make([]context.Context, len(batch))
 	for i, p := range batch {
-		req.Ops[i] = p.op
+		req.Ops[i], ops[i] = p.op, p.ctx
 	}
-	b.stats.batches.Add(1)
-	resp, err := b.raw.Batch(ctx, req)
+	b.cfg.Stats.Batches.Add(1)
+	resp, err := b.cfg.Send(ctx, ops, req)
 	if status.Code(err) == codes.Unimplemented {
 		b.off.Store(true)
 	}
@@ -325,7 +371,7 @@ func (b *batcher) send(batch []*pendingOp) {
 				p.unary = true // changes nothing: read again alone
 			} else {
 				p.res = r
-				b.stats.batchedCalls.Add(1)
+				b.cfg.Stats.BatchedCalls.Add(1)
 			}
 		}
 		close(p.done)
