@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -391,5 +392,67 @@ func TestBatchErrors(t *testing.T) {
 	}
 	if b := g.count(g.calls, "Batch"); b != 1 {
 		t.Fatalf("%d Batch RPCs, want still 1 (the unary calls went alone)", b)
+	}
+}
+
+// TestBatchAlone: a waiting reserve (it would hold its batch's answer
+// back), a complete larger than 64 KiB and a call whose context carries
+// outgoing metadata go as their own RPCs even while the connection's two
+// slots are taken.
+func TestBatchAlone(t *testing.T) {
+	g := startGated(t, false)
+	c := newClient(t, []string{g.addr}, noRouting)
+	slots := fillSlots(t, g, c)
+	done := make(chan error, 3)
+	go func() {
+		_, err := c.Reserve(t.Context(), client.ReserveRequest{Namespace: ns, Key: "waiting", Wait: time.Second})
+		done <- err
+	}()
+	go func() {
+		_, err := c.Complete(t.Context(), client.CompleteRequest{Namespace: ns, Key: "big", OwnerToken: "someone-else-0000000",
+			Response: client.Response{Status: 200, Body: make([]byte, 100<<10)}})
+		done <- err
+	}()
+	go func() {
+		_, err := c.Get(metadata.AppendToOutgoingContext(t.Context(), "x-trace", "1"), ns, "traced")
+		done <- err
+	}()
+	eventually(t, "five RPCs at the gate", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.waiting == 5
+	})
+	if q := c.QueuedCalls(); q != 0 {
+		t.Fatalf("%d calls queued", q)
+	}
+	go g.let(5)
+	for range 2 {
+		if err := <-slots; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The answers themselves: acquired, not the owner, not found.
+	var errs []error
+	for range 3 {
+		errs = append(errs, <-done)
+	}
+	notOwner, notFound, ok := 0, 0, 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, client.ErrNotOwner):
+			notOwner++
+		case errors.Is(err, client.ErrNotFound):
+			notFound++
+		default:
+			t.Fatal(err)
+		}
+	}
+	if ok != 1 || notOwner != 1 || notFound != 1 {
+		t.Fatalf("answers %v", errs)
+	}
+	if b := g.count(g.calls, "Batch"); b != 0 {
+		t.Fatalf("%d Batch RPCs, want none", b)
 	}
 }
