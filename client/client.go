@@ -10,6 +10,7 @@ import (
 	"time"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/internal/rpcbatch"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -30,6 +31,7 @@ type Client struct {
 	// routing is nil with Config.DisableRouting.
 	routing          *leaderRouter
 	endpointAttempts atomic.Uint64 // without routing
+	batch            rpcbatch.Stats
 }
 
 // Stats are the client's routing figures, for tests and status pages.
@@ -46,6 +48,11 @@ type Stats struct {
 	RingFingerprint string
 	// KnownLeaders is how many shards the client knows a leader of.
 	KnownLeaders int
+	// BatchRPCs counts the Batch RPCs sent, BatchedCalls the attempts they
+	// answered (BatchedCalls/BatchRPCs is the mean batch size), and
+	// BatchFallbacks the queued attempts sent on their own after all (the
+	// node does not know Batch, or withheld a large result).
+	BatchRPCs, BatchedCalls, BatchFallbacks uint64
 }
 
 // Stats returns the client's routing figures.
@@ -56,6 +63,9 @@ func (c *Client) Stats() Stats {
 	} else {
 		s.EndpointAttempts = c.endpointAttempts.Load()
 	}
+	s.BatchRPCs = c.batch.Batches.Load()
+	s.BatchedCalls = c.batch.BatchedCalls.Load()
+	s.BatchFallbacks = c.batch.Fallbacks.Load()
 	return s
 }
 
@@ -83,7 +93,7 @@ func New(cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("client: endpoint %q: %w", ep, err)
 		}
 		c.conns = append(c.conns, conn)
-		c.stubs = append(c.stubs, idemv1.NewIdempotencyClient(conn))
+		c.stubs = append(c.stubs, c.newStub(conn))
 	}
 	// Start different processes at different endpoints, so that many clients
 	// configured alike do not all hit the first one.
@@ -92,6 +102,23 @@ func New(cfg Config) (*Client, error) {
 		c.routing = newLeaderRouter(c, opts)
 	}
 	return c, nil
+}
+
+// newStub is the stub of a connection: with batching (package rpcbatch; one
+// Batcher per connection, shared by the calls routed to a leader there and
+// those sent round-robin) unless Config.DisableBatching.
+func (c *Client) newStub(conn *grpc.ClientConn) idemv1.IdempotencyClient {
+	if c.cfg.DisableBatching {
+		return idemv1.NewIdempotencyClient(conn)
+	}
+	raw := idemv1.NewIdempotencyClient(conn)
+	b := rpcbatch.New(rpcbatch.Config{
+		Send: func(ctx context.Context, _ []context.Context, req *idemv1.BatchRequest) (*idemv1.BatchResponse, error) {
+			return raw.Batch(ctx, req)
+		},
+		Stats: &c.batch,
+	})
+	return &rpcbatch.Stub{IdempotencyClient: raw, Pick: func(context.Context) *rpcbatch.Batcher { return b }}
 }
 
 // Close stops the routing refresher and closes every connection. Calls in

@@ -81,6 +81,16 @@ type Config struct {
 	// this process (only the Endpoints can).
 	DisableRouting bool
 
+	// DisableBatching sends every call as its own unary RPC. With batching
+	// on (the default), calls that go to the same connection while two
+	// RPCs are already in flight there wait for one to end and go together
+	// in one Batch RPC (a call with nothing ahead of it goes at once, as
+	// its unary RPC); a node that does not know Batch (older than v1.2)
+	// gets unary RPCs from then on. Waiting reserves, completes larger
+	// than 64 KiB and calls whose context carries outgoing metadata always
+	// go on their own.
+	DisableBatching bool
+
 	// RoutingRefresh is how often routing is asked for again (leaders
 	// are also learned from every answer). Zero means DefaultRoutingRefresh.
 	RoutingRefresh time.Duration

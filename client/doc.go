@@ -71,6 +71,28 @@
 // turns it off (use it when only the endpoints, not the nodes' topology
 // addresses, can be reached). Stats tells where attempts went.
 //
+// # Batching
+//
+// Calls that go to the same connection (a leader's, or an endpoint's) while
+// two RPCs are already in flight there queue, and the first of those RPCs
+// to end sends the whole queue as one Batch RPC (up to 256 calls and 4
+// MiB); a call with nothing ahead of it goes at once as its own unary RPC,
+// so batching adds no latency to a lone call. Under load this cuts the RPCs
+// per call by the concurrency per connection (64 callers on a three-node
+// region: ~11 calls per RPC), and the calls of one batch reach the leader
+// together, which is what its proposal buffer packs into one Raft entry.
+// Each call keeps its own context, errors and retries: a call whose context
+// ends while it is queued is withdrawn (never sent); one whose context ends
+// while its batch is in flight returns the context's error at once, and its
+// operation may still be applied (undecided, as with a unary RPC cut
+// short). Each result carries its own leader hint, since the calls of one
+// batch may belong to different shards. A node that answers Batch
+// UNIMPLEMENTED (older than v1.2) gets unary RPCs on that connection from
+// then on. Waiting reserves (which would hold their batch's answer back),
+// completes larger than 64 KiB and calls whose context carries outgoing
+// gRPC metadata always go alone. Config.DisableBatching turns it off; Stats
+// counts Batch RPCs and the calls they answered.
+//
 // # Keys
 //
 // NewKey makes a key (a UUIDv7, so keys sort by creation time). Make it

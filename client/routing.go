@@ -56,6 +56,12 @@ type leaderRouter struct {
 	// endpoints are the Client's own connections by address: a leader at an
 	// endpoint's address is reached over it.
 	endpoints map[string]*grpc.ClientConn
+	// newStub makes the stub of a connection (Client.newStub); stubs holds
+	// one per connection, endpoints' included, so that calls routed to a
+	// leader and calls sent round-robin to the same node share its
+	// batcher.
+	newStub func(*grpc.ClientConn) idemv1.IdempotencyClient
+	stubs   map[*grpc.ClientConn]idemv1.IdempotencyClient
 	// ask picks the endpoint for the next Routing call.
 	ask func() idemv1.IdempotencyClient
 
@@ -86,6 +92,8 @@ func newLeaderRouter(c *Client, opts []grpc.DialOption) *leaderRouter {
 		timeout:   c.cfg.RequestTimeout,
 		opts:      opts,
 		endpoints: make(map[string]*grpc.ClientConn, len(c.conns)),
+		newStub:   c.newStub,
+		stubs:     make(map[*grpc.ClientConn]idemv1.IdempotencyClient, len(c.conns)),
 		leaders:   map[string]string{},
 		conns:     map[string]*grpc.ClientConn{},
 		cooling:   map[string]time.Time{},
@@ -95,6 +103,7 @@ func newLeaderRouter(c *Client, opts []grpc.DialOption) *leaderRouter {
 	}
 	for i, ep := range c.cfg.Endpoints {
 		r.endpoints[ep] = c.conns[i]
+		r.stubs[c.conns[i]] = c.stubs[i]
 	}
 	// Its own turn over the endpoints, so that refreshes do not disturb the
 	// calls' round-robin.
@@ -124,6 +133,7 @@ func (r *leaderRouter) close() error {
 	for addr, conn := range r.conns {
 		errs = append(errs, conn.Close())
 		delete(r.conns, addr)
+		delete(r.stubs, conn)
 	}
 	return errors.Join(errs...)
 }
@@ -242,10 +252,11 @@ func (r *leaderRouter) leaderStub(cr callRoute) (idemv1.IdempotencyClient, strin
 			return nil, "", false
 		}
 		r.conns[addr] = conn
+		r.stubs[conn] = r.newStub(conn)
 	}
 	switch conn.GetState() {
 	case connectivity.Ready:
-		return idemv1.NewIdempotencyClient(conn), leader, true
+		return r.stubs[conn], leader, true
 	case connectivity.Idle:
 		conn.Connect()
 	}

@@ -4,7 +4,10 @@
 //   - Forwarder sends a command for a shard to its leader over the public
 //     gRPC API, with a leader cache fed by answers, a hop limit, and retries
 //     only where a retry cannot apply a command twice. Storage nodes use it
-//     for keys they do not lead.
+//     for keys they do not lead. Concurrent calls to one node share Batch
+//     RPCs (internal/rpcbatch), one batcher per node, principal and hop
+//     count, so the node authorizes each operation as the principal it was
+//     forwarded for.
 //   - Backend is the server.Backend of the stateless edge router
 //     (idemrouter): it locates each key's shard and forwards to its leader,
 //     and answers UNAVAILABLE when the shard cannot be reached in time.

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +26,8 @@ import (
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/rpcbatch"
+	"github.com/idem-dev/idem/security/auth"
 
 	"github.com/idem-dev/idem/topology"
 )
@@ -84,6 +88,14 @@ type Forwarder struct {
 	mu      sync.Mutex
 	conns   map[string]*grpc.ClientConn
 	leaders map[string]string // shard id -> node id
+	// stubs are the nodes' Idempotency stubs (node id -> stub), which
+	// coalesce concurrent forwarded calls into Batch RPCs; batchers holds
+	// one Batcher per node, principal and outgoing metadata (the hop
+	// count), since a batch carries one set of each. Their number is
+	// bounded by nodes x principals x hops.
+	stubs    map[string]*rpcbatch.Stub
+	batchers map[string]*rpcbatch.Batcher
+	batch    rpcbatch.Stats
 
 	requests    *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
@@ -106,11 +118,13 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	f := &Forwarder{
-		cfg:     cfg,
-		log:     log,
-		nodes:   map[string]topology.Node{},
-		conns:   map[string]*grpc.ClientConn{},
-		leaders: map[string]string{},
+		cfg:      cfg,
+		log:      log,
+		nodes:    map[string]topology.Node{},
+		conns:    map[string]*grpc.ClientConn{},
+		leaders:  map[string]string{},
+		stubs:    map[string]*rpcbatch.Stub{},
+		batchers: map[string]*rpcbatch.Batcher{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_forward_requests_total",
 			Help: "Requests forwarded to another node, by destination region and outcome (ok, not_found, not_owner, unavailable, error).",
@@ -147,6 +161,8 @@ func (f *Forwarder) Close() error {
 		errs = append(errs, c.Close())
 		delete(f.conns, id)
 	}
+	clear(f.stubs)
+	clear(f.batchers)
 	return errors.Join(errs...)
 }
 
@@ -189,7 +205,85 @@ func (f *Forwarder) conn(nodeID string) (nodeClient, error) {
 	if err != nil {
 		return nodeClient{}, err
 	}
-	return nodeClient{idemv1.NewIdempotencyClient(c), idemv1.NewAdminClient(c)}, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	stub := f.stubs[nodeID]
+	if stub == nil {
+		raw := idemv1.NewIdempotencyClient(c)
+		stub = &rpcbatch.Stub{IdempotencyClient: raw, Pick: func(ctx context.Context) *rpcbatch.Batcher { return f.batcher(nodeID, raw, ctx) }}
+		f.stubs[nodeID] = stub
+	}
+	return nodeClient{stub, idemv1.NewAdminClient(c)}, nil
+}
+
+// BatchStats reports how many Batch RPCs the Forwarder sent and how many
+// forwarded calls they answered.
+func (f *Forwarder) BatchStats() (rpcs, calls uint64) {
+	return f.batch.Batches.Load(), f.batch.BatchedCalls.Load()
+}
+
+// batcher is the Batcher of the calls to nodeID with ctx's principal and
+// outgoing metadata: only calls that would send the same metadata (the
+// hop count, the forwarded principal) share a Batch RPC, so that the node
+// authorizes each operation as the principal it was forwarded for.
+func (f *Forwarder) batcher(nodeID string, raw idemv1.IdempotencyClient, ctx context.Context) *rpcbatch.Batcher {
+	var key strings.Builder
+	key.WriteString(nodeID)
+	key.WriteByte(0)
+	if p, ok := auth.PrincipalFrom(ctx); ok && !p.Internal {
+		key.WriteString(p.Name)
+	}
+	md, _ := metadata.FromOutgoingContext(ctx)
+	for _, k := range slices.Sorted(maps.Keys(md)) {
+		if k == auth.ForwardedPrincipalMetadata {
+			continue // replaced by the client interceptor from the principal
+		}
+		for _, v := range md[k] {
+			key.WriteByte(0)
+			key.WriteString(k)
+			key.WriteByte('=')
+			key.WriteString(v)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b := f.batchers[key.String()]; b != nil {
+		return b
+	}
+	b := rpcbatch.New(rpcbatch.Config{Stats: &f.batch, SharedMetadata: true,
+		Send: func(ctx context.Context, ops []context.Context, req *idemv1.BatchRequest) (*idemv1.BatchResponse, error) {
+			// The batch sends the operations' common metadata and
+			// principal (ops[0]'s values), and counts as sent for each
+			// operation when it was.
+			var sent atomic.Bool
+			resp, err := raw.Batch(&batchContext{Context: ctx, values: ops[0], sent: &sent}, req)
+			if err == nil || sent.Load() {
+				for _, op := range ops {
+					if s, ok := op.Value(sentKey{}).(*atomic.Bool); ok {
+						s.Store(true)
+					}
+				}
+			}
+			return resp, err
+		}})
+	f.batchers[key.String()] = b
+	return b
+}
+
+// batchContext is a Batch RPC's context: the deadline of ctx and the values
+// of values (the metadata and principal the batch's operations share), with
+// its own sent flag for sendTracker.
+type batchContext struct {
+	context.Context
+	values context.Context
+	sent   *atomic.Bool
+}
+
+func (c *batchContext) Value(key any) any {
+	if _, ok := key.(sentKey); ok {
+		return c.sent
+	}
+	return c.values.Value(key)
 }
 
 // Conn returns the (shared, lazily dialled) gRPC connection to nodeID.

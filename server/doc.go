@@ -145,10 +145,23 @@
 //
 // api is "http" or "grpc"; endpoint is reserve, heartbeat, complete,
 // release, get, "unknown" (HTTP requests that match no endpoint), or for
-// gRPC admin_status, admin_transferleader, admin_snapshot and "other";
+// gRPC routing, batch, admin_<method> and "other";
 // outcome is the reserve outcome (ACQUIRED, RECLAIMED, IN_PROGRESS,
 // COMPLETED, FINGERPRINT_MISMATCH), OK for other successes, or the error
-// code. No label carries a key or namespace.
+// code. No label carries a key or namespace. Each operation of a Batch RPC
+// is counted (and timed) as its unary RPC, and the batch once as endpoint
+// batch.
+//
+// Batch (gRPC only) runs up to idemv1.MaxBatchOps operations, each through
+// the interceptors registered for operations (idemv1.WithBatchOpInterceptor:
+// this package's metrics interceptor, security/auth's authorization) and
+// its unary handler, each in its own goroutine, and answers in order when
+// all are done; the leader hint of each goes in its result's leader_id.
+// More than MaxBatchOps operations is INVALID_ARGUMENT, more than
+// MaxBatchBytes PAYLOAD_TOO_LARGE; results of operations that change
+// nothing (get, a reserve answered COMPLETED) are withheld, largest first,
+// when the response would exceed MaxBatchBytes, and the client sends them
+// again alone.
 //
 // A panic in an HTTP handler, an ExtraRoutes handler or any gRPC method on a
 // server built with GRPCServerOptions is recovered, logged with its stack at

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"time"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // grpcService is the Idempotency service: the same validation as the JSON
@@ -127,6 +129,127 @@ func (g *grpcService) Get(ctx context.Context, req *idemv1.GetRequest) (_ *idemv
 	return idemv1.RecordToProto(rec), nil
 }
 
+// Batch runs every operation through the interceptors registered for
+// operations (idemv1.WithBatchOpInterceptor: metrics, authorization) and
+// then the handler of its unary RPC, each in its own goroutine, and answers
+// when all are done.
+func (g *grpcService) Batch(ctx context.Context, req *idemv1.BatchRequest) (_ *idemv1.BatchResponse, err error) {
+	defer g.recoverRPC("Batch", &err)
+	ops := req.GetOps()
+	if len(ops) > idemv1.MaxBatchOps {
+		return nil, errorf(CodeInvalidArgument, "a batch carries %d operations, more than %d: split it", len(ops), idemv1.MaxBatchOps)
+	}
+	if n := proto.Size(req); n > idemv1.MaxBatchBytes {
+		return nil, errorf(CodePayloadTooLarge, "payload too large: a batch is %d bytes encoded, more than %d: split it, or send large completes on their own", n, idemv1.MaxBatchBytes)
+	}
+	interceptors := idemv1.BatchOpInterceptors(ctx)
+	results := make([]*idemv1.BatchResult, len(ops))
+	var wg sync.WaitGroup
+	for i, op := range ops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = g.batchOp(ctx, interceptors, op)
+		}()
+	}
+	wg.Wait()
+	withholdLarge(results, idemv1.MaxBatchBytes)
+	return &idemv1.BatchResponse{Results: results}, nil
+}
+
+// batchOp runs one operation of a batch as its unary RPC would run.
+func (g *grpcService) batchOp(ctx context.Context, interceptors []grpc.UnaryServerInterceptor, op *idemv1.BatchOp) (res *idemv1.BatchResult) {
+	method, req, ok := idemv1.BatchOpMethod(op)
+	if !ok {
+		st := (&Error{Code: CodeInvalidArgument, Message: "a batch operation names none of reserve, heartbeat, complete, release, get"}).GRPCStatus()
+		return &idemv1.BatchResult{Result: &idemv1.BatchResult_Error{Error: idemv1.BatchErrorFromStatus(st)}}
+	}
+	defer func() {
+		if p := recover(); p != nil { // an interceptor's panic: the handlers recover their own
+			g.s.log.Error("panic in grpc batch operation", "method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			st := (&Error{Code: CodeInternal, Message: internalMessage}).GRPCStatus()
+			res = &idemv1.BatchResult{Result: &idemv1.BatchResult_Error{Error: idemv1.BatchErrorFromStatus(st)}}
+		}
+	}()
+	octx, leader := idemv1.WithBatchOpLeader(ctx)
+	info := &grpc.UnaryServerInfo{Server: g, FullMethod: method}
+	resp, err := idemv1.ChainBatchOp(octx, interceptors, req, info, g.unaryHandler(method))
+	res = &idemv1.BatchResult{LeaderId: leader()}
+	if err != nil {
+		res.Result = &idemv1.BatchResult_Error{Error: idemv1.BatchErrorFromStatus(status.Convert(err))}
+		return res
+	}
+	switch r := resp.(type) {
+	case *idemv1.ReserveResponse:
+		res.Result = &idemv1.BatchResult_Reserve{Reserve: r}
+	case *idemv1.HeartbeatResponse:
+		res.Result = &idemv1.BatchResult_Heartbeat{Heartbeat: r}
+	case *idemv1.CompleteResponse:
+		res.Result = &idemv1.BatchResult_Complete{Complete: r}
+	case *idemv1.ReleaseResponse:
+		res.Result = &idemv1.BatchResult_Release{Release: r}
+	case *idemv1.GetResponse:
+		res.Result = &idemv1.BatchResult_Get{Get: r}
+	default:
+		st := (&Error{Code: CodeInternal, Message: internalMessage}).GRPCStatus()
+		res.Result = &idemv1.BatchResult_Error{Error: idemv1.BatchErrorFromStatus(st)}
+	}
+	return res
+}
+
+// unaryHandler is the handler of the unary RPC fullMethod (one of
+// idemv1.BatchOpMethod's).
+func (g *grpcService) unaryHandler(fullMethod string) grpc.UnaryHandler {
+	switch fullMethod {
+	case idemv1.Idempotency_Reserve_FullMethodName:
+		return func(ctx context.Context, req any) (any, error) { return g.Reserve(ctx, req.(*idemv1.ReserveRequest)) }
+	case idemv1.Idempotency_Heartbeat_FullMethodName:
+		return func(ctx context.Context, req any) (any, error) {
+			return g.Heartbeat(ctx, req.(*idemv1.HeartbeatRequest))
+		}
+	case idemv1.Idempotency_Complete_FullMethodName:
+		return func(ctx context.Context, req any) (any, error) { return g.Complete(ctx, req.(*idemv1.CompleteRequest)) }
+	case idemv1.Idempotency_Release_FullMethodName:
+		return func(ctx context.Context, req any) (any, error) { return g.Release(ctx, req.(*idemv1.ReleaseRequest)) }
+	}
+	return func(ctx context.Context, req any) (any, error) { return g.Get(ctx, req.(*idemv1.GetRequest)) }
+}
+
+// withholdLarge keeps a batch's response within limit bytes: the results
+// of operations that change nothing (get, a reserve answered COMPLETED),
+// the only ones that carry stored responses, are withheld, largest first,
+// until the rest fit. The others are a few hundred bytes each, so 256 of
+// them always fit.
+func withholdLarge(results []*idemv1.BatchResult, limit int) {
+	total := 0
+	for _, r := range results {
+		total += proto.Size(r) + 4 // tag and length of the repeated field
+	}
+	for total > limit {
+		big, bigSize := -1, 0
+		for i, r := range results {
+			if !readOnlyResult(r) {
+				continue
+			}
+			if n := proto.Size(r); n > bigSize {
+				big, bigSize = i, n
+			}
+		}
+		if big < 0 {
+			return
+		}
+		results[big] = &idemv1.BatchResult{LeaderId: results[big].GetLeaderId(), Withheld: true}
+		total -= bigSize - proto.Size(results[big])
+	}
+}
+
+func readOnlyResult(r *idemv1.BatchResult) bool {
+	if r.GetGet() != nil {
+		return true
+	}
+	return r.GetReserve().GetOutcome() == idemv1.Outcome_COMPLETED
+}
+
 // apply is Server.apply for a gRPC request: the hop count comes from the
 // request's metadata and the backend's leader hint goes back as a header,
 // the wire form of data the backend takes and returns.
@@ -157,10 +280,10 @@ func incomingHops(ctx context.Context) int {
 	return idemv1.HopsFromMetadata(md)
 }
 
+// setLeaderHeader sends the backend's leader hint: as the RPC's header, or
+// as the leader_id of an operation of a batch.
 func setLeaderHeader(ctx context.Context, leader string) {
-	if leader != "" {
-		_ = grpc.SetHeader(ctx, metadata.Pairs(idemv1.LeaderHeader, leader))
-	}
+	idemv1.SetLeaderHeader(ctx, leader)
 }
 
 // grpcEndpoint is the endpoint label of a full method name: the Idempotency
@@ -174,7 +297,7 @@ func grpcEndpoint(fullMethod string) string {
 	switch service {
 	case "idem.v1.Idempotency":
 		switch method {
-		case "Reserve", "Heartbeat", "Complete", "Release", "Get", "Routing":
+		case "Reserve", "Heartbeat", "Complete", "Release", "Get", "Routing", "Batch":
 			return strings.ToLower(method)
 		}
 	case "idem.v1.Admin":
@@ -209,5 +332,10 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 		}
 		s.metrics.observe("grpc", grpcEndpoint(info.FullMethod), grpcOutcome(resp, err), time.Since(start))
 	}()
+	if info.FullMethod == idemv1.Idempotency_Batch_FullMethodName {
+		// Each operation is recorded (and recovered) as its unary RPC;
+		// the batch itself once more, as endpoint "batch".
+		ctx = idemv1.WithBatchOpInterceptor(ctx, s.unaryInterceptor)
+	}
 	return handler(ctx, req)
 }

@@ -10,8 +10,11 @@ import (
 
 // metrics are the request metrics of both APIs. Labels are bounded: api is
 // http or grpc; endpoint is reserve, heartbeat, complete, release, get,
-// unknown (HTTP paths that match no endpoint) or admin_<method>/other (gRPC);
-// outcome is a reserve outcome, OK, or an error code.
+// unknown (HTTP paths that match no endpoint) or routing, batch,
+// admin_<method>/other (gRPC); outcome is a reserve outcome, OK, or an
+// error code. Each operation of a Batch RPC counts as its unary RPC
+// (endpoint reserve, ...), and the Batch RPC once more as endpoint batch:
+// sum the other endpoints for operations served.
 type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec

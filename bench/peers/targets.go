@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -81,7 +82,15 @@ func (g *idemGRPC) complete(ctx context.Context, key, owner string) (bool, error
 	return err == nil, err
 }
 
-func (g *idemGRPC) close() { g.c.Close() }
+// close prints how the client coalesced its calls (client.Stats), then
+// closes it.
+func (g *idemGRPC) close() {
+	if s := g.c.Stats(); s.BatchRPCs > 0 {
+		fmt.Fprintf(os.Stderr, "idem client: %d calls answered by %d Batch RPCs (%.1f per RPC), %d sent alone after all\n",
+			s.BatchedCalls, s.BatchRPCs, float64(s.BatchedCalls)/float64(s.BatchRPCs), s.BatchFallbacks)
+	}
+	g.c.Close()
+}
 
 // --- idem's JSON API over HTTP/1.1 keep-alive ---
 

@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -42,6 +41,12 @@ const (
 	MethodRelease   Method = "Release"
 	MethodGet       Method = "Get"
 	MethodRouting   Method = "Routing"
+	// MethodBatch is the Batch RPC itself. Each operation of a batch also
+	// counts as a call of its own method, and meets that method's faults
+	// (a FailNext or DropNext of MethodReserve fails or drops the next
+	// reserves whether they come alone or in a batch; the other operations
+	// of the batch are answered as usual).
+	MethodBatch Method = "Batch"
 )
 
 // Config configures a Server.
@@ -53,6 +58,9 @@ type Config struct {
 	// answered RESOURCE_EXHAUSTED (PAYLOAD_TOO_LARGE). Zero means
 	// DefaultMaxResponseBytes; at most contract.MaxMaxResponseBytes.
 	MaxResponseBytes int
+	// DisableBatch answers the Batch RPC UNIMPLEMENTED, as a node older than
+	// v1.2 does.
+	DisableBatch bool
 }
 
 // Validate reports every problem with the Config at once.
@@ -216,9 +224,19 @@ func (s *Server) Get(namespace, key string) (fsm.Record, bool) {
 	return rec, ok
 }
 
-// intercept counts calls and injects faults around the handler.
+// intercept counts calls and injects faults around the handler; for a
+// batch, around each operation too.
 func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	m := Method(path.Base(info.FullMethod))
+	if m == MethodBatch {
+		if s.cfg.DisableBatch {
+			s.mu.Lock()
+			s.calls[m]++
+			s.mu.Unlock()
+			return nil, status.Error(codes.Unimplemented, "idemtest: unknown method Batch (Config.DisableBatch)")
+		}
+		ctx = idemv1.WithBatchOpInterceptor(ctx, s.intercept)
+	}
 	s.mu.Lock()
 	s.calls[m]++
 	f := s.fault(m)
@@ -236,8 +254,8 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	hint := s.leaderHint
 	s.mu.Unlock()
-	if hint != "" && m != MethodRouting {
-		_ = grpc.SetHeader(ctx, metadata.Pairs(idemv1.LeaderHeader, hint))
+	if hint != "" && m != MethodRouting && m != MethodBatch {
+		idemv1.SetLeaderHeader(ctx, hint)
 	}
 	resp, err := handler(ctx, req)
 	if drop {

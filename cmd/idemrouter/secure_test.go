@@ -258,6 +258,25 @@ func TestSecureRegion(t *testing.T) {
 	wantCode("gRPC bob Get alice", err, codes.PermissionDenied)
 	_, err = idemv1.NewIdempotencyClient(bobG).Get(ctx, &idemv1.GetRequest{Namespace: "bob", Key: "order-router"})
 	wantCode("gRPC bob Get bob", err, codes.OK)
+	// A Batch through the router: the batch needs a known caller; each
+	// operation is authorized as its unary RPC (bob's namespace yes,
+	// alice's no), and forwarded to the nodes with bob's principal.
+	_, err = idemv1.NewIdempotencyClient(anonG).Batch(ctx, &idemv1.BatchRequest{Ops: []*idemv1.BatchOp{
+		{Op: &idemv1.BatchOp_Get{Get: &idemv1.GetRequest{Namespace: "bob", Key: "k"}}}}})
+	wantCode("gRPC anonymous Batch", err, codes.Unauthenticated)
+	batch, err := idemv1.NewIdempotencyClient(bobG).Batch(ctx, &idemv1.BatchRequest{Ops: []*idemv1.BatchOp{
+		{Op: &idemv1.BatchOp_Get{Get: &idemv1.GetRequest{Namespace: "bob", Key: "order-router"}}},
+		{Op: &idemv1.BatchOp_Get{Get: &idemv1.GetRequest{Namespace: "alice", Key: "order-router"}}},
+		{Op: &idemv1.BatchOp_Reserve{Reserve: &idemv1.ReserveRequest{Namespace: "bob", Key: "batched"}}},
+		{Op: &idemv1.BatchOp_Reserve{Reserve: &idemv1.ReserveRequest{Namespace: "alice", Key: "batched"}}},
+	}})
+	if err != nil {
+		t.Fatalf("gRPC bob Batch: %v", err)
+	}
+	if r := batch.GetResults(); len(r) != 4 || r[0].GetGet() == nil || r[2].GetReserve().GetOutcome() != idemv1.Outcome_ACQUIRED ||
+		idemv1.BatchErrorStatus(r[1].GetError()).Code() != codes.PermissionDenied || idemv1.BatchErrorStatus(r[3].GetError()).Code() != codes.PermissionDenied {
+		t.Fatalf("gRPC bob Batch: %v", batch)
+	}
 	nodeG, err := grpc.NewClient(topo.Regions[0].Nodes[0].GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(must2(c.ClientTLS("bob")))))
 	if err != nil {
 		t.Fatal(err)

@@ -231,6 +231,12 @@ func matchToken(pol *Policy, token string) *Principal {
 // an *Error with UNAUTHENTICATED, PERMISSION_DENIED or RESOURCE_EXHAUSTED
 // (with RetryAfter). The rate limit is charged only for allowed requests.
 func (a *Authorizer) Authorize(c Credentials, t Target) (*Principal, error) {
+	return a.authorize(c, t, true)
+}
+
+// authorize is Authorize; limited false skips the rate limit (a Batch RPC,
+// whose operations are each counted).
+func (a *Authorizer) authorize(c Credentials, t Target, limited bool) (*Principal, error) {
 	st := a.state.Load()
 	p, exempt, err := a.authenticate(st, c)
 	if err != nil {
@@ -241,7 +247,7 @@ func (a *Authorizer) Authorize(c Credentials, t Target) (*Principal, error) {
 		a.metrics.decide(CodePermissionDenied)
 		return nil, err
 	}
-	if l := st.limiters[p.Name]; l != nil && !exempt {
+	if l := st.limiters[p.Name]; l != nil && !exempt && limited {
 		now := a.now()
 		r := l.lim.ReserveN(now, 1)
 		if d := r.DelayFrom(now); !r.OK() || d > 0 {

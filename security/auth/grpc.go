@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/security/pki"
 )
 
@@ -50,12 +51,26 @@ func (a *Authorizer) UnaryServerInterceptor(target GRPCTargetFunc) grpc.UnarySer
 	if target == nil {
 		target = GRPCTarget
 	}
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	authorize := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		p, err := a.Authorize(CredentialsFromGRPC(ctx), target(info.FullMethod, req))
 		if err != nil {
 			return nil, err.(*Error).GRPCStatus().Err()
 		}
 		return handler(WithPrincipal(ctx, p), req)
+	}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod != idemv1.Idempotency_Batch_FullMethodName {
+			return authorize(ctx, req, info, handler)
+		}
+		// A batch needs a known caller and takes no share of its rate;
+		// each operation is then authorized, and counted against the
+		// rate, exactly as its unary RPC (the connection's credentials,
+		// the operation's namespace).
+		p, err := a.authorize(CredentialsFromGRPC(ctx), Target{Verb: VerbAuthenticate}, false)
+		if err != nil {
+			return nil, err.(*Error).GRPCStatus().Err()
+		}
+		return handler(idemv1.WithBatchOpInterceptor(WithPrincipal(ctx, p), authorize), req)
 	}
 }
 

@@ -150,6 +150,10 @@ func GRPCTarget(fullMethod string, req any) Target {
 			// call to its shard's leader: any known principal (it reveals
 			// the topology, never a record).
 			return Target{Verb: VerbAuthenticate}
+		case "Batch":
+			// The batch itself needs a known principal; the unary
+			// interceptor then authorizes each operation as its own RPC.
+			return Target{Verb: VerbAuthenticate}
 		}
 	case "idem.v1.Admin":
 		switch method {

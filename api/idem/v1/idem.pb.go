@@ -13,6 +13,7 @@ package idemv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -874,6 +875,462 @@ func (x *GetResponse) GetResponse() *StoredResponse {
 	return nil
 }
 
+// BatchOp is one operation of a Batch: the request of its unary RPC.
+type BatchOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*BatchOp_Reserve
+	//	*BatchOp_Heartbeat
+	//	*BatchOp_Complete
+	//	*BatchOp_Release
+	//	*BatchOp_Get
+	Op            isBatchOp_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchOp) Reset() {
+	*x = BatchOp{}
+	mi := &file_idem_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchOp) ProtoMessage() {}
+
+func (x *BatchOp) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchOp.ProtoReflect.Descriptor instead.
+func (*BatchOp) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *BatchOp) GetOp() isBatchOp_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *BatchOp) GetReserve() *ReserveRequest {
+	if x != nil {
+		if x, ok := x.Op.(*BatchOp_Reserve); ok {
+			return x.Reserve
+		}
+	}
+	return nil
+}
+
+func (x *BatchOp) GetHeartbeat() *HeartbeatRequest {
+	if x != nil {
+		if x, ok := x.Op.(*BatchOp_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *BatchOp) GetComplete() *CompleteRequest {
+	if x != nil {
+		if x, ok := x.Op.(*BatchOp_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
+func (x *BatchOp) GetRelease() *ReleaseRequest {
+	if x != nil {
+		if x, ok := x.Op.(*BatchOp_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *BatchOp) GetGet() *GetRequest {
+	if x != nil {
+		if x, ok := x.Op.(*BatchOp_Get); ok {
+			return x.Get
+		}
+	}
+	return nil
+}
+
+type isBatchOp_Op interface {
+	isBatchOp_Op()
+}
+
+type BatchOp_Reserve struct {
+	Reserve *ReserveRequest `protobuf:"bytes,1,opt,name=reserve,proto3,oneof"`
+}
+
+type BatchOp_Heartbeat struct {
+	Heartbeat *HeartbeatRequest `protobuf:"bytes,2,opt,name=heartbeat,proto3,oneof"`
+}
+
+type BatchOp_Complete struct {
+	Complete *CompleteRequest `protobuf:"bytes,3,opt,name=complete,proto3,oneof"`
+}
+
+type BatchOp_Release struct {
+	Release *ReleaseRequest `protobuf:"bytes,4,opt,name=release,proto3,oneof"`
+}
+
+type BatchOp_Get struct {
+	Get *GetRequest `protobuf:"bytes,5,opt,name=get,proto3,oneof"`
+}
+
+func (*BatchOp_Reserve) isBatchOp_Op() {}
+
+func (*BatchOp_Heartbeat) isBatchOp_Op() {}
+
+func (*BatchOp_Complete) isBatchOp_Op() {}
+
+func (*BatchOp_Release) isBatchOp_Op() {}
+
+func (*BatchOp_Get) isBatchOp_Op() {}
+
+type BatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 256, and the whole request at most 4 MiB encoded.
+	Ops           []*BatchOp `protobuf:"bytes,1,rep,name=ops,proto3" json:"ops,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchRequest) Reset() {
+	*x = BatchRequest{}
+	mi := &file_idem_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchRequest) ProtoMessage() {}
+
+func (x *BatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
+func (*BatchRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *BatchRequest) GetOps() []*BatchOp {
+	if x != nil {
+		return x.Ops
+	}
+	return nil
+}
+
+// BatchError is the error the operation's unary RPC would have returned:
+// its gRPC status, field for field google.rpc.Status (the same code,
+// message and details: a google.rpc.ErrorInfo whose reason is the error
+// code, a google.rpc.RetryInfo when the caller should wait).
+type BatchError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          int32                  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Details       []*anypb.Any           `protobuf:"bytes,3,rep,name=details,proto3" json:"details,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchError) Reset() {
+	*x = BatchError{}
+	mi := &file_idem_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchError) ProtoMessage() {}
+
+func (x *BatchError) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchError.ProtoReflect.Descriptor instead.
+func (*BatchError) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *BatchError) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *BatchError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *BatchError) GetDetails() []*anypb.Any {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
+// BatchResult is the answer to one operation: the response of its unary
+// RPC, or its error.
+type BatchResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*BatchResult_Reserve
+	//	*BatchResult_Heartbeat
+	//	*BatchResult_Complete
+	//	*BatchResult_Release
+	//	*BatchResult_Get
+	//	*BatchResult_Error
+	Result isBatchResult_Result `protobuf_oneof:"result"`
+	// The leader of the operation's shard, when the answering node knows it:
+	// what the unary RPC sends as the idem-leader header (operations of one
+	// batch may belong to different shards).
+	LeaderId string `protobuf:"bytes,7,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// withheld is set, and no result given, when this result would have made
+	// the response larger than the node's gRPC message limit (large stored
+	// responses). Only results of operations that change nothing are withheld
+	// (get, a reserve answered COMPLETED): send the operation again on its own.
+	Withheld      bool `protobuf:"varint,8,opt,name=withheld,proto3" json:"withheld,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchResult) Reset() {
+	*x = BatchResult{}
+	mi := &file_idem_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchResult) ProtoMessage() {}
+
+func (x *BatchResult) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchResult.ProtoReflect.Descriptor instead.
+func (*BatchResult) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *BatchResult) GetResult() isBatchResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *BatchResult) GetReserve() *ReserveResponse {
+	if x != nil {
+		if x, ok := x.Result.(*BatchResult_Reserve); ok {
+			return x.Reserve
+		}
+	}
+	return nil
+}
+
+func (x *BatchResult) GetHeartbeat() *HeartbeatResponse {
+	if x != nil {
+		if x, ok := x.Result.(*BatchResult_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *BatchResult) GetComplete() *CompleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*BatchResult_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
+func (x *BatchResult) GetRelease() *ReleaseResponse {
+	if x != nil {
+		if x, ok := x.Result.(*BatchResult_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *BatchResult) GetGet() *GetResponse {
+	if x != nil {
+		if x, ok := x.Result.(*BatchResult_Get); ok {
+			return x.Get
+		}
+	}
+	return nil
+}
+
+func (x *BatchResult) GetError() *BatchError {
+	if x != nil {
+		if x, ok := x.Result.(*BatchResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+func (x *BatchResult) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+func (x *BatchResult) GetWithheld() bool {
+	if x != nil {
+		return x.Withheld
+	}
+	return false
+}
+
+type isBatchResult_Result interface {
+	isBatchResult_Result()
+}
+
+type BatchResult_Reserve struct {
+	Reserve *ReserveResponse `protobuf:"bytes,1,opt,name=reserve,proto3,oneof"`
+}
+
+type BatchResult_Heartbeat struct {
+	Heartbeat *HeartbeatResponse `protobuf:"bytes,2,opt,name=heartbeat,proto3,oneof"`
+}
+
+type BatchResult_Complete struct {
+	Complete *CompleteResponse `protobuf:"bytes,3,opt,name=complete,proto3,oneof"`
+}
+
+type BatchResult_Release struct {
+	Release *ReleaseResponse `protobuf:"bytes,4,opt,name=release,proto3,oneof"`
+}
+
+type BatchResult_Get struct {
+	Get *GetResponse `protobuf:"bytes,5,opt,name=get,proto3,oneof"`
+}
+
+type BatchResult_Error struct {
+	Error *BatchError `protobuf:"bytes,6,opt,name=error,proto3,oneof"`
+}
+
+func (*BatchResult_Reserve) isBatchResult_Result() {}
+
+func (*BatchResult_Heartbeat) isBatchResult_Result() {}
+
+func (*BatchResult_Complete) isBatchResult_Result() {}
+
+func (*BatchResult_Release) isBatchResult_Result() {}
+
+func (*BatchResult_Get) isBatchResult_Result() {}
+
+func (*BatchResult_Error) isBatchResult_Result() {}
+
+type BatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per operation, in the order of BatchRequest.ops.
+	Results       []*BatchResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchResponse) Reset() {
+	*x = BatchResponse{}
+	mi := &file_idem_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchResponse) ProtoMessage() {}
+
+func (x *BatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchResponse.ProtoReflect.Descriptor instead.
+func (*BatchResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *BatchResponse) GetResults() []*BatchResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 type RoutingRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -882,7 +1339,7 @@ type RoutingRequest struct {
 
 func (x *RoutingRequest) Reset() {
 	*x = RoutingRequest{}
-	mi := &file_idem_proto_msgTypes[11]
+	mi := &file_idem_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +1351,7 @@ func (x *RoutingRequest) String() string {
 func (*RoutingRequest) ProtoMessage() {}
 
 func (x *RoutingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[11]
+	mi := &file_idem_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +1364,7 @@ func (x *RoutingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutingRequest.ProtoReflect.Descriptor instead.
 func (*RoutingRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{11}
+	return file_idem_proto_rawDescGZIP(), []int{16}
 }
 
 // RingParams are the topology file's ring parameters, defaults filled in.
@@ -922,7 +1379,7 @@ type RingParams struct {
 
 func (x *RingParams) Reset() {
 	*x = RingParams{}
-	mi := &file_idem_proto_msgTypes[12]
+	mi := &file_idem_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1391,7 @@ func (x *RingParams) String() string {
 func (*RingParams) ProtoMessage() {}
 
 func (x *RingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[12]
+	mi := &file_idem_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1404,7 @@ func (x *RingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingParams.ProtoReflect.Descriptor instead.
 func (*RingParams) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{12}
+	return file_idem_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RingParams) GetPartitionCount() int32 {
@@ -987,7 +1444,7 @@ type RoutingShard struct {
 
 func (x *RoutingShard) Reset() {
 	*x = RoutingShard{}
-	mi := &file_idem_proto_msgTypes[13]
+	mi := &file_idem_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1456,7 @@ func (x *RoutingShard) String() string {
 func (*RoutingShard) ProtoMessage() {}
 
 func (x *RoutingShard) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[13]
+	mi := &file_idem_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1469,7 @@ func (x *RoutingShard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutingShard.ProtoReflect.Descriptor instead.
 func (*RoutingShard) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{13}
+	return file_idem_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RoutingShard) GetId() string {
@@ -1056,7 +1513,7 @@ type RoutingNode struct {
 
 func (x *RoutingNode) Reset() {
 	*x = RoutingNode{}
-	mi := &file_idem_proto_msgTypes[14]
+	mi := &file_idem_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1525,7 @@ func (x *RoutingNode) String() string {
 func (*RoutingNode) ProtoMessage() {}
 
 func (x *RoutingNode) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[14]
+	mi := &file_idem_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1538,7 @@ func (x *RoutingNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutingNode.ProtoReflect.Descriptor instead.
 func (*RoutingNode) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{14}
+	return file_idem_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RoutingNode) GetId() string {
@@ -1125,7 +1582,7 @@ type RoutingResponse struct {
 
 func (x *RoutingResponse) Reset() {
 	*x = RoutingResponse{}
-	mi := &file_idem_proto_msgTypes[15]
+	mi := &file_idem_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1137,7 +1594,7 @@ func (x *RoutingResponse) String() string {
 func (*RoutingResponse) ProtoMessage() {}
 
 func (x *RoutingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[15]
+	mi := &file_idem_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1150,7 +1607,7 @@ func (x *RoutingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoutingResponse.ProtoReflect.Descriptor instead.
 func (*RoutingResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{15}
+	return file_idem_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RoutingResponse) GetCluster() string {
@@ -1203,7 +1660,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_idem_proto_msgTypes[16]
+	mi := &file_idem_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1672,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[16]
+	mi := &file_idem_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1685,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{16}
+	return file_idem_proto_rawDescGZIP(), []int{21}
 }
 
 type ShardStatus struct {
@@ -1255,7 +1712,7 @@ type ShardStatus struct {
 
 func (x *ShardStatus) Reset() {
 	*x = ShardStatus{}
-	mi := &file_idem_proto_msgTypes[17]
+	mi := &file_idem_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1267,7 +1724,7 @@ func (x *ShardStatus) String() string {
 func (*ShardStatus) ProtoMessage() {}
 
 func (x *ShardStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[17]
+	mi := &file_idem_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1280,7 +1737,7 @@ func (x *ShardStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardStatus.ProtoReflect.Descriptor instead.
 func (*ShardStatus) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{17}
+	return file_idem_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ShardStatus) GetShard() string {
@@ -1384,7 +1841,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_idem_proto_msgTypes[18]
+	mi := &file_idem_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1853,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[18]
+	mi := &file_idem_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1866,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{18}
+	return file_idem_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatusResponse) GetCluster() string {
@@ -1472,7 +1929,7 @@ type TransferLeaderRequest struct {
 
 func (x *TransferLeaderRequest) Reset() {
 	*x = TransferLeaderRequest{}
-	mi := &file_idem_proto_msgTypes[19]
+	mi := &file_idem_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1941,7 @@ func (x *TransferLeaderRequest) String() string {
 func (*TransferLeaderRequest) ProtoMessage() {}
 
 func (x *TransferLeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[19]
+	mi := &file_idem_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1954,7 @@ func (x *TransferLeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaderRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeaderRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{19}
+	return file_idem_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TransferLeaderRequest) GetShard() string {
@@ -1523,7 +1980,7 @@ type TransferLeaderResponse struct {
 
 func (x *TransferLeaderResponse) Reset() {
 	*x = TransferLeaderResponse{}
-	mi := &file_idem_proto_msgTypes[20]
+	mi := &file_idem_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1992,7 @@ func (x *TransferLeaderResponse) String() string {
 func (*TransferLeaderResponse) ProtoMessage() {}
 
 func (x *TransferLeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[20]
+	mi := &file_idem_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +2005,7 @@ func (x *TransferLeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaderResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeaderResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{20}
+	return file_idem_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TransferLeaderResponse) GetLeaderId() string {
@@ -1567,7 +2024,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_idem_proto_msgTypes[21]
+	mi := &file_idem_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1579,7 +2036,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[21]
+	mi := &file_idem_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1592,7 +2049,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{21}
+	return file_idem_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SnapshotRequest) GetShard() string {
@@ -1612,7 +2069,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_idem_proto_msgTypes[22]
+	mi := &file_idem_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +2081,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[22]
+	mi := &file_idem_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +2094,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{22}
+	return file_idem_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotResponse) GetIndex() uint64 {
@@ -1664,7 +2121,7 @@ type ReplaceVoterRequest struct {
 
 func (x *ReplaceVoterRequest) Reset() {
 	*x = ReplaceVoterRequest{}
-	mi := &file_idem_proto_msgTypes[23]
+	mi := &file_idem_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1676,7 +2133,7 @@ func (x *ReplaceVoterRequest) String() string {
 func (*ReplaceVoterRequest) ProtoMessage() {}
 
 func (x *ReplaceVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[23]
+	mi := &file_idem_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1689,7 +2146,7 @@ func (x *ReplaceVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceVoterRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceVoterRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{23}
+	return file_idem_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReplaceVoterRequest) GetShard() string {
@@ -1716,7 +2173,7 @@ type ReplaceVoterResponse struct {
 
 func (x *ReplaceVoterResponse) Reset() {
 	*x = ReplaceVoterResponse{}
-	mi := &file_idem_proto_msgTypes[24]
+	mi := &file_idem_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1728,7 +2185,7 @@ func (x *ReplaceVoterResponse) String() string {
 func (*ReplaceVoterResponse) ProtoMessage() {}
 
 func (x *ReplaceVoterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[24]
+	mi := &file_idem_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1741,7 +2198,7 @@ func (x *ReplaceVoterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceVoterResponse.ProtoReflect.Descriptor instead.
 func (*ReplaceVoterResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{24}
+	return file_idem_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReplaceVoterResponse) GetLeaderId() string {
@@ -1759,7 +2216,7 @@ type ClockRequest struct {
 
 func (x *ClockRequest) Reset() {
 	*x = ClockRequest{}
-	mi := &file_idem_proto_msgTypes[25]
+	mi := &file_idem_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +2228,7 @@ func (x *ClockRequest) String() string {
 func (*ClockRequest) ProtoMessage() {}
 
 func (x *ClockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[25]
+	mi := &file_idem_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +2241,7 @@ func (x *ClockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockRequest.ProtoReflect.Descriptor instead.
 func (*ClockRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{25}
+	return file_idem_proto_rawDescGZIP(), []int{30}
 }
 
 type ClockResponse struct {
@@ -1807,7 +2264,7 @@ type ClockResponse struct {
 
 func (x *ClockResponse) Reset() {
 	*x = ClockResponse{}
-	mi := &file_idem_proto_msgTypes[26]
+	mi := &file_idem_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1819,7 +2276,7 @@ func (x *ClockResponse) String() string {
 func (*ClockResponse) ProtoMessage() {}
 
 func (x *ClockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[26]
+	mi := &file_idem_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1832,7 +2289,7 @@ func (x *ClockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockResponse.ProtoReflect.Descriptor instead.
 func (*ClockResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{26}
+	return file_idem_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ClockResponse) GetUnixNanos() int64 {
@@ -1872,7 +2329,7 @@ type KeyInfo struct {
 
 func (x *KeyInfo) Reset() {
 	*x = KeyInfo{}
-	mi := &file_idem_proto_msgTypes[27]
+	mi := &file_idem_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +2341,7 @@ func (x *KeyInfo) String() string {
 func (*KeyInfo) ProtoMessage() {}
 
 func (x *KeyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[27]
+	mi := &file_idem_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +2354,7 @@ func (x *KeyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
 func (*KeyInfo) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{27}
+	return file_idem_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *KeyInfo) GetKey() string {
@@ -1966,7 +2423,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_idem_proto_msgTypes[28]
+	mi := &file_idem_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2435,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[28]
+	mi := &file_idem_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2448,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{28}
+	return file_idem_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListKeysRequest) GetNamespace() string {
@@ -2040,7 +2497,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_idem_proto_msgTypes[29]
+	mi := &file_idem_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2509,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[29]
+	mi := &file_idem_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2522,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{29}
+	return file_idem_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -2093,7 +2550,7 @@ type ForceReleaseRequest struct {
 
 func (x *ForceReleaseRequest) Reset() {
 	*x = ForceReleaseRequest{}
-	mi := &file_idem_proto_msgTypes[30]
+	mi := &file_idem_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2105,7 +2562,7 @@ func (x *ForceReleaseRequest) String() string {
 func (*ForceReleaseRequest) ProtoMessage() {}
 
 func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[30]
+	mi := &file_idem_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2118,7 +2575,7 @@ func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{30}
+	return file_idem_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ForceReleaseRequest) GetNamespace() string {
@@ -2151,7 +2608,7 @@ type ForceReleaseResponse struct {
 
 func (x *ForceReleaseResponse) Reset() {
 	*x = ForceReleaseResponse{}
-	mi := &file_idem_proto_msgTypes[31]
+	mi := &file_idem_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2620,7 @@ func (x *ForceReleaseResponse) String() string {
 func (*ForceReleaseResponse) ProtoMessage() {}
 
 func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[31]
+	mi := &file_idem_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2633,7 @@ func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{31}
+	return file_idem_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ForceReleaseResponse) GetPreviousFencingToken() uint64 {
@@ -2197,7 +2654,7 @@ type DeleteKeyRequest struct {
 
 func (x *DeleteKeyRequest) Reset() {
 	*x = DeleteKeyRequest{}
-	mi := &file_idem_proto_msgTypes[32]
+	mi := &file_idem_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2209,7 +2666,7 @@ func (x *DeleteKeyRequest) String() string {
 func (*DeleteKeyRequest) ProtoMessage() {}
 
 func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[32]
+	mi := &file_idem_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2222,7 +2679,7 @@ func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{32}
+	return file_idem_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteKeyRequest) GetNamespace() string {
@@ -2254,7 +2711,7 @@ type DeleteKeyResponse struct {
 
 func (x *DeleteKeyResponse) Reset() {
 	*x = DeleteKeyResponse{}
-	mi := &file_idem_proto_msgTypes[33]
+	mi := &file_idem_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2723,7 @@ func (x *DeleteKeyResponse) String() string {
 func (*DeleteKeyResponse) ProtoMessage() {}
 
 func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[33]
+	mi := &file_idem_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2736,7 @@ func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{33}
+	return file_idem_proto_rawDescGZIP(), []int{38}
 }
 
 type ListShardRequest struct {
@@ -2297,7 +2754,7 @@ type ListShardRequest struct {
 
 func (x *ListShardRequest) Reset() {
 	*x = ListShardRequest{}
-	mi := &file_idem_proto_msgTypes[34]
+	mi := &file_idem_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2766,7 @@ func (x *ListShardRequest) String() string {
 func (*ListShardRequest) ProtoMessage() {}
 
 func (x *ListShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[34]
+	mi := &file_idem_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2779,7 @@ func (x *ListShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardRequest.ProtoReflect.Descriptor instead.
 func (*ListShardRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{34}
+	return file_idem_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListShardRequest) GetShard() string {
@@ -2380,7 +2837,7 @@ type ListShardResponse struct {
 
 func (x *ListShardResponse) Reset() {
 	*x = ListShardResponse{}
-	mi := &file_idem_proto_msgTypes[35]
+	mi := &file_idem_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2392,7 +2849,7 @@ func (x *ListShardResponse) String() string {
 func (*ListShardResponse) ProtoMessage() {}
 
 func (x *ListShardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[35]
+	mi := &file_idem_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2405,7 +2862,7 @@ func (x *ListShardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardResponse.ProtoReflect.Descriptor instead.
 func (*ListShardResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{35}
+	return file_idem_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListShardResponse) GetKeys() []*KeyInfo {
@@ -2434,7 +2891,7 @@ var File_idem_proto protoreflect.FileDescriptor
 const file_idem_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"idem.proto\x12\aidem.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x01\n" +
+	"idem.proto\x12\aidem.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x01\n" +
 	"\x0eStoredResponse\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\x05R\x06status\x12>\n" +
 	"\aheaders\x18\x02 \x03(\v2$.idem.v1.StoredResponse.HeadersEntryR\aheaders\x12\x12\n" +
@@ -2500,7 +2957,33 @@ const file_idem_proto_rawDesc = "" +
 	"\fcompleted_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x129\n" +
 	"\n" +
 	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x123\n" +
-	"\bresponse\x18\a \x01(\v2\x17.idem.v1.StoredResponseR\bresponse\"\x10\n" +
+	"\bresponse\x18\a \x01(\v2\x17.idem.v1.StoredResponseR\bresponse\"\x95\x02\n" +
+	"\aBatchOp\x123\n" +
+	"\areserve\x18\x01 \x01(\v2\x17.idem.v1.ReserveRequestH\x00R\areserve\x129\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x19.idem.v1.HeartbeatRequestH\x00R\theartbeat\x126\n" +
+	"\bcomplete\x18\x03 \x01(\v2\x18.idem.v1.CompleteRequestH\x00R\bcomplete\x123\n" +
+	"\arelease\x18\x04 \x01(\v2\x17.idem.v1.ReleaseRequestH\x00R\arelease\x12'\n" +
+	"\x03get\x18\x05 \x01(\v2\x13.idem.v1.GetRequestH\x00R\x03getB\x04\n" +
+	"\x02op\"2\n" +
+	"\fBatchRequest\x12\"\n" +
+	"\x03ops\x18\x01 \x03(\v2\x10.idem.v1.BatchOpR\x03ops\"j\n" +
+	"\n" +
+	"BatchError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
+	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\x88\x03\n" +
+	"\vBatchResult\x124\n" +
+	"\areserve\x18\x01 \x01(\v2\x18.idem.v1.ReserveResponseH\x00R\areserve\x12:\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x1a.idem.v1.HeartbeatResponseH\x00R\theartbeat\x127\n" +
+	"\bcomplete\x18\x03 \x01(\v2\x19.idem.v1.CompleteResponseH\x00R\bcomplete\x124\n" +
+	"\arelease\x18\x04 \x01(\v2\x18.idem.v1.ReleaseResponseH\x00R\arelease\x12(\n" +
+	"\x03get\x18\x05 \x01(\v2\x14.idem.v1.GetResponseH\x00R\x03get\x12+\n" +
+	"\x05error\x18\x06 \x01(\v2\x13.idem.v1.BatchErrorH\x00R\x05error\x12\x1b\n" +
+	"\tleader_id\x18\a \x01(\tR\bleaderId\x12\x1a\n" +
+	"\bwithheld\x18\b \x01(\bR\bwithheldB\b\n" +
+	"\x06result\"?\n" +
+	"\rBatchResponse\x12.\n" +
+	"\aresults\x18\x01 \x03(\v2\x14.idem.v1.BatchResultR\aresults\"\x10\n" +
 	"\x0eRoutingRequest\"x\n" +
 	"\n" +
 	"RingParams\x12'\n" +
@@ -2625,14 +3108,15 @@ const file_idem_proto_rawDesc = "" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11STATE_IN_PROGRESS\x10\x01\x12\x13\n" +
-	"\x0fSTATE_COMPLETED\x10\x022\xfe\x02\n" +
+	"\x0fSTATE_COMPLETED\x10\x022\xb6\x03\n" +
 	"\vIdempotency\x12<\n" +
 	"\aReserve\x12\x17.idem.v1.ReserveRequest\x1a\x18.idem.v1.ReserveResponse\x12B\n" +
 	"\tHeartbeat\x12\x19.idem.v1.HeartbeatRequest\x1a\x1a.idem.v1.HeartbeatResponse\x12?\n" +
 	"\bComplete\x12\x18.idem.v1.CompleteRequest\x1a\x19.idem.v1.CompleteResponse\x12<\n" +
 	"\aRelease\x12\x17.idem.v1.ReleaseRequest\x1a\x18.idem.v1.ReleaseResponse\x120\n" +
 	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse\x12<\n" +
-	"\aRouting\x12\x17.idem.v1.RoutingRequest\x1a\x18.idem.v1.RoutingResponse2\xf1\x04\n" +
+	"\aRouting\x12\x17.idem.v1.RoutingRequest\x1a\x18.idem.v1.RoutingResponse\x126\n" +
+	"\x05Batch\x12\x15.idem.v1.BatchRequest\x1a\x16.idem.v1.BatchResponse2\xf1\x04\n" +
 	"\x05Admin\x129\n" +
 	"\x06Status\x12\x16.idem.v1.StatusRequest\x1a\x17.idem.v1.StatusResponse\x12Q\n" +
 	"\x0eTransferLeader\x12\x1e.idem.v1.TransferLeaderRequest\x1a\x1f.idem.v1.TransferLeaderResponse\x12?\n" +
@@ -2657,7 +3141,7 @@ func file_idem_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_idem_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: idem.v1.Outcome
 	(State)(0),                     // 1: idem.v1.State
@@ -2672,98 +3156,120 @@ var file_idem_proto_goTypes = []any{
 	(*ReleaseResponse)(nil),        // 10: idem.v1.ReleaseResponse
 	(*GetRequest)(nil),             // 11: idem.v1.GetRequest
 	(*GetResponse)(nil),            // 12: idem.v1.GetResponse
-	(*RoutingRequest)(nil),         // 13: idem.v1.RoutingRequest
-	(*RingParams)(nil),             // 14: idem.v1.RingParams
-	(*RoutingShard)(nil),           // 15: idem.v1.RoutingShard
-	(*RoutingNode)(nil),            // 16: idem.v1.RoutingNode
-	(*RoutingResponse)(nil),        // 17: idem.v1.RoutingResponse
-	(*StatusRequest)(nil),          // 18: idem.v1.StatusRequest
-	(*ShardStatus)(nil),            // 19: idem.v1.ShardStatus
-	(*StatusResponse)(nil),         // 20: idem.v1.StatusResponse
-	(*TransferLeaderRequest)(nil),  // 21: idem.v1.TransferLeaderRequest
-	(*TransferLeaderResponse)(nil), // 22: idem.v1.TransferLeaderResponse
-	(*SnapshotRequest)(nil),        // 23: idem.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),       // 24: idem.v1.SnapshotResponse
-	(*ReplaceVoterRequest)(nil),    // 25: idem.v1.ReplaceVoterRequest
-	(*ReplaceVoterResponse)(nil),   // 26: idem.v1.ReplaceVoterResponse
-	(*ClockRequest)(nil),           // 27: idem.v1.ClockRequest
-	(*ClockResponse)(nil),          // 28: idem.v1.ClockResponse
-	(*KeyInfo)(nil),                // 29: idem.v1.KeyInfo
-	(*ListKeysRequest)(nil),        // 30: idem.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),       // 31: idem.v1.ListKeysResponse
-	(*ForceReleaseRequest)(nil),    // 32: idem.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),   // 33: idem.v1.ForceReleaseResponse
-	(*DeleteKeyRequest)(nil),       // 34: idem.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),      // 35: idem.v1.DeleteKeyResponse
-	(*ListShardRequest)(nil),       // 36: idem.v1.ListShardRequest
-	(*ListShardResponse)(nil),      // 37: idem.v1.ListShardResponse
-	nil,                            // 38: idem.v1.StoredResponse.HeadersEntry
-	(*timestamppb.Timestamp)(nil),  // 39: google.protobuf.Timestamp
+	(*BatchOp)(nil),                // 13: idem.v1.BatchOp
+	(*BatchRequest)(nil),           // 14: idem.v1.BatchRequest
+	(*BatchError)(nil),             // 15: idem.v1.BatchError
+	(*BatchResult)(nil),            // 16: idem.v1.BatchResult
+	(*BatchResponse)(nil),          // 17: idem.v1.BatchResponse
+	(*RoutingRequest)(nil),         // 18: idem.v1.RoutingRequest
+	(*RingParams)(nil),             // 19: idem.v1.RingParams
+	(*RoutingShard)(nil),           // 20: idem.v1.RoutingShard
+	(*RoutingNode)(nil),            // 21: idem.v1.RoutingNode
+	(*RoutingResponse)(nil),        // 22: idem.v1.RoutingResponse
+	(*StatusRequest)(nil),          // 23: idem.v1.StatusRequest
+	(*ShardStatus)(nil),            // 24: idem.v1.ShardStatus
+	(*StatusResponse)(nil),         // 25: idem.v1.StatusResponse
+	(*TransferLeaderRequest)(nil),  // 26: idem.v1.TransferLeaderRequest
+	(*TransferLeaderResponse)(nil), // 27: idem.v1.TransferLeaderResponse
+	(*SnapshotRequest)(nil),        // 28: idem.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),       // 29: idem.v1.SnapshotResponse
+	(*ReplaceVoterRequest)(nil),    // 30: idem.v1.ReplaceVoterRequest
+	(*ReplaceVoterResponse)(nil),   // 31: idem.v1.ReplaceVoterResponse
+	(*ClockRequest)(nil),           // 32: idem.v1.ClockRequest
+	(*ClockResponse)(nil),          // 33: idem.v1.ClockResponse
+	(*KeyInfo)(nil),                // 34: idem.v1.KeyInfo
+	(*ListKeysRequest)(nil),        // 35: idem.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),       // 36: idem.v1.ListKeysResponse
+	(*ForceReleaseRequest)(nil),    // 37: idem.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),   // 38: idem.v1.ForceReleaseResponse
+	(*DeleteKeyRequest)(nil),       // 39: idem.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),      // 40: idem.v1.DeleteKeyResponse
+	(*ListShardRequest)(nil),       // 41: idem.v1.ListShardRequest
+	(*ListShardResponse)(nil),      // 42: idem.v1.ListShardResponse
+	nil,                            // 43: idem.v1.StoredResponse.HeadersEntry
+	(*timestamppb.Timestamp)(nil),  // 44: google.protobuf.Timestamp
+	(*anypb.Any)(nil),              // 45: google.protobuf.Any
 }
 var file_idem_proto_depIdxs = []int32{
-	38, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
+	43, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
 	0,  // 1: idem.v1.ReserveResponse.outcome:type_name -> idem.v1.Outcome
-	39, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	44, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 3: idem.v1.ReserveResponse.response:type_name -> idem.v1.StoredResponse
-	39, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
-	39, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	39, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	44, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
+	44, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 7: idem.v1.CompleteRequest.response:type_name -> idem.v1.StoredResponse
-	39, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	39, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	44, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 10: idem.v1.GetResponse.state:type_name -> idem.v1.State
-	39, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	39, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
-	39, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	44, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
+	44, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 14: idem.v1.GetResponse.response:type_name -> idem.v1.StoredResponse
-	14, // 15: idem.v1.RoutingResponse.ring:type_name -> idem.v1.RingParams
-	15, // 16: idem.v1.RoutingResponse.shards:type_name -> idem.v1.RoutingShard
-	16, // 17: idem.v1.RoutingResponse.nodes:type_name -> idem.v1.RoutingNode
-	19, // 18: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
-	1,  // 19: idem.v1.KeyInfo.state:type_name -> idem.v1.State
-	39, // 20: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
-	39, // 21: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
-	39, // 22: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
-	39, // 23: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
-	1,  // 24: idem.v1.ListKeysRequest.state:type_name -> idem.v1.State
-	29, // 25: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
-	1,  // 26: idem.v1.ListShardRequest.state:type_name -> idem.v1.State
-	29, // 27: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
-	3,  // 28: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
-	5,  // 29: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
-	7,  // 30: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
-	9,  // 31: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
-	11, // 32: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
-	13, // 33: idem.v1.Idempotency.Routing:input_type -> idem.v1.RoutingRequest
-	18, // 34: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
-	21, // 35: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
-	23, // 36: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
-	25, // 37: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
-	27, // 38: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
-	30, // 39: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
-	32, // 40: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
-	34, // 41: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
-	36, // 42: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
-	4,  // 43: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
-	6,  // 44: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
-	8,  // 45: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
-	10, // 46: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
-	12, // 47: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
-	17, // 48: idem.v1.Idempotency.Routing:output_type -> idem.v1.RoutingResponse
-	20, // 49: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
-	22, // 50: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
-	24, // 51: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
-	26, // 52: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
-	28, // 53: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
-	31, // 54: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
-	33, // 55: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
-	35, // 56: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
-	37, // 57: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
-	43, // [43:58] is the sub-list for method output_type
-	28, // [28:43] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	3,  // 15: idem.v1.BatchOp.reserve:type_name -> idem.v1.ReserveRequest
+	5,  // 16: idem.v1.BatchOp.heartbeat:type_name -> idem.v1.HeartbeatRequest
+	7,  // 17: idem.v1.BatchOp.complete:type_name -> idem.v1.CompleteRequest
+	9,  // 18: idem.v1.BatchOp.release:type_name -> idem.v1.ReleaseRequest
+	11, // 19: idem.v1.BatchOp.get:type_name -> idem.v1.GetRequest
+	13, // 20: idem.v1.BatchRequest.ops:type_name -> idem.v1.BatchOp
+	45, // 21: idem.v1.BatchError.details:type_name -> google.protobuf.Any
+	4,  // 22: idem.v1.BatchResult.reserve:type_name -> idem.v1.ReserveResponse
+	6,  // 23: idem.v1.BatchResult.heartbeat:type_name -> idem.v1.HeartbeatResponse
+	8,  // 24: idem.v1.BatchResult.complete:type_name -> idem.v1.CompleteResponse
+	10, // 25: idem.v1.BatchResult.release:type_name -> idem.v1.ReleaseResponse
+	12, // 26: idem.v1.BatchResult.get:type_name -> idem.v1.GetResponse
+	15, // 27: idem.v1.BatchResult.error:type_name -> idem.v1.BatchError
+	16, // 28: idem.v1.BatchResponse.results:type_name -> idem.v1.BatchResult
+	19, // 29: idem.v1.RoutingResponse.ring:type_name -> idem.v1.RingParams
+	20, // 30: idem.v1.RoutingResponse.shards:type_name -> idem.v1.RoutingShard
+	21, // 31: idem.v1.RoutingResponse.nodes:type_name -> idem.v1.RoutingNode
+	24, // 32: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
+	1,  // 33: idem.v1.KeyInfo.state:type_name -> idem.v1.State
+	44, // 34: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
+	44, // 35: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
+	44, // 36: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
+	44, // 37: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 38: idem.v1.ListKeysRequest.state:type_name -> idem.v1.State
+	34, // 39: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
+	1,  // 40: idem.v1.ListShardRequest.state:type_name -> idem.v1.State
+	34, // 41: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
+	3,  // 42: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
+	5,  // 43: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
+	7,  // 44: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
+	9,  // 45: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
+	11, // 46: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
+	18, // 47: idem.v1.Idempotency.Routing:input_type -> idem.v1.RoutingRequest
+	14, // 48: idem.v1.Idempotency.Batch:input_type -> idem.v1.BatchRequest
+	23, // 49: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
+	26, // 50: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
+	28, // 51: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
+	30, // 52: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
+	32, // 53: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
+	35, // 54: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
+	37, // 55: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
+	39, // 56: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
+	41, // 57: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
+	4,  // 58: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
+	6,  // 59: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
+	8,  // 60: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
+	10, // 61: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
+	12, // 62: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
+	22, // 63: idem.v1.Idempotency.Routing:output_type -> idem.v1.RoutingResponse
+	17, // 64: idem.v1.Idempotency.Batch:output_type -> idem.v1.BatchResponse
+	25, // 65: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
+	27, // 66: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
+	29, // 67: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
+	31, // 68: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
+	33, // 69: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
+	36, // 70: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
+	38, // 71: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
+	40, // 72: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
+	42, // 73: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
+	58, // [58:74] is the sub-list for method output_type
+	42, // [42:58] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_idem_proto_init() }
@@ -2771,13 +3277,28 @@ func file_idem_proto_init() {
 	if File_idem_proto != nil {
 		return
 	}
+	file_idem_proto_msgTypes[11].OneofWrappers = []any{
+		(*BatchOp_Reserve)(nil),
+		(*BatchOp_Heartbeat)(nil),
+		(*BatchOp_Complete)(nil),
+		(*BatchOp_Release)(nil),
+		(*BatchOp_Get)(nil),
+	}
+	file_idem_proto_msgTypes[14].OneofWrappers = []any{
+		(*BatchResult_Reserve)(nil),
+		(*BatchResult_Heartbeat)(nil),
+		(*BatchResult_Complete)(nil),
+		(*BatchResult_Release)(nil),
+		(*BatchResult_Get)(nil),
+		(*BatchResult_Error)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_proto_rawDesc), len(file_idem_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   37,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -29,6 +29,7 @@ const (
 	Idempotency_Release_FullMethodName   = "/idem.v1.Idempotency/Release"
 	Idempotency_Get_FullMethodName       = "/idem.v1.Idempotency/Get"
 	Idempotency_Routing_FullMethodName   = "/idem.v1.Idempotency/Routing"
+	Idempotency_Batch_FullMethodName     = "/idem.v1.Idempotency/Batch"
 )
 
 // IdempotencyClient is the client API for Idempotency service.
@@ -51,6 +52,17 @@ type IdempotencyClient interface {
 	// ask; it reveals the topology (node ids, addresses, shard ids) and no
 	// record. Routers answer UNIMPLEMENTED: their clients keep round-robin.
 	Routing(ctx context.Context, in *RoutingRequest, opts ...grpc.CallOption) (*RoutingResponse, error)
+	// Batch runs up to 256 independent operations (reserve, heartbeat,
+	// complete, release, get) in one RPC and answers one result per operation,
+	// in order, when all are done. Each operation is validated, authorized
+	// (the connection's principal, the operation's namespace), rate-limited,
+	// counted in the metrics and forwarded exactly as its unary RPC; the
+	// batch itself needs only an authenticated caller. Operations run
+	// concurrently and one failing does not fail the others. A request of
+	// more than 256 operations is refused with INVALID_ARGUMENT, one of more
+	// than 4 MiB encoded with RESOURCE_EXHAUSTED (PAYLOAD_TOO_LARGE). Nodes
+	// older than v1.2 answer UNIMPLEMENTED: send the operations one by one.
+	Batch(ctx context.Context, in *BatchRequest, opts ...grpc.CallOption) (*BatchResponse, error)
 }
 
 type idempotencyClient struct {
@@ -121,6 +133,16 @@ func (c *idempotencyClient) Routing(ctx context.Context, in *RoutingRequest, opt
 	return out, nil
 }
 
+func (c *idempotencyClient) Batch(ctx context.Context, in *BatchRequest, opts ...grpc.CallOption) (*BatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchResponse)
+	err := c.cc.Invoke(ctx, Idempotency_Batch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IdempotencyServer is the server API for Idempotency service.
 // All implementations must embed UnimplementedIdempotencyServer
 // for forward compatibility.
@@ -141,6 +163,17 @@ type IdempotencyServer interface {
 	// ask; it reveals the topology (node ids, addresses, shard ids) and no
 	// record. Routers answer UNIMPLEMENTED: their clients keep round-robin.
 	Routing(context.Context, *RoutingRequest) (*RoutingResponse, error)
+	// Batch runs up to 256 independent operations (reserve, heartbeat,
+	// complete, release, get) in one RPC and answers one result per operation,
+	// in order, when all are done. Each operation is validated, authorized
+	// (the connection's principal, the operation's namespace), rate-limited,
+	// counted in the metrics and forwarded exactly as its unary RPC; the
+	// batch itself needs only an authenticated caller. Operations run
+	// concurrently and one failing does not fail the others. A request of
+	// more than 256 operations is refused with INVALID_ARGUMENT, one of more
+	// than 4 MiB encoded with RESOURCE_EXHAUSTED (PAYLOAD_TOO_LARGE). Nodes
+	// older than v1.2 answer UNIMPLEMENTED: send the operations one by one.
+	Batch(context.Context, *BatchRequest) (*BatchResponse, error)
 	mustEmbedUnimplementedIdempotencyServer()
 }
 
@@ -168,6 +201,9 @@ func (UnimplementedIdempotencyServer) Get(context.Context, *GetRequest) (*GetRes
 }
 func (UnimplementedIdempotencyServer) Routing(context.Context, *RoutingRequest) (*RoutingResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Routing not implemented")
+}
+func (UnimplementedIdempotencyServer) Batch(context.Context, *BatchRequest) (*BatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Batch not implemented")
 }
 func (UnimplementedIdempotencyServer) mustEmbedUnimplementedIdempotencyServer() {}
 func (UnimplementedIdempotencyServer) testEmbeddedByValue()                     {}
@@ -298,6 +334,24 @@ func _Idempotency_Routing_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Idempotency_Batch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IdempotencyServer).Batch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Idempotency_Batch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IdempotencyServer).Batch(ctx, req.(*BatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Idempotency_ServiceDesc is the grpc.ServiceDesc for Idempotency service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -328,6 +382,10 @@ var Idempotency_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Routing",
 			Handler:    _Idempotency_Routing_Handler,
+		},
+		{
+			MethodName: "Batch",
+			Handler:    _Idempotency_Batch_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
