@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -63,6 +64,7 @@ type options struct {
 	showVersion    bool
 	sec            secure.Flags
 	maxRaftConns   int
+	logStore       string
 }
 
 const usageHeader = `idemnode: a storage node of idem, the multi-region idempotency-key store.
@@ -101,6 +103,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
 	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): shift this node's clock by `D` (fault injection for clock-skew scenarios)")
 	fs.Uint64Var(&o.testFailCommits, "testing-fail-log-commits-after", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): make every Raft log commit after the first `N` fail as a failed fsync would")
+	fs.StringVar(&o.logStore, "raft-log-store", raftstore.LogStorePebble, "where a new shard keeps its Raft log: `STORE` pebble (one pebble instance per node, DATA_DIR/raft/raftlog), shared-bolt (one bbolt file per node, DATA_DIR/raft/log.db) or bolt (a bbolt file per shard); a shard keeps the store it was created with")
 	fs.BoolVar(&o.packCommands, "raft-pack-commands", false, "pack commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load; turn on only once every node runs a version that has this flag)")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `HOST:PORT`, e.g. 127.0.0.1:6060 (default: off)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
@@ -184,6 +187,10 @@ func nodeConfig(o *options) (node.Config, error) {
 		Raft:             raftstore.DefaultConfig(),
 	}
 	cfg.Raft.TestingFailCommitsAfter = o.testFailCommits
+	if !slices.Contains(raftstore.LogStores, o.logStore) {
+		errs = append(errs, fmt.Errorf("--raft-log-store %q: want one of %s", o.logStore, strings.Join(raftstore.LogStores, ", ")))
+	}
+	cfg.Raft.LogStore = o.logStore
 	if len(o.testingFlags) > 0 {
 		if !o.faultInjection {
 			return cfg, fmt.Errorf("%s: fault injection for tests only; it works only with %s=1 in the environment, never set it in production",

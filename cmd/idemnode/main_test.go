@@ -40,6 +40,7 @@ func TestRunFlags(t *testing.T) {
 		{Name: "pprof not loopback", Args: []string{"--dev", "--pprof-addr", "0.0.0.0:6060"}, WantErr: "--pprof-addr \"0.0.0.0:6060\": only a loopback address"},
 		{Name: "pprof not host:port", Args: []string{"--dev", "--pprof-addr", "6060"}, WantErr: "--pprof-addr \"6060\" is not HOST:PORT"},
 		{Name: "bad log level", Args: []string{"--dev", "--log-level", "loud"}, WantErr: "--log-level"},
+		{Name: "bad log store", Args: []string{"--dev", "--raft-log-store", "rocks"}, WantErr: `--raft-log-store "rocks": want one of pebble, shared-bolt, bolt`},
 	})
 }
 
