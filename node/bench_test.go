@@ -135,6 +135,7 @@ type benchCluster struct {
 	http  *http.Client
 	tr    *http.Transport
 	next  atomic.Uint64
+	dir   string // removed by close
 }
 
 var (
@@ -214,12 +215,13 @@ func startBenchCluster(n int, logStore string, noFsync bool) (_ *benchCluster, e
 	if err != nil {
 		return nil, err
 	}
-	c := &benchCluster{}
+	// The dir lives until close: pebble creates files (WAL, sstables)
+	// as it runs, so it cannot be unlinked early.
+	c := &benchCluster{dir: dir}
 	defer func() {
 		if err != nil {
 			c.close()
 		}
-		os.RemoveAll(dir) // unlinked files stay usable until closed
 	}()
 	rc := raftstore.DefaultConfig()
 	rc.NoFsync = noFsync
@@ -289,6 +291,7 @@ func (c *benchCluster) close() {
 		wg.Go(func() { n.Close() })
 	}
 	wg.Wait()
+	os.RemoveAll(c.dir)
 }
 
 // processCPU is the user and system CPU time this process used so far.
