@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -26,6 +27,36 @@ type Client struct {
 	stubs  []idemv1.IdempotencyClient
 	next   atomic.Uint64
 	closed atomic.Bool
+	// routing is nil with Config.DisableRouting.
+	routing          *leaderRouter
+	endpointAttempts atomic.Uint64 // without routing
+}
+
+// Stats are the client's routing figures, for tests and status pages.
+type Stats struct {
+	// LeaderAttempts counts attempts sent straight to the leader of the
+	// key's shard.
+	LeaderAttempts uint64
+	// EndpointAttempts counts attempts sent to an endpoint round-robin:
+	// routing off or not learned yet, the leader unknown or its connection
+	// not up, and every retry.
+	EndpointAttempts uint64
+	// RingFingerprint is the fingerprint of the nodes' ring the client
+	// places keys with; empty while it has none (calls go round-robin).
+	RingFingerprint string
+	// KnownLeaders is how many shards the client knows a leader of.
+	KnownLeaders int
+}
+
+// Stats returns the client's routing figures.
+func (c *Client) Stats() Stats {
+	var s Stats
+	if c.routing != nil {
+		c.routing.stats(&s)
+	} else {
+		s.EndpointAttempts = c.endpointAttempts.Load()
+	}
+	return s
 }
 
 // New validates cfg and returns a Client. It does not connect: connections
@@ -57,14 +88,20 @@ func New(cfg Config) (*Client, error) {
 	// Start different processes at different endpoints, so that many clients
 	// configured alike do not all hit the first one.
 	c.next.Store(rand.Uint64N(uint64(len(c.stubs))))
+	if !cfg.DisableRouting {
+		c.routing = newLeaderRouter(c, opts)
+	}
 	return c, nil
 }
 
-// Close closes every connection. Calls in flight fail; later calls return
-// ErrClosed.
+// Close stops the routing refresher and closes every connection. Calls in
+// flight fail; later calls return ErrClosed.
 func (c *Client) Close() error {
 	c.closed.Store(true)
 	var errs []error
+	if c.routing != nil {
+		errs = append(errs, c.routing.close())
+	}
 	for _, conn := range c.conns {
 		if err := conn.Close(); err != nil {
 			errs = append(errs, err)
@@ -73,28 +110,57 @@ func (c *Client) Close() error {
 	return errors.Join(errs...)
 }
 
-// invoke runs attempt with retries: on a retryable failure it backs off and
-// tries again on the next endpoint, up to MaxAttempts in all. retried reports
-// whether an earlier attempt failed in a way that may have been applied (its
-// answer was lost), which matters to non-idempotent calls like release.
-func (c *Client) invoke(ctx context.Context, op string, attempt func(context.Context, idemv1.IdempotencyClient) error) (retried bool, err error) {
-	return c.invokeWaiting(ctx, op, 0, attempt)
+// attemptFunc runs one attempt of a call on stub, passing opts to the RPC.
+type attemptFunc func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) error
+
+// invoke runs attempt with retries for the key (namespace, key): the first
+// attempt goes to the leader of the key's shard when routing knows it and
+// its connection is up, else to the next endpoint round-robin; on a
+// retryable failure it backs off and tries again on the next endpoint, up
+// to MaxAttempts in all. retried reports whether an earlier attempt failed
+// in a way that may have been applied (its answer was lost), which matters
+// to non-idempotent calls like release.
+func (c *Client) invoke(ctx context.Context, op, namespace, key string, attempt attemptFunc) (retried bool, err error) {
+	return c.invokeWaiting(ctx, op, namespace, key, 0, attempt)
 }
 
 // invokeWaiting is invoke for a call the store may hold for up to wait on
 // purpose (a waiting reserve): each attempt's timeout is RequestTimeout plus
 // wait.
-func (c *Client) invokeWaiting(ctx context.Context, op string, wait time.Duration, attempt func(context.Context, idemv1.IdempotencyClient) error) (retried bool, err error) {
+func (c *Client) invokeWaiting(ctx context.Context, op, namespace, key string, wait time.Duration, attempt attemptFunc) (retried bool, err error) {
 	if c.closed.Load() {
 		return false, fmt.Errorf("%w: %s", ErrClosed, op)
+	}
+	var route callRoute
+	routed := false
+	if c.routing != nil {
+		route, routed = c.routing.route(namespace, key)
 	}
 	start := c.next.Add(1)
 	var lastErr error
 	for n := 1; ; n++ {
 		idx := int((start + uint64(n-1)) % uint64(len(c.stubs)))
+		stub, leader, target := c.stubs[idx], "", c.cfg.Endpoints[idx]
+		if routed && n == 1 {
+			if s, id, ok := c.routing.leaderStub(route); ok {
+				stub, leader, target = s, id, id
+			}
+		}
+		switch {
+		case leader != "":
+			c.routing.leaderAttempts.Add(1)
+		case c.routing != nil:
+			c.routing.endpointAttempts.Add(1)
+		default:
+			c.endpointAttempts.Add(1)
+		}
+		var header metadata.MD
 		attemptCtx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout+wait)
-		err := attempt(attemptCtx, c.stubs[idx])
+		err := attempt(attemptCtx, stub, grpc.Header(&header))
 		cancel()
+		if routed {
+			c.routing.learn(route, leader, header, err)
+		}
 		if err == nil {
 			return n > 1, nil
 		}
@@ -117,7 +183,7 @@ func (c *Client) invokeWaiting(ctx context.Context, op string, wait time.Duratio
 			return true, fmt.Errorf("%w: %s failed %d attempts: %w", ErrUnavailable, op, n, lastErr)
 		}
 		wait := c.backoff(n)
-		c.log.Debug("retrying", "op", op, "endpoint", c.cfg.Endpoints[idx], "attempt", n, "wait", wait, "err", lastErr)
+		c.log.Debug("retrying", "op", op, "target", target, "attempt", n, "wait", wait, "err", lastErr)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

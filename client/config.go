@@ -18,13 +18,15 @@ const (
 	DefaultBaseBackoff    = 50 * time.Millisecond
 	DefaultMaxBackoff     = 2 * time.Second
 	DefaultRequestTimeout = 10 * time.Second
+	DefaultRoutingRefresh = 30 * time.Second
 )
 
 // Config configures a Client.
 type Config struct {
 	// Endpoints are the gRPC addresses (host:port) of idem nodes or routers.
-	// Calls are spread over them round-robin, and an attempt that failed is
-	// retried on the next one. At least one is required.
+	// Calls are spread over them round-robin (unless routing sends them to
+	// their shard's leader, see DisableRouting), and an attempt that failed
+	// is retried on the next one. At least one is required.
 	Endpoints []string
 
 	// DialOptions are passed to grpc.NewClient for every endpoint. When it
@@ -65,6 +67,23 @@ type Config struct {
 	// Logger receives retry and lease events at debug and warn level. Nil
 	// discards them.
 	Logger *slog.Logger
+
+	// DisableRouting turns leader routing off. With routing on (the
+	// default) the client asks an endpoint in the background for the
+	// nodes' ring and addresses (the Routing RPC), places each key itself
+	// and sends each call to the leader of its shard, dialling that node at
+	// the gRPC address the topology file gives it, with the same TLS, token
+	// and DialOptions as the endpoints; the nodes then need no forwarding
+	// hop. Until routing is learned, when the leader is unknown or cannot
+	// be reached, and on every retry, calls go to the Endpoints round-robin.
+	// Endpoints that do not serve routing (routers) are used round-robin.
+	// Turn it off when the nodes' topology addresses cannot be reached from
+	// this process (only the Endpoints can).
+	DisableRouting bool
+
+	// RoutingRefresh is how often routing is asked for again (leaders
+	// are also learned from every answer). Zero means DefaultRoutingRefresh.
+	RoutingRefresh time.Duration
 }
 
 // DefaultConfig returns a Config with every default filled in, dialing
@@ -76,6 +95,7 @@ func DefaultConfig(endpoints ...string) Config {
 		BaseBackoff:    DefaultBaseBackoff,
 		MaxBackoff:     DefaultMaxBackoff,
 		RequestTimeout: DefaultRequestTimeout,
+		RoutingRefresh: DefaultRoutingRefresh,
 	}
 }
 
@@ -102,6 +122,9 @@ func (c Config) Validate() error {
 	if c.BaseBackoff > 0 && c.MaxBackoff > 0 && c.MaxBackoff < c.BaseBackoff {
 		errs = append(errs, fmt.Errorf("client: config: MaxBackoff = %v is below BaseBackoff = %v", c.MaxBackoff, c.BaseBackoff))
 	}
+	if c.RoutingRefresh < 0 {
+		errs = append(errs, fmt.Errorf("client: config: RoutingRefresh = %v is negative", c.RoutingRefresh))
+	}
 	if c.RequestTimeout < 0 {
 		errs = append(errs, fmt.Errorf("client: config: RequestTimeout = %v is negative", c.RequestTimeout))
 	}
@@ -124,6 +147,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.RoutingRefresh == 0 {
+		c.RoutingRefresh = DefaultRoutingRefresh
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -44,12 +44,32 @@
 // Each call is tried up to Config.MaxAttempts times, with jittered
 // exponential backoff, when the store could not decide (gRPC UNAVAILABLE,
 // ABORTED, or a DEADLINE_EXCEEDED while the caller's context is still live),
-// moving to the next endpoint each time; calls are otherwise spread over the
-// endpoints round-robin. Decided failures are not retried and come back as
-// the sentinel errors ErrNotOwner, ErrNotFound, ErrInvalidArgument and
+// moving to the next endpoint each time; first attempts are otherwise sent
+// to their shard's leader (see below) or spread over the endpoints
+// round-robin. Decided failures are not retried and come back as the
+// sentinel errors ErrNotOwner, ErrNotFound, ErrInvalidArgument and
 // ErrPayloadTooLarge; when the retries run out the error is ErrUnavailable.
 // Each wraps the gRPC status (status.Code works on it); test them with
 // errors.Is.
+//
+// # Routing to the leader
+//
+// By default the client sends each call to the leader of its key's shard,
+// which spares the nodes a forwarded RPC. In the background it asks an
+// endpoint for the nodes' routing (the Idempotency service's Routing RPC:
+// the ring, every node's gRPC address as the topology file gives it, and
+// the leaders the node knows), rebuilds the ring and refuses it unless its
+// fingerprint is the nodes', and asks again every Config.RoutingRefresh.
+// Leaders are also learned from the idem-leader header of every answer. A
+// leader's node is dialled lazily, once per address, with the same TLS,
+// token and DialOptions as the endpoints; Close closes those connections
+// and stops the refresher. Routing never delays a call: until it is
+// learned, while the leader is unknown or its connection not up, for 5 s
+// after an attempt at a leader failed undecided, and on every retry, calls
+// go to the endpoints round-robin. Routers do not serve
+// Routing, so behind routers calls stay round-robin. Config.DisableRouting
+// turns it off (use it when only the endpoints, not the nodes' topology
+// addresses, can be reached). Stats tells where attempts went.
 //
 // # Keys
 //

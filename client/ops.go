@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"google.golang.org/grpc"
 )
 
 // Reserve claims a key, or reports who holds it or what it completed with.
@@ -49,8 +50,8 @@ func (c *Client) Reserve(ctx context.Context, req ReserveRequest) (Reservation, 
 		WaitMs:      req.Wait.Milliseconds(),
 	}
 	var resp *idemv1.ReserveResponse
-	_, err = c.invokeWaiting(ctx, "reserve "+req.Namespace+"/"+req.Key, req.Wait, func(ctx context.Context, stub idemv1.IdempotencyClient) (err error) {
-		resp, err = stub.Reserve(ctx, pb)
+	_, err = c.invokeWaiting(ctx, "reserve "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, req.Wait, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
+		resp, err = stub.Reserve(ctx, pb, opts...)
 		return err
 	})
 	if err != nil {
@@ -90,8 +91,8 @@ func (c *Client) Heartbeat(ctx context.Context, req HeartbeatRequest) (time.Time
 	}
 	pb := &idemv1.HeartbeatRequest{Namespace: req.Namespace, Key: req.Key, OwnerToken: req.OwnerToken, LeaseMs: leaseMs}
 	var resp *idemv1.HeartbeatResponse
-	_, err = c.invoke(ctx, "heartbeat "+req.Namespace+"/"+req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient) (err error) {
-		resp, err = stub.Heartbeat(ctx, pb)
+	_, err = c.invoke(ctx, "heartbeat "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
+		resp, err = stub.Heartbeat(ctx, pb, opts...)
 		return err
 	})
 	if err != nil {
@@ -120,8 +121,8 @@ func (c *Client) Complete(ctx context.Context, req CompleteRequest) (Completion,
 		RetentionS: retentionS,
 	}
 	var resp *idemv1.CompleteResponse
-	_, err = c.invoke(ctx, "complete "+req.Namespace+"/"+req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient) (err error) {
-		resp, err = stub.Complete(ctx, pb)
+	_, err = c.invoke(ctx, "complete "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
+		resp, err = stub.Complete(ctx, pb, opts...)
 		return err
 	})
 	if err != nil {
@@ -141,8 +142,8 @@ func (c *Client) Release(ctx context.Context, req ReleaseRequest) error {
 		return err
 	}
 	pb := &idemv1.ReleaseRequest{Namespace: req.Namespace, Key: req.Key, OwnerToken: req.OwnerToken}
-	retried, err := c.invoke(ctx, "release "+req.Namespace+"/"+req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient) error {
-		_, err := stub.Release(ctx, pb)
+	retried, err := c.invoke(ctx, "release "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) error {
+		_, err := stub.Release(ctx, pb, opts...)
 		return err
 	})
 	if retried && errors.Is(err, ErrNotOwner) {
@@ -160,8 +161,8 @@ func (c *Client) Get(ctx context.Context, namespace, key string) (Record, error)
 	}
 	pb := &idemv1.GetRequest{Namespace: namespace, Key: key}
 	var resp *idemv1.GetResponse
-	_, err := c.invoke(ctx, "get "+namespace+"/"+key, func(ctx context.Context, stub idemv1.IdempotencyClient) (err error) {
-		resp, err = stub.Get(ctx, pb)
+	_, err := c.invoke(ctx, "get "+namespace+"/"+key, namespace, key, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
+		resp, err = stub.Get(ctx, pb, opts...)
 		return err
 	})
 	if err != nil {

@@ -32,6 +32,9 @@ func (f *FSM) Snapshot() *Snapshot {
 	return &Snapshot{view: f.store.View()}
 }
 
+// View is the store view the snapshot streams.
+func (s *Snapshot) View() StoreView { return s.view }
+
 // Release drops the snapshot's view.
 func (s *Snapshot) Release() { s.view.Release() }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -86,6 +87,10 @@ type Config struct {
 	// IDEM_ENABLE_FAULT_INJECTION=1); the node logs a warning naming them at
 	// start and every minute. Empty in production.
 	FaultInjection []string
+	// TestingRestoreFault injects a crash into snapshot restores (see
+	// statedb.RestoreFault): fault injection for tests only, set by
+	// cmd/idemnode's --testing-crash-during-restore. Nil in production.
+	TestingRestoreFault *statedb.RestoreFault
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Registry receives every metric of the node and is what /metrics

@@ -222,7 +222,11 @@ func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (
 		prefer = nle.LeaderID
 	}
 	rec, found, err := n.fwd.Get(ctx, info, namespace, key, prefer, hops)
-	return rec, found, "", err
+	leader := prefer
+	if id, ok := n.fwd.Leader(info.ID); ok && err == nil {
+		leader = id
+	}
+	return rec, found, leader, err
 }
 
 // List implements backend.Backend: one page over every shard of the ring,

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"time"
@@ -60,6 +61,7 @@ func New(cfg Config) (*Node, error) {
 	n.clocks = newClocks(n)
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
+		Routing: n.routing,
 	}); err != nil {
 		n.fwd.Close()
 		return nil, err
@@ -118,7 +120,8 @@ func (n *Node) Start() (err error) {
 		}
 	}
 	stateDir := filepath.Join(cfg.DataDir, "state")
-	if n.state, err = statedb.Open(statedb.Config{Dir: stateDir, MaxStateBytes: maxState, Registry: cfg.Registry}); err != nil {
+	if n.state, err = statedb.Open(statedb.Config{Dir: stateDir, MaxStateBytes: maxState, Registry: cfg.Registry,
+		TestingRestoreFault: cfg.TestingRestoreFault}); err != nil {
 		return err
 	}
 	n.log.Info("state engine open", "dir", stateDir, "max_state_bytes", maxState, "state_bytes", n.state.StateBytes())
@@ -139,6 +142,7 @@ func (n *Node) Start() (err error) {
 		if err != nil {
 			return err
 		}
+		logShardState(n.log, "shard state open", info.ID, sm.Store(), true)
 		s := &shard{info: info, sm: sm, fsm: sm.FSM(), waiters: new(backend.Waiters)}
 		s.fsm.OnApply(s.waiters.Settled)
 		if s.group, err = n.host.AddGroup(gc, sm); err != nil {
@@ -267,6 +271,9 @@ func (n *Node) closeAll(ctx context.Context) error {
 			errs = append(errs, n.host.Shutdown(ctx))
 		}
 		if n.state != nil { // after every Raft group has stopped applying
+			for _, id := range n.shardIDs() {
+				logShardState(n.log, "shard state closed", id, n.shards[id].sm.Store(), false)
+			}
 			errs = append(errs, n.state.Close())
 		}
 		n.fwd.Close()
@@ -288,4 +295,16 @@ func spansRegions(t *topology.Topology, s topology.Shard) bool {
 		}
 	}
 	return false
+}
+
+// logShardState logs what a shard's state engine holds: the Raft index it
+// covers and its records. At open it also says what was dropped of other
+// generations, the leftovers of a snapshot install a crash interrupted.
+func logShardState(log *slog.Logger, msg, id string, st *statedb.ShardStore, open bool) {
+	m := st.Meta()
+	attrs := []any{"shard", id, "applied_index", st.Applied(), "records", m.InProgress + m.Completed, "record_bytes", m.Bytes}
+	if keys, bytes := st.DroppedAtOpen(); open {
+		attrs = append(attrs, "stale_generation_keys_dropped", keys, "stale_generation_bytes_dropped", bytes)
+	}
+	log.Info(msg, attrs...)
 }

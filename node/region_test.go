@@ -83,6 +83,7 @@ func startRegion(t *testing.T, n int, mod func(*Config)) *testRegion {
 		r.nodes, r.regs, r.cancels, r.served = append(r.nodes, nn), append(r.regs, reg), append(r.cancels, cancel), append(r.served, done)
 		ccfg := client.DefaultConfig(nn.GRPCAddr()) // one endpoint: requests land on this node
 		ccfg.MaxAttempts = 1
+		ccfg.DisableRouting = true // ... and not on the leader: these tests are about forwarding
 		cl, err := client.New(ccfg)
 		if err != nil {
 			t.Fatal(err)

@@ -70,6 +70,12 @@ var (
 	// or foreign file). The host refuses to open rather than guess.
 	ErrCorruptLog = errors.New("raftstore: Raft log file is corrupt")
 
+	// ErrCorruptSnapshot means a snapshot's header is damaged (its checksum
+	// does not match, or its magic or version is unknown): nothing of it was
+	// applied. The state machine's own checks of the state bytes report
+	// their own errors (fsm.ErrCorrupt), wrapped the same way.
+	ErrCorruptSnapshot = errors.New("raftstore: snapshot is corrupt")
+
 	// ErrStateMissing is returned by AddGroup with StartRequireState for a
 	// group that has no state on disk: it was lost.
 	ErrStateMissing = errors.New("raftstore: the group's Raft state is missing")

@@ -3,6 +3,7 @@ package raftstore
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,23 @@ type DurableStateMachine interface {
 	RestoreApplied(r io.Reader, applied uint64) error
 }
 
+// LiveSnapshotter is a DurableStateMachine whose Raft snapshots refer to
+// its own state on disk instead of copying it (see DESIGN.md "Reference
+// snapshots"): taking a snapshot costs one sync, whatever the state's size,
+// and the state is read out only when a follower needs it.
+type LiveSnapshotter interface {
+	DurableStateMachine
+	// SyncState makes everything committed so far (CommitApplied) survive
+	// a crash. Called on the apply goroutine before a reference snapshot is
+	// written: the state on disk then covers the snapshot's index.
+	SyncState() error
+	// LiveSnapshot captures the committed state now, with the Raft index it
+	// covers. Called from any goroutine (a leader's replication sending a
+	// snapshot), concurrently with Apply. WriteTo must be repeatable and
+	// write the same bytes each time (its size is measured first).
+	LiveSnapshot() (SnapshotWriter, uint64, error)
+}
+
 // SnapshotWriter is a captured view of a StateMachine.
 type SnapshotWriter interface {
 	// WriteTo writes the view; it runs concurrently with Apply.
@@ -64,18 +82,82 @@ type SnapshotWriter interface {
 
 // Snapshot stream layout: our header, then the StateMachine's bytes.
 //
-//	magic "IDRS" | version (1 byte) | applied index (8 bytes, big endian)
+//	magic "IDRS" | version (1 byte) | applied index (8 bytes, big endian) [| CRC-32C of the 13 bytes before (4, big endian), version 4]
 //
 // The applied index is the last log entry the StateMachine had seen when the
 // view was captured. raft's own snapshot index may be slightly higher (it
 // also counts no-op and barrier entries the StateMachine never sees); after a
 // restore the header lets fsmAdapter know exactly what the state covers.
+//
+// Version 4 is a full snapshot (header, then the state), the header with a
+// checksum of itself; every full snapshot is written so. 4, not 3: no
+// single flipped bit turns it into version 1 or 2, which the checksum
+// would not cover. The state's bytes
+// carry their own checksum (package fsm's CRC-32C trailer) and raft's file
+// store a CRC-64 of a file on disk, but nothing else covers the applied
+// index of a stream as it is restored (a follower checksums what it
+// received): a flipped bit there would make a durable state machine skip or
+// re-apply log entries silently.
+//
+// Version 1 is a full snapshot of an older release, without the checksum:
+// still restored.
+//
+// Version 2 is a reference snapshot of a LiveSnapshotter: the header alone,
+// the state being the state machine's own on disk, synced up to at least
+// the header's applied index before the header was written. It never
+// leaves the node (raft's CRC-64 covers it on disk): liveSnapshotStore.Open
+// turns it into a version 4 stream of the live state (with the live state's
+// applied index in its header).
 var snapMagic = [4]byte{'I', 'D', 'R', 'S'}
 
 const (
-	snapVersion   = 1
-	snapHeaderLen = 13
+	snapVersion       = 1 // full, header unchecked (older releases)
+	snapVersionRef    = 2 // reference
+	snapVersionSummed = 4 // full, header checked
+	snapHeaderLen     = 13
+	snapSummedLen     = 17
 )
+
+// snapHeader is a version 1 or 2 header.
+func snapHeader(version byte, applied uint64) []byte {
+	h := make([]byte, snapHeaderLen)
+	copy(h[:4], snapMagic[:])
+	h[4] = version
+	binary.BigEndian.PutUint64(h[5:], applied)
+	return h
+}
+
+// fullSnapHeader is the header of a full snapshot: version 4, checksummed.
+func fullSnapHeader(applied uint64) []byte {
+	h := snapHeader(snapVersionSummed, applied)
+	return binary.BigEndian.AppendUint32(h, crc32.Checksum(h, castagnoli))
+}
+
+// readSnapHeader reads a snapshot header of any version and returns the
+// version and the applied index it carries; a damaged or unknown one is
+// ErrCorruptSnapshot.
+func readSnapHeader(r io.Reader) (version byte, applied uint64, err error) {
+	h := make([]byte, snapSummedLen)
+	if _, err := io.ReadFull(r, h[:snapHeaderLen]); err != nil {
+		return 0, 0, fmt.Errorf("%w: reading its header: %v", ErrCorruptSnapshot, err)
+	}
+	if [4]byte(h[:4]) != snapMagic {
+		return 0, 0, fmt.Errorf("%w: not an idem snapshot (header %x)", ErrCorruptSnapshot, h[:5])
+	}
+	switch h[4] {
+	case snapVersion, snapVersionRef:
+	case snapVersionSummed:
+		if _, err := io.ReadFull(r, h[snapHeaderLen:]); err != nil {
+			return 0, 0, fmt.Errorf("%w: reading its header: %v", ErrCorruptSnapshot, err)
+		}
+		if want, got := crc32.Checksum(h[:snapHeaderLen], castagnoli), binary.BigEndian.Uint32(h[snapHeaderLen:]); want != got {
+			return 0, 0, fmt.Errorf("%w: header checksum %08x, computed %08x", ErrCorruptSnapshot, got, want)
+		}
+	default:
+		return 0, 0, fmt.Errorf("%w: unknown header version %d (written by a newer release?)", ErrCorruptSnapshot, h[4])
+	}
+	return h[4], binary.BigEndian.Uint64(h[5:snapHeaderLen]), nil
+}
 
 // fsmAdapter turns a StateMachine into a raft.BatchingFSM and tracks how far
 // it has applied, which ReadBarrier and Ready wait on.
@@ -200,6 +282,12 @@ func (f *fsmAdapter) appliedChanged() (uint64, <-chan struct{}) {
 }
 
 func (f *fsmAdapter) Snapshot() (raft.FSMSnapshot, error) {
+	if live, ok := f.sm.(LiveSnapshotter); ok {
+		if err := live.SyncState(); err != nil {
+			return nil, err
+		}
+		return &fsmSnapshot{applied: f.applied.Load(), metrics: f.metrics}, nil
+	}
 	w, err := f.sm.Snapshot()
 	if err != nil {
 		return nil, err
@@ -209,15 +297,16 @@ func (f *fsmAdapter) Snapshot() (raft.FSMSnapshot, error) {
 
 func (f *fsmAdapter) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	var h [snapHeaderLen]byte
-	if _, err := io.ReadFull(rc, h[:]); err != nil {
-		return fmt.Errorf("raftstore: reading snapshot header: %w", err)
+	version, applied, err := readSnapHeader(rc)
+	if err != nil {
+		return err
 	}
-	if [4]byte(h[:4]) != snapMagic || h[4] != snapVersion {
-		return fmt.Errorf("raftstore: snapshot has an unknown header %x", h[:5])
+	if version == snapVersionRef {
+		// A reference snapshot is opened through liveSnapshotStore, which
+		// turns it into a full one: one here was sent by a peer or read
+		// around the store, and has no state.
+		return fmt.Errorf("%w: a reference snapshot (no state) where a full one was expected", ErrCorruptSnapshot)
 	}
-	applied := binary.BigEndian.Uint64(h[5:])
-	var err error
 	if f.durable != nil {
 		err = f.durable.RestoreApplied(rc, applied)
 	} else {
@@ -226,14 +315,21 @@ func (f *fsmAdapter) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return fmt.Errorf("raftstore: restoring state machine: %w", err)
 	}
-	f.onDisk = 0 // raft hands only entries after the snapshot from now on
+	// raft hands the entries after its snapshot's index from now on. A
+	// live snapshot may cover more than that index (the leader's state when
+	// it was sent): a durable state skips every entry it already holds.
+	f.onDisk = 0
+	if f.durable != nil {
+		f.onDisk = applied
+	}
 	f.setApplied(applied)
 	f.restores.Add(1)
 	f.metrics.restores.Inc()
 	return nil
 }
 
-// fsmSnapshot writes our header and then the StateMachine's view.
+// fsmSnapshot writes our header and then the StateMachine's view, or, with
+// no view (a LiveSnapshotter's), a reference snapshot: the header alone.
 type fsmSnapshot struct {
 	w       SnapshotWriter
 	applied uint64
@@ -242,17 +338,19 @@ type fsmSnapshot struct {
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	start := time.Now()
-	var h [snapHeaderLen]byte
-	copy(h[:4], snapMagic[:])
-	h[4] = snapVersion
-	binary.BigEndian.PutUint64(h[5:], s.applied)
-	if _, err := sink.Write(h[:]); err != nil {
+	h := fullSnapHeader(s.applied)
+	if s.w == nil {
+		h = snapHeader(snapVersionRef, s.applied)
+	}
+	if _, err := sink.Write(h); err != nil {
 		sink.Cancel()
 		return fmt.Errorf("raftstore: writing snapshot header: %w", err)
 	}
-	if _, err := s.w.WriteTo(sink); err != nil {
-		sink.Cancel()
-		return fmt.Errorf("raftstore: writing snapshot: %w", err)
+	if s.w != nil {
+		if _, err := s.w.WriteTo(sink); err != nil {
+			sink.Cancel()
+			return fmt.Errorf("raftstore: writing snapshot: %w", err)
+		}
 	}
 	if err := sink.Close(); err != nil {
 		return fmt.Errorf("raftstore: closing snapshot: %w", err)
@@ -262,4 +360,8 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	return nil
 }
 
-func (s *fsmSnapshot) Release() { s.w.Release() }
+func (s *fsmSnapshot) Release() {
+	if s.w != nil {
+		s.w.Release()
+	}
+}

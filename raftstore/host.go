@@ -2,10 +2,8 @@ package raftstore
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -188,9 +186,13 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		cacheBytes = 64 << 20
 	}
 	logs := newLogCache(counted, logCacheSize, cacheBytes)
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, snapshotsRetained, rlog.Named("snapshot"))
+	files, err := raft.NewFileSnapshotStoreWithLogger(dir, snapshotsRetained, rlog.Named("snapshot"))
 	if err != nil {
 		return nil, shardErr(id, "snapshot store: %w", err)
+	}
+	var snaps raft.SnapshotStore = files
+	if live, ok := sm.(LiveSnapshotter); ok {
+		snaps = &liveSnapshotStore{FileSnapshotStore: files, live: live}
 	}
 
 	stream, err := h.mux.register(id)
@@ -274,7 +276,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		// restores a snapshot nor re-applies what the state holds, unless
 		// the state is older than the newest snapshot.
 		rc.NoSnapshotRestoreOnStart = true
-		if err := catchUpFromSnapshot(fsm, snaps, logger); err != nil {
+		if err := catchUpFromSnapshot(fsm, files, logger); err != nil {
 			return nil, shardErr(id, "%w", err)
 		}
 	}
@@ -298,7 +300,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		counted:       counted,
 		store:         store,
 		logStore:      logStore,
-		snaps:         snaps,
+		snaps:         files,
 		trans:         trans,
 		stream:        stream,
 		metrics:       gm,
@@ -749,25 +751,30 @@ func catchUpFromSnapshot(f *fsmAdapter, snaps raft.SnapshotStore, logger *slog.L
 	if len(metas) == 0 || metas[0].Index <= f.onDisk {
 		return nil
 	}
+	// raft's file store checks its CRC-64 of the whole file here: a damaged
+	// file is refused before any of it reaches the state machine.
 	meta, rc, err := snaps.Open(metas[0].ID)
 	if err != nil {
-		return fmt.Errorf("opening snapshot %s: %w", metas[0].ID, err)
+		return fmt.Errorf("the state on disk (index %d) is behind the newest snapshot %s, which cannot be opened: %w; "+
+			"nothing was applied: restore the data dir from a backup, or rebuild this node with idemctl replace-node", f.onDisk, metas[0].ID, err)
 	}
 	defer rc.Close()
-	var h [snapHeaderLen]byte
-	if _, err := io.ReadFull(rc, h[:]); err != nil {
-		return fmt.Errorf("reading snapshot %s: %w", meta.ID, err)
+	version, applied, err := readSnapHeader(rc)
+	if err != nil {
+		return fmt.Errorf("snapshot %s: %w; nothing was applied: restore the data dir from a backup, or rebuild this node with idemctl replace-node", meta.ID, err)
 	}
-	if [4]byte(h[:4]) != snapMagic || h[4] != snapVersion {
-		return fmt.Errorf("snapshot %s has an unknown header %x", meta.ID, h[:5])
-	}
-	applied := binary.BigEndian.Uint64(h[5:])
 	if applied <= f.onDisk {
 		return nil // only no-op or barrier entries lie between
 	}
+	if version == snapVersionRef {
+		// The snapshot is the state on disk itself, which was synced up to
+		// applied before the snapshot was written: it lost what it had.
+		return fmt.Errorf("%w: snapshot %s refers to the state at index %d, the state on disk covers %d", ErrReferenceAhead, meta.ID, applied, f.onDisk)
+	}
 	start := time.Now()
 	if err := f.durable.RestoreApplied(rc, applied); err != nil {
-		return fmt.Errorf("restoring snapshot %s into the state on disk: %w", meta.ID, err)
+		return fmt.Errorf("restoring snapshot %s into the state on disk: %w; the state on disk is as it was (index %d): "+
+			"restore the data dir from a backup, or rebuild this node with idemctl replace-node", meta.ID, err, f.onDisk)
 	}
 	logger.Info("state on disk was behind the newest snapshot; restored it", "snapshot", meta.ID,
 		"applied_before", f.onDisk, "applied", applied, "took", time.Since(start))

@@ -2,12 +2,14 @@ package server
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,6 +59,11 @@ type Config struct {
 	// by http.ServeMux pattern ("GET /status"). They never shadow the API
 	// (/v1/...), /healthz, /readyz or /metrics, which are matched first.
 	ExtraRoutes map[string]http.Handler
+	// Routing answers the Routing RPC of the Idempotency service (a node's
+	// ring, node addresses and known leaders, for clients that place keys
+	// themselves). Nil answers UNIMPLEMENTED, as a router does: its clients
+	// keep sending calls round-robin.
+	Routing func(context.Context) (*idemv1.RoutingResponse, error)
 }
 
 // DefaultConfig returns a Config with the defaults filled in; set Backend

@@ -10,6 +10,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -129,6 +130,15 @@ func (g *grpcService) Get(ctx context.Context, req *idemv1.GetRequest) (_ *idemv
 // apply is Server.apply for a gRPC request: the hop count comes from the
 // request's metadata and the backend's leader hint goes back as a header,
 // the wire form of data the backend takes and returns.
+// Routing answers with Config.Routing; UNIMPLEMENTED when there is none.
+func (g *grpcService) Routing(ctx context.Context, _ *idemv1.RoutingRequest) (_ *idemv1.RoutingResponse, err error) {
+	defer g.recoverRPC("Routing", &err)
+	if g.s.cfg.Routing == nil {
+		return nil, status.Error(codes.Unimplemented, "this process does not serve routing (a router): send calls to it as to any endpoint")
+	}
+	return g.s.cfg.Routing(ctx)
+}
+
 func (g *grpcService) apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, *Error) {
 	res, leader, e := g.s.applyRouted(ctx, cmd, incomingHops(ctx))
 	setLeaderHeader(ctx, leader)
@@ -164,7 +174,7 @@ func grpcEndpoint(fullMethod string) string {
 	switch service {
 	case "idem.v1.Idempotency":
 		switch method {
-		case "Reserve", "Heartbeat", "Complete", "Release", "Get":
+		case "Reserve", "Heartbeat", "Complete", "Release", "Get", "Routing":
 			return strings.ToLower(method)
 		}
 	case "idem.v1.Admin":

@@ -498,3 +498,20 @@ func TestValidateNames(t *testing.T) {
 		}
 	}
 }
+
+// TestGRPCRouting: without Config.Routing the RPC answers UNIMPLEMENTED (a
+// router: clients keep round-robin); with it, the hook's answer.
+func TestGRPCRouting(t *testing.T) {
+	h := newHarness(t, newMemBackend(newFakeClock()), nil)
+	if _, err := h.grpc.Routing(t.Context(), &idemv1.RoutingRequest{}); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("Routing without a hook: %v, want UNIMPLEMENTED", err)
+	}
+	want := &idemv1.RoutingResponse{Cluster: "c", NodeId: "n1", RingFingerprint: "f"}
+	h = newHarness(t, newMemBackend(newFakeClock()), func(c *Config) {
+		c.Routing = func(context.Context) (*idemv1.RoutingResponse, error) { return want, nil }
+	})
+	got, err := h.grpc.Routing(t.Context(), &idemv1.RoutingRequest{})
+	if err != nil || got.GetNodeId() != "n1" || got.GetRingFingerprint() != "f" {
+		t.Fatalf("Routing = %v, %v; want the hook's answer", got, err)
+	}
+}

@@ -42,6 +42,20 @@ type Config struct {
 	MaxStateBytes int64
 	// Registry receives the idem_state_* metrics; nil: not exported.
 	Registry *prometheus.Registry
+	// TestingRestoreFault, when set, injects a crash into every Restore:
+	// fault injection for tests only (cmd/idemnode's
+	// --testing-crash-during-restore). Nil in production.
+	TestingRestoreFault *RestoreFault
+}
+
+// RestoreFault is fault injection for tests: a Restore that has written
+// AfterRecords records into its new generation commits them with a synced
+// write (so they are on disk, as a crash would find them) and calls Crash,
+// before the switch to the new generation. Crash is meant not to return
+// (cmd/idemnode exits the process in it); if it does, the Restore fails.
+type RestoreFault struct {
+	AfterRecords int
+	Crash        func(shard string, recordsWritten int)
 }
 
 // Validate reports every problem of c at once.
@@ -56,6 +70,9 @@ func (c Config) Validate() error {
 	if c.CacheBytes < 0 {
 		errs = append(errs, fmt.Errorf("statedb: config: CacheBytes %d is negative", c.CacheBytes))
 	}
+	if f := c.TestingRestoreFault; f != nil && (f.AfterRecords <= 0 || f.Crash == nil) {
+		errs = append(errs, fmt.Errorf("statedb: config: TestingRestoreFault needs AfterRecords > 0 (got %d) and a Crash func", f.AfterRecords))
+	}
 	return errors.Join(errs...)
 }
 
@@ -66,6 +83,7 @@ type DB struct {
 	maxBytes   int64
 	stateBytes atomic.Int64 // committed record bytes of every open shard
 	refused    prometheus.Counter
+	fault      *RestoreFault
 
 	mu     sync.Mutex
 	shards map[string]bool
@@ -83,7 +101,7 @@ func Open(cfg Config) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("statedb: opening %s: %w", cfg.Dir, err)
 	}
-	d := &DB{db: db, shards: map[string]bool{}, maxBytes: cfg.MaxStateBytes}
+	d := &DB{db: db, shards: map[string]bool{}, maxBytes: cfg.MaxStateBytes, fault: cfg.TestingRestoreFault}
 	if err := d.registerMetrics(cfg.Registry); err != nil {
 		db.Close()
 		return nil, err
@@ -123,7 +141,7 @@ func (d *DB) openShard(id string) (*ShardStore, error) {
 	case d.shards[id]:
 		return nil, fmt.Errorf("%w: %s", ErrShardOpen, id)
 	}
-	s := &ShardStore{db: d.db, id: id, gen: 1, total: &d.stateBytes}
+	s := &ShardStore{db: d.db, id: id, gen: 1, total: &d.stateBytes, fault: d.fault}
 	v, closer, err := d.db.Get(genKey(id))
 	switch {
 	case err == nil:
@@ -141,10 +159,22 @@ func (d *DB) openShard(id string) (*ShardStore, error) {
 		return nil, fmt.Errorf("statedb: shard %s: %w", id, err)
 	}
 	s.setGen(s.gen)
-	// Leftovers of an interrupted restore: every other generation.
+	// Leftovers of an interrupted restore: every other generation. They are
+	// counted first (for the operator's log line; usually nothing: the
+	// range tombstones of earlier drops hide what they covered).
+	stale := [][2][]byte{{shardPrefix(id), genPrefix(id, s.gen)}, {genPrefix(id, s.gen+1), prefixEnd(shardPrefix(id))}}
+	for _, r := range stale {
+		keys, bytes, err := countRange(d.db, r[0], r[1])
+		if err != nil {
+			return nil, fmt.Errorf("statedb: shard %s: reading stale generations: %w", id, err)
+		}
+		s.droppedKeys += keys
+		s.droppedBytes += bytes
+	}
 	b := d.db.NewBatch()
-	b.DeleteRange(shardPrefix(id), genPrefix(id, s.gen), nil)
-	b.DeleteRange(genPrefix(id, s.gen+1), prefixEnd(shardPrefix(id)), nil)
+	for _, r := range stale {
+		b.DeleteRange(r[0], r[1], nil)
+	}
 	if err := b.Commit(pebble.NoSync); err != nil {
 		return nil, fmt.Errorf("statedb: shard %s: dropping stale generations: %w", id, err)
 	}
@@ -163,4 +193,19 @@ func (d *DB) openShard(id string) (*ShardStore, error) {
 	s.committedBytes = s.meta.Bytes
 	d.stateBytes.Add(s.meta.Bytes)
 	return s, nil
+}
+
+// countRange counts the keys in [lower, upper) and their bytes (keys and
+// values).
+func countRange(db *pebble.DB, lower, upper []byte) (keys int, bytes int64, err error) {
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		keys++
+		bytes += int64(len(it.Key())) + int64(len(it.Value()))
+	}
+	return keys, bytes, it.Error()
 }

@@ -236,3 +236,44 @@ func TestStateAheadOfLogRefused(t *testing.T) {
 		t.Fatalf("AddGroup over a state ahead of the log: %v, want ErrStateAhead", err)
 	}
 }
+
+// TestLostStateUnderReferenceSnapshotRefused: a reference snapshot is the
+// state on disk itself; a node whose state engine was lost after one was
+// taken cannot rebuild it from its own data dir (the log behind the
+// snapshot is compacted away), and says so instead of starting empty.
+func TestLostStateUnderReferenceSnapshotRefused(t *testing.T) {
+	dir := t.TempDir()
+	n := startNode(t, dir, "127.0.0.1:0", true)
+	now := int64(time.Now().UnixNano())
+	for i := range 20 {
+		n.cycle(i, now)
+	}
+	if _, _, err := n.g.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	addr := n.addr
+	n.stop()
+	if err := os.RemoveAll(filepath.Join(dir, "state")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := raftstore.DefaultConfig()
+	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir, cfg.NoFsync = "n1", addr, filepath.Join(dir, "raft"), true
+	h, err := raftstore.NewHost(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	db, err := Open(Config{Dir: filepath.Join(dir, "state")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	sm, err := db.Shard("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.AddGroup(raftstore.GroupConfig{ID: "s1", Voters: []raftstore.Peer{{ID: "n1", Addr: h.Addr()}}}, sm)
+	if !errors.Is(err, raftstore.ErrReferenceAhead) {
+		t.Fatalf("AddGroup over a lost state under a reference snapshot: %v, want ErrReferenceAhead", err)
+	}
+}

@@ -3,6 +3,8 @@ package statedb
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -17,20 +19,33 @@ type replica struct {
 	db            *DB
 	g             *raftstore.Group
 	f             *fsm.FSM
+	log           *slog.Logger // nil: discarded
+	rec           *logRecorder // what log wrote, when set
+	// wrap, when set, stands between the shard's state machine and raft.
+	wrap func(*StateMachine) raftstore.StateMachine
 }
 
 func (r *replica) open(t *testing.T, voters []raftstore.Peer) {
 	t.Helper()
+	if err := r.tryOpen(t, voters); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryOpen is open that returns AddGroup's error (the replica then closed).
+func (r *replica) tryOpen(t *testing.T, voters []raftstore.Peer) error {
+	t.Helper()
 	cfg := raftstore.DefaultConfig()
 	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir, cfg.NoFsync = r.id, r.addr, filepath.Join(r.dir, "raft"), true
 	cfg.CommitTimeout, cfg.TrailingLogs, cfg.SnapshotThreshold = 10*time.Millisecond, 5, 1<<40
+	cfg.Logger = r.log
 	h, err := raftstore.NewHost(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.host, r.addr = h, h.Addr()
 	if voters == nil {
-		return
+		return nil
 	}
 	if r.db, err = Open(Config{Dir: filepath.Join(r.dir, "state"), CacheBytes: 8 << 20}); err != nil {
 		t.Fatal(err)
@@ -40,9 +55,16 @@ func (r *replica) open(t *testing.T, voters []raftstore.Peer) {
 		t.Fatal(err)
 	}
 	r.f = sm.FSM()
-	if r.g, err = h.AddGroup(raftstore.GroupConfig{ID: "s1", Voters: voters}, sm); err != nil {
-		t.Fatal(err)
+	var rsm raftstore.StateMachine = sm
+	if r.wrap != nil {
+		rsm = r.wrap(sm)
 	}
+	if r.g, err = h.AddGroup(raftstore.GroupConfig{ID: "s1", Voters: voters}, rsm); err != nil {
+		r.close()
+		r.g = nil
+		return err
+	}
+	return nil
 }
 
 func (r *replica) close() {
@@ -107,6 +129,18 @@ func TestFollowerCatchesUpBySnapshotInstall(t *testing.T) {
 	if _, _, err := l.g.Snapshot(); err != nil {
 		t.Fatal(err)
 	}
+	// The leader's snapshot is a reference to its engine: a header, not a
+	// copy of the state.
+	if size := newestSnapshotSize(t, filepath.Join(l.dir, "raft")); size != 13 {
+		t.Fatalf("leader's newest snapshot holds %d bytes, want the 13-byte reference", size)
+	}
+	// Writes after the snapshot: the state the leader streams when the
+	// follower asks is newer than the snapshot's index, and the follower
+	// must skip the entries after the snapshot that its restored state
+	// already holds (applying one twice would panic in the FSM).
+	for i := 200; i < 300; i++ {
+		n.cycle(i, now)
+	}
 	lagging.open(t, voters)
 	target := l.g.Stats().AppliedIndex
 	for lagging.g.Stats().AppliedIndex < target {
@@ -121,5 +155,31 @@ func TestFollowerCatchesUpBySnapshotInstall(t *testing.T) {
 	if st := lagging.g.Stats(); st.SnapshotRestores != 1 {
 		t.Fatalf("follower restored %d snapshots, want 1 (an install)", st.SnapshotRestores)
 	}
-	(&singleNode{t: t, f: lagging.f}).checkAll(200, now)
+	(&singleNode{t: t, f: lagging.f}).checkAll(300, now)
+	n.cycle(300, now) // and both go on from there
+	for lagging.f.Stats().Completed < 301 && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	(&singleNode{t: t, f: lagging.f}).checkAll(301, now)
+}
+
+// newestSnapshotSize is the size of the state file of the newest snapshot
+// under a raftstore data dir.
+func newestSnapshotSize(t *testing.T, raftDir string) int64 {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(raftDir, "shards", "*", "snapshots", "*", "state.bin"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no snapshot under %s (%v)", raftDir, err)
+	}
+	var newest os.FileInfo
+	for _, f := range files {
+		fi, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if newest == nil || fi.ModTime().After(newest.ModTime()) {
+			newest = fi
+		}
+	}
+	return newest.Size()
 }

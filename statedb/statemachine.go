@@ -1,6 +1,7 @@
 package statedb
 
 import (
+	"fmt"
 	"io"
 
 	"github.com/idem-dev/idem/fsm"
@@ -15,7 +16,7 @@ type StateMachine struct {
 	s  *ShardStore
 }
 
-var _ raftstore.DurableStateMachine = (*StateMachine)(nil)
+var _ raftstore.LiveSnapshotter = (*StateMachine)(nil)
 
 // Shard opens shard id's state (empty the first time) and returns its state
 // machine. A shard can be opened once per DB.
@@ -58,6 +59,27 @@ func (m *StateMachine) Snapshot() (raftstore.SnapshotWriter, error) {
 		return nil, err
 	}
 	return m.f.Snapshot(), nil
+}
+
+// SyncState makes every committed batch durable (raftstore calls it before
+// writing a reference snapshot).
+func (m *StateMachine) SyncState() error { return m.s.sync() }
+
+// LiveSnapshot captures the committed state now (a pebble snapshot), with
+// the Raft index it covers, read from the same snapshot; safe from any
+// goroutine.
+func (m *StateMachine) LiveSnapshot() (raftstore.SnapshotWriter, uint64, error) {
+	snap := m.f.Snapshot()
+	v, ok := snap.View().(*view)
+	if !ok {
+		snap.Release()
+		return nil, 0, fmt.Errorf("statedb: shard %s: the FSM's view is a %T", m.s.id, snap.View())
+	}
+	if v.err != nil {
+		snap.Release()
+		return nil, 0, fmt.Errorf("statedb: shard %s: snapshot meta: %w", m.s.id, v.err)
+	}
+	return snap, v.applied, nil
 }
 
 // Restore restores a snapshot that carries no applied index (never called

@@ -48,7 +48,19 @@ type ShardStore struct {
 	// total is the DB's StateBytes; committedBytes this shard's share.
 	total          *atomic.Int64
 	committedBytes int64
+
+	// droppedKeys and droppedBytes are what opening the shard dropped of
+	// other generations (what an interrupted Restore left behind).
+	droppedKeys  int
+	droppedBytes int64
+	// fault is the DB's Config.TestingRestoreFault (nil in production).
+	fault *RestoreFault
 }
+
+// DroppedAtOpen is what opening the shard found and dropped of generations
+// other than the current one: the leftovers of an interrupted Restore (a
+// crash during a snapshot install); 0, 0 normally.
+func (s *ShardStore) DroppedAtOpen() (keys int, bytes int64) { return s.droppedKeys, s.droppedBytes }
 
 // setCommittedBytes moves this shard's share of the DB's StateBytes to b.
 func (s *ShardStore) setCommittedBytes(b int64) {
@@ -268,7 +280,7 @@ func (s *ShardStore) View() fsm.StoreView {
 	val, c, err := snap.Get(s.metaKey)
 	switch {
 	case err == nil:
-		v.meta, _, v.err = decodeMeta(val)
+		v.meta, v.applied, v.err = decodeMeta(val)
 		c.Close()
 	case !errors.Is(err, pebble.ErrNotFound):
 		v.err = err
@@ -281,6 +293,7 @@ type view struct {
 	s                 *ShardStore
 	recPrefix, recEnd []byte
 	meta              fsm.Meta
+	applied           uint64 // the Raft index the viewed state covers
 	err               error
 }
 
@@ -323,6 +336,7 @@ type restore struct {
 	prefix    []byte
 	recPrefix []byte
 	batch     *pebble.Batch
+	records   int // put so far
 }
 
 func (r *restore) key(k fsm.RecordKey) []byte {
@@ -353,6 +367,10 @@ func (r *restore) Put(k fsm.RecordKey, rec *fsm.Record) error {
 	if err := r.batch.Set(indexKey(idx, t, k), indexValue(k, rec), nil); err != nil {
 		return err
 	}
+	r.records++
+	if f := r.s.fault; f != nil && r.records == f.AfterRecords {
+		return r.crash(f)
+	}
 	if r.batch.Len() >= restoreBatchBytes {
 		err := r.batch.Commit(pebble.NoSync)
 		r.batch.Close()
@@ -360,6 +378,19 @@ func (r *restore) Put(k fsm.RecordKey, rec *fsm.Record) error {
 		return err
 	}
 	return nil
+}
+
+// crash is Config.TestingRestoreFault: the records so far go to disk
+// (synced, so the crash leaves them there), then the process "crashes".
+func (r *restore) crash(f *RestoreFault) error {
+	err := r.batch.Commit(pebble.Sync)
+	r.batch.Close()
+	r.batch = r.s.db.NewIndexedBatch()
+	if err != nil {
+		return err
+	}
+	f.Crash(r.s.id, r.records)
+	return fmt.Errorf("statedb: shard %s: injected crash during a restore, after %d records", r.s.id, r.records)
 }
 
 // Commit writes the new generation's meta, syncs, and switches the

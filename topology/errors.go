@@ -17,6 +17,11 @@ var (
 	// parameters that pass Validate; the message carries the library's
 	// complaint).
 	ErrRing = errors.New("topology: cannot build ring")
+
+	// ErrFingerprintMismatch is returned by NewRingFromShards when the ring
+	// it rebuilt has another fingerprint than the one the node reported: a
+	// ring that cannot be trusted to place keys as the nodes do.
+	ErrFingerprintMismatch = errors.New("topology: rebuilt ring has another fingerprint")
 )
 
 // FieldError is one problem found by Validate, located by a field path in the

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -97,14 +98,71 @@ func NewRing(t *Topology) (*Ring, error) {
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
-	cfg := t.Ring.effective()
-	shards := place(t)
+	return buildRing(t.Cluster, t.Ring.effective(), place(t))
+}
+
+// NewRingFromShards rebuilds the ring a node built with NewRing from what
+// the node reports of it (the Routing RPC): the cluster name, the ring
+// parameters and every shard in ring order (Ring.Shards; the order is part
+// of the fingerprint). It checks what it is given (names, shard ids, voters,
+// parameter ranges) and, when fingerprint is not empty, refuses with
+// ErrFingerprintMismatch a ring whose Fingerprint differs: a client must
+// never place keys with another ring than the nodes. shards is not retained.
+func NewRingFromShards(cluster string, cfg RingConfig, shards []Shard, fingerprint string) (*Ring, error) {
+	var c collector
+	if !ValidName(cluster) {
+		c.add("cluster", "%q is not a valid name (%s)", cluster, NameGrammar)
+	}
+	if len(shards) == 0 || len(shards) > MaxShards {
+		c.add("shards", "%d shards: want 1..%d", len(shards), MaxShards)
+	}
+	own := make([]Shard, 0, len(shards))
+	seen := make(map[string]bool, len(shards))
+	for i, s := range shards {
+		path := fmt.Sprintf("shards[%d]", i)
+		region, index, ok := ParseShardID(s.ID)
+		switch {
+		case !ok:
+			c.add(path+".id", "%q is not a shard id (<region>-<index>)", s.ID)
+		case region != s.HomeRegion:
+			c.add(path+".home_region", "%q, but shard id %q names region %q", s.HomeRegion, s.ID, region)
+		case seen[s.ID]:
+			c.add(path+".id", "shard %q appears twice", s.ID)
+		}
+		seen[s.ID] = true
+		if len(s.Voters) == 0 || len(s.Voters) > MaxReplicas {
+			c.add(path+".voters", "%d voters: want 1..%d", len(s.Voters), MaxReplicas)
+		}
+		for j, v := range s.Voters {
+			if !ValidName(v) || slices.Contains(s.Voters[:j], v) {
+				c.add(fmt.Sprintf("%s.voters[%d]", path, j), "%q is not a valid node id or appears twice", v)
+			}
+		}
+		own = append(own, Shard{ID: s.ID, HomeRegion: s.HomeRegion, Index: index, Voters: slices.Clone(s.Voters)})
+	}
+	validateRingConfig(&c, cfg, len(shards))
+	if len(c.list) > 0 {
+		return nil, &ValidationError{Problems: c.list}
+	}
+	r, err := buildRing(cluster, cfg.effective(), own)
+	if err != nil {
+		return nil, err
+	}
+	if fingerprint != "" && r.fingerprint != fingerprint {
+		return nil, fmt.Errorf("%w: rebuilt %s, want %s", ErrFingerprintMismatch, r.fingerprint, fingerprint)
+	}
+	return r, nil
+}
+
+// buildRing builds the ring of shards (in ring order) with cfg (defaults
+// filled in).
+func buildRing(cluster string, cfg RingConfig, shards []Shard) (*Ring, error) {
 	c, err := newConsistent(shards, cfg)
 	if err != nil {
 		return nil, err
 	}
 	r := &Ring{
-		cluster:    t.Cluster,
+		cluster:    cluster,
 		config:     cfg,
 		shards:     shards,
 		byID:       make(map[string]int, len(shards)),
@@ -124,7 +182,7 @@ func NewRing(t *Topology) (*Ring, error) {
 		}
 		r.partitions[p] = uint32(idx)
 	}
-	r.fingerprint = fingerprint(t.Cluster, cfg, shards)
+	r.fingerprint = fingerprintOf(cluster, cfg, shards)
 	return r, nil
 }
 
@@ -227,7 +285,7 @@ func (r *Ring) PartitionCounts() map[string]int {
 // serve under a different one.
 func (r *Ring) Fingerprint() string { return r.fingerprint }
 
-func fingerprint(cluster string, cfg RingConfig, shards []Shard) string {
+func fingerprintOf(cluster string, cfg RingConfig, shards []Shard) string {
 	var b strings.Builder
 	b.WriteString(ringFormat + "\n")
 	b.WriteString("cluster " + cluster + "\n")

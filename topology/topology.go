@@ -436,8 +436,10 @@ func (t *Topology) validateSurvival(c *collector) {
 	}
 }
 
-func (t *Topology) validateRing(c *collector, shards int) {
-	rc := t.Ring
+func (t *Topology) validateRing(c *collector, shards int) { validateRingConfig(c, t.Ring, shards) }
+
+// validateRingConfig checks ring parameters for a ring of shards shards.
+func validateRingConfig(c *collector, rc RingConfig, shards int) {
 	pcOK := true
 	if rc.PartitionCount < 0 || rc.PartitionCount > MaxPartitionCount {
 		c.add("ring.partition_count", "%d is out of range (0 for the default %d, at most %d)", rc.PartitionCount, DefaultPartitionCount, MaxPartitionCount)

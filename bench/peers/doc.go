@@ -35,8 +35,8 @@
 // max(--concurrency) connections), github.com/jackc/pgx/v5 (pgxpool of as
 // many, statements prepared and cached), go.etcd.io/etcd/client/v3 (one
 // client balancing over the three members), idem's client package (one gRPC
-// connection per node, requests round-robin) and net/http keep-alive for
-// idem's JSON API.
+// connection per node, each request sent to its shard's leader: the client's
+// default routing) and net/http keep-alive for idem's JSON API.
 //
 // Every process runs in its own process group with a parent-death signal,
 // and is stopped (SIGTERM; PostgreSQL SIGINT, its fast shutdown) at the end,

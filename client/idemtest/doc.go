@@ -13,6 +13,12 @@
 // next calls and then loses their answers, the way a leader change or a
 // network cut loses them.
 //
+// It answers the Routing RPC UNIMPLEMENTED, as a router does, so a client
+// stays round-robin. To test leader routing, start several servers, build a
+// topology naming their addresses, and SetRouting each with
+// idemv1.RoutingToProto of it; SetLeaderHint sends a leader in every
+// answer's idem-leader header, as a node names the key's shard's leader.
+//
 //	srv, err := idemtest.Start(idemtest.Config{})
 //	if err != nil { ... }
 //	defer srv.Close()

@@ -11,8 +11,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
@@ -38,6 +41,7 @@ const (
 	MethodComplete  Method = "Complete"
 	MethodRelease   Method = "Release"
 	MethodGet       Method = "Get"
+	MethodRouting   Method = "Routing"
 )
 
 // Config configures a Server.
@@ -82,6 +86,10 @@ type Server struct {
 	offset time.Duration // added to the wall clock by Advance
 	faults map[Method]*fault
 	calls  map[Method]int
+	// routing answers the Routing RPC (nil: UNIMPLEMENTED, as a router);
+	// leaderHint is sent as the leader header of every other answer.
+	routing    *idemv1.RoutingResponse
+	leaderHint string
 }
 
 // Start listens on 127.0.0.1 on a free port and serves until Close.
@@ -101,7 +109,7 @@ func Start(cfg Config) (*Server, error) {
 		calls:  make(map[Method]int),
 	}
 	s.mem = backend.NewMem(backend.MemConfig{Now: func() int64 { return s.Now().UnixNano() }, SkewMargin: cfg.SkewMargin})
-	api, err := server.New(server.Config{Backend: s.mem, MaxResponseBytes: int64(cfg.MaxResponseBytes)})
+	api, err := server.New(server.Config{Backend: s.mem, MaxResponseBytes: int64(cfg.MaxResponseBytes), Routing: s.answerRouting})
 	if err != nil {
 		return nil, fmt.Errorf("idemtest: %w", err)
 	}
@@ -153,6 +161,34 @@ func (s *Server) DropNext(m Method, n int) {
 	s.fault(m).dropLeft = n
 }
 
+// SetRouting makes the server answer the Routing RPC with resp, as a node
+// does (build it with idemv1.RoutingToProto from a topology that names this
+// and other servers' addresses); nil answers UNIMPLEMENTED, as a router does
+// (the default).
+func (s *Server) SetRouting(resp *idemv1.RoutingResponse) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.routing = resp
+}
+
+// SetLeaderHint makes the server name nodeID as the leader in the leader
+// header (idemv1.LeaderHeader) of every answer but Routing's, as a node names
+// the leader of the key's shard; "" sends none (the default).
+func (s *Server) SetLeaderHint(nodeID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leaderHint = nodeID
+}
+
+func (s *Server) answerRouting(context.Context) (*idemv1.RoutingResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.routing == nil {
+		return nil, status.Error(codes.Unimplemented, "idemtest: no routing (SetRouting)")
+	}
+	return proto.Clone(s.routing).(*idemv1.RoutingResponse), nil
+}
+
 // Calls reports how many calls of m reached the server, failed ones included.
 func (s *Server) Calls(m Method) int {
 	s.mu.Lock()
@@ -198,7 +234,11 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if drop {
 		f.dropLeft--
 	}
+	hint := s.leaderHint
 	s.mu.Unlock()
+	if hint != "" && m != MethodRouting {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(idemv1.LeaderHeader, hint))
+	}
 	resp, err := handler(ctx, req)
 	if drop {
 		return nil, status.Errorf(codes.Unavailable, "idemtest: %s was applied, and its answer was dropped", m)

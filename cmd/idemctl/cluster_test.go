@@ -26,14 +26,14 @@ var binaries map[string]string
 func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode", "idemrouter", "idemctl") }
 
 // ctl runs idemctl in-process with args and returns its stdout.
-func ctl(t *testing.T, args ...string) (string, error) {
+func ctl(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	err := run(t.Context(), args, &stdout, &stderr)
 	return stdout.String(), err
 }
 
-func mustCtl(t *testing.T, args ...string) string {
+func mustCtl(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := ctl(t, args...)
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -55,6 +56,7 @@ type options struct {
 	diskReserve      uint64
 	testClockOffset  time.Duration
 	testFailCommits  uint64
+	testCrashRestore int
 	// testingFlags are the --testing-* flags given; faultInjection is
 	// whether the environment allows them (IDEM_ENABLE_FAULT_INJECTION=1).
 	testingFlags   []string
@@ -99,11 +101,12 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
 	fs.Uint64Var(&o.snapshotEvery, "snapshot-threshold", 0, "take a Raft snapshot of a shard after this many new log `ENTRIES` (0: the default, 8192)")
-	fs.DurationVar(&o.snapshotInterval, "snapshot-interval", 0, "how often each shard checks whether to snapshot (0: the default, 2m)")
+	fs.DurationVar(&o.snapshotInterval, "snapshot-interval", 0, "how often each shard checks whether to snapshot (0: the default, 10s; a snapshot is a reference to the state on disk and costs one sync)")
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
 	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): shift this node's clock by `D` (fault injection for clock-skew scenarios)")
 	fs.Uint64Var(&o.testFailCommits, "testing-fail-log-commits-after", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): make every Raft log commit after the first `N` fail as a failed fsync would")
 	fs.StringVar(&o.logStore, "raft-log-store", raftstore.LogStorePebble, "where a new shard keeps its Raft log: `STORE` pebble (one pebble instance per node, DATA_DIR/raft/raftlog), shared-bolt (one bbolt file per node, DATA_DIR/raft/log.db) or bolt (a bbolt file per shard); a shard keeps the store it was created with")
+	fs.IntVar(&o.testCrashRestore, "testing-crash-during-restore", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): exit at once with status 86, no cleanup (a crash), when a snapshot restore has written `N` records into the new state generation, before it switches to it")
 	fs.BoolVar(&o.packCommands, "raft-pack-commands", false, "pack commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load; turn on only once every node runs a version that has this flag)")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `HOST:PORT`, e.g. 127.0.0.1:6060 (default: off)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
@@ -142,6 +145,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg.Logger = logger
+	if o.testCrashRestore > 0 {
+		cfg.TestingRestoreFault = &statedb.RestoreFault{AfterRecords: o.testCrashRestore, Crash: func(shard string, n int) {
+			logger.Error("FAULT INJECTION: crashing during a snapshot restore (--testing-crash-during-restore)",
+				"shard", shard, "records_written", n, "exit_status", restoreCrashExitStatus)
+			os.Exit(restoreCrashExitStatus) // as a crash: no deferred cleanup, nothing closed
+		}}
+	}
 	cfg.Registry = prometheus.NewRegistry()
 	cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	certID := cfg.NodeID
@@ -165,6 +175,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	return n.Run(ctx)
 }
+
+// restoreCrashExitStatus is the exit status of --testing-crash-during-restore.
+const restoreCrashExitStatus = 86
 
 // faultInjectionEnv must be "1" in the environment for any --testing-* flag.
 const faultInjectionEnv = "IDEM_ENABLE_FAULT_INJECTION"
@@ -191,6 +204,9 @@ func nodeConfig(o *options) (node.Config, error) {
 		errs = append(errs, fmt.Errorf("--raft-log-store %q: want one of %s", o.logStore, strings.Join(raftstore.LogStores, ", ")))
 	}
 	cfg.Raft.LogStore = o.logStore
+	if o.testCrashRestore < 0 {
+		errs = append(errs, fmt.Errorf("--testing-crash-during-restore must not be negative, got %d", o.testCrashRestore))
+	}
 	if len(o.testingFlags) > 0 {
 		if !o.faultInjection {
 			return cfg, fmt.Errorf("%s: fault injection for tests only; it works only with %s=1 in the environment, never set it in production",

@@ -36,6 +36,8 @@ func TestRunFlags(t *testing.T) {
 		{Name: "bad margin", Args: []string{"--dev", "--clock-skew-margin", "-1s"}, WantErr: "--clock-skew-margin must not be negative"},
 		{Name: "bad max response", Args: []string{"--dev", "--max-response-bytes", "0"}, WantErr: "--max-response-bytes must be positive"},
 		{Name: "testing flag without the environment", Args: []string{"--dev", "--testing-fail-log-commits-after", "3"}, WantErr: "IDEM_ENABLE_FAULT_INJECTION=1"},
+		{Name: "crash flag without the environment", Args: []string{"--dev", "--testing-crash-during-restore", "5"}, WantErr: "--testing-crash-during-restore=5: fault injection for tests only"},
+		{Name: "help names the crash flag as testing only", Args: []string{"--help"}, WantOut: "TESTING ONLY (needs IDEM_ENABLE_FAULT_INJECTION=1): exit at once with status 86"},
 		{Name: "bad max clock offset", Args: []string{"--dev", "--max-clock-offset", "-1s"}, WantErr: "--max-clock-offset must not be negative"},
 		{Name: "pprof not loopback", Args: []string{"--dev", "--pprof-addr", "0.0.0.0:6060"}, WantErr: "--pprof-addr \"0.0.0.0:6060\": only a loopback address"},
 		{Name: "pprof not host:port", Args: []string{"--dev", "--pprof-addr", "6060"}, WantErr: "--pprof-addr \"6060\" is not HOST:PORT"},

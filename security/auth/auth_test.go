@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,6 +99,7 @@ func TestAuthorizeContractCases(t *testing.T) {
 		{"node forwarding an unknown principal", node("n1", "mallory"), Target{"billing", VerbGet}, CodeUnauthenticated, ""},
 		{"a client cannot forward", Credentials{Peer: pki.Identity{Kind: pki.KindClient, Name: "mallory"}, Forwarded: "root"}, Target{"billing", VerbGet}, CodeUnauthenticated, ""},
 		{"an unknown verb still needs credentials", Credentials{}, Target{Verb: VerbAuthenticate}, CodeUnauthenticated, ""},
+		{"Idempotency.Routing needs credentials", Credentials{}, GRPCTarget("/idem.v1.Idempotency/Routing", nil), CodeUnauthenticated, ""},
 
 		// 403 PERMISSION_DENIED: namespace outside the list, verb above the role.
 		{"writer outside its namespaces", bearer("tok-billing"), Target{"shop", VerbGet}, CodePermissionDenied, ""},
@@ -125,6 +127,8 @@ func TestAuthorizeContractCases(t *testing.T) {
 		{"root transfers leadership", cert("root"), Target{Verb: VerbSnapshot}, "", "root"},
 		{"a known principal passes an authenticate-only request", bearer("tok-billing"), Target{Verb: VerbAuthenticate}, "", "billing-api"},
 		{"node peer", node("n1", ""), Target{Verb: VerbStatus}, "", "node:n1"},
+		{"reader of one namespace asks Idempotency.Routing", bearer("tok-auditor"), GRPCTarget("/idem.v1.Idempotency/Routing", nil), "", "auditor"},
+		{"writer of its namespaces asks Idempotency.Routing", cert("cert-only"), GRPCTarget("/idem.v1.Idempotency/Routing", &idemv1.RoutingRequest{}), "", "cert-only"},
 		{"node forwarding a principal", node("n1", "billing-api"), Target{"billing", VerbReserve}, "", "billing-api"},
 	} {
 		clk.now = clk.now.Add(time.Second) // the rate limit is TestRateLimit's

@@ -145,6 +145,11 @@ func GRPCTarget(fullMethod string, req any) Target {
 			return nsVerb(VerbRelease)
 		case "Get":
 			return nsVerb(VerbGet)
+		case "Routing":
+			// The ring and the nodes' addresses, for clients that send each
+			// call to its shard's leader: any known principal (it reveals
+			// the topology, never a record).
+			return Target{Verb: VerbAuthenticate}
 		}
 	case "idem.v1.Admin":
 		switch method {

@@ -874,6 +874,327 @@ func (x *GetResponse) GetResponse() *StoredResponse {
 	return nil
 }
 
+type RoutingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutingRequest) Reset() {
+	*x = RoutingRequest{}
+	mi := &file_idem_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutingRequest) ProtoMessage() {}
+
+func (x *RoutingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutingRequest.ProtoReflect.Descriptor instead.
+func (*RoutingRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{11}
+}
+
+// RingParams are the topology file's ring parameters, defaults filled in.
+type RingParams struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	PartitionCount    int32                  `protobuf:"varint,1,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
+	ReplicationFactor int32                  `protobuf:"varint,2,opt,name=replication_factor,json=replicationFactor,proto3" json:"replication_factor,omitempty"`
+	Load              float64                `protobuf:"fixed64,3,opt,name=load,proto3" json:"load,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RingParams) Reset() {
+	*x = RingParams{}
+	mi := &file_idem_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RingParams) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RingParams) ProtoMessage() {}
+
+func (x *RingParams) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RingParams.ProtoReflect.Descriptor instead.
+func (*RingParams) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RingParams) GetPartitionCount() int32 {
+	if x != nil {
+		return x.PartitionCount
+	}
+	return 0
+}
+
+func (x *RingParams) GetReplicationFactor() int32 {
+	if x != nil {
+		return x.ReplicationFactor
+	}
+	return 0
+}
+
+func (x *RingParams) GetLoad() float64 {
+	if x != nil {
+		return x.Load
+	}
+	return 0
+}
+
+// RoutingShard is one shard of the ring, in ring order.
+type RoutingShard struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	HomeRegion string                 `protobuf:"bytes,2,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	// The shard's voters, preferred leader first.
+	Voters []string `protobuf:"bytes,3,rep,name=voters,proto3" json:"voters,omitempty"`
+	// The node the answering node believes leads the shard: set only for the
+	// shards the answering node hosts, empty when it knows no leader.
+	LeaderId      string `protobuf:"bytes,4,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutingShard) Reset() {
+	*x = RoutingShard{}
+	mi := &file_idem_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutingShard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutingShard) ProtoMessage() {}
+
+func (x *RoutingShard) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutingShard.ProtoReflect.Descriptor instead.
+func (*RoutingShard) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *RoutingShard) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RoutingShard) GetHomeRegion() string {
+	if x != nil {
+		return x.HomeRegion
+	}
+	return ""
+}
+
+func (x *RoutingShard) GetVoters() []string {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
+func (x *RoutingShard) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+// RoutingNode is one storage node as the topology file gives it.
+type RoutingNode struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Region string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	// HOST:PORT of the node's gRPC API, as written in the topology file.
+	GrpcAddr      string `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutingNode) Reset() {
+	*x = RoutingNode{}
+	mi := &file_idem_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutingNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutingNode) ProtoMessage() {}
+
+func (x *RoutingNode) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutingNode.ProtoReflect.Descriptor instead.
+func (*RoutingNode) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RoutingNode) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RoutingNode) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RoutingNode) GetGrpcAddr() string {
+	if x != nil {
+		return x.GrpcAddr
+	}
+	return ""
+}
+
+type RoutingResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Cluster string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// The fingerprint of the answering node's ring (topology.Ring): a client
+	// rebuilds the ring from ring, shards and cluster and uses it only when
+	// its own fingerprint is this one.
+	RingFingerprint string      `protobuf:"bytes,2,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
+	Ring            *RingParams `protobuf:"bytes,3,opt,name=ring,proto3" json:"ring,omitempty"`
+	// Every shard of the ring, in ring order (the order is part of the
+	// fingerprint).
+	Shards []*RoutingShard `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`
+	Nodes  []*RoutingNode  `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The answering node's id.
+	NodeId        string `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutingResponse) Reset() {
+	*x = RoutingResponse{}
+	mi := &file_idem_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutingResponse) ProtoMessage() {}
+
+func (x *RoutingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutingResponse.ProtoReflect.Descriptor instead.
+func (*RoutingResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RoutingResponse) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *RoutingResponse) GetRingFingerprint() string {
+	if x != nil {
+		return x.RingFingerprint
+	}
+	return ""
+}
+
+func (x *RoutingResponse) GetRing() *RingParams {
+	if x != nil {
+		return x.Ring
+	}
+	return nil
+}
+
+func (x *RoutingResponse) GetShards() []*RoutingShard {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *RoutingResponse) GetNodes() []*RoutingNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *RoutingResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -882,7 +1203,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_idem_proto_msgTypes[11]
+	mi := &file_idem_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +1215,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[11]
+	mi := &file_idem_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +1228,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{11}
+	return file_idem_proto_rawDescGZIP(), []int{16}
 }
 
 type ShardStatus struct {
@@ -930,7 +1251,7 @@ type ShardStatus struct {
 
 func (x *ShardStatus) Reset() {
 	*x = ShardStatus{}
-	mi := &file_idem_proto_msgTypes[12]
+	mi := &file_idem_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1263,7 @@ func (x *ShardStatus) String() string {
 func (*ShardStatus) ProtoMessage() {}
 
 func (x *ShardStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[12]
+	mi := &file_idem_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1276,7 @@ func (x *ShardStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardStatus.ProtoReflect.Descriptor instead.
 func (*ShardStatus) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{12}
+	return file_idem_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ShardStatus) GetShard() string {
@@ -1052,7 +1373,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_idem_proto_msgTypes[13]
+	mi := &file_idem_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1385,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[13]
+	mi := &file_idem_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1398,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{13}
+	return file_idem_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatusResponse) GetCluster() string {
@@ -1140,7 +1461,7 @@ type TransferLeaderRequest struct {
 
 func (x *TransferLeaderRequest) Reset() {
 	*x = TransferLeaderRequest{}
-	mi := &file_idem_proto_msgTypes[14]
+	mi := &file_idem_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1473,7 @@ func (x *TransferLeaderRequest) String() string {
 func (*TransferLeaderRequest) ProtoMessage() {}
 
 func (x *TransferLeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[14]
+	mi := &file_idem_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1486,7 @@ func (x *TransferLeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaderRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeaderRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{14}
+	return file_idem_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TransferLeaderRequest) GetShard() string {
@@ -1191,7 +1512,7 @@ type TransferLeaderResponse struct {
 
 func (x *TransferLeaderResponse) Reset() {
 	*x = TransferLeaderResponse{}
-	mi := &file_idem_proto_msgTypes[15]
+	mi := &file_idem_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1524,7 @@ func (x *TransferLeaderResponse) String() string {
 func (*TransferLeaderResponse) ProtoMessage() {}
 
 func (x *TransferLeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[15]
+	mi := &file_idem_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1537,7 @@ func (x *TransferLeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaderResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeaderResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{15}
+	return file_idem_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TransferLeaderResponse) GetLeaderId() string {
@@ -1235,7 +1556,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_idem_proto_msgTypes[16]
+	mi := &file_idem_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1568,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[16]
+	mi := &file_idem_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1581,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{16}
+	return file_idem_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SnapshotRequest) GetShard() string {
@@ -1280,7 +1601,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_idem_proto_msgTypes[17]
+	mi := &file_idem_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1613,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[17]
+	mi := &file_idem_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1626,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{17}
+	return file_idem_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotResponse) GetIndex() uint64 {
@@ -1332,7 +1653,7 @@ type ReplaceVoterRequest struct {
 
 func (x *ReplaceVoterRequest) Reset() {
 	*x = ReplaceVoterRequest{}
-	mi := &file_idem_proto_msgTypes[18]
+	mi := &file_idem_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1665,7 @@ func (x *ReplaceVoterRequest) String() string {
 func (*ReplaceVoterRequest) ProtoMessage() {}
 
 func (x *ReplaceVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[18]
+	mi := &file_idem_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1678,7 @@ func (x *ReplaceVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceVoterRequest.ProtoReflect.Descriptor instead.
 func (*ReplaceVoterRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{18}
+	return file_idem_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReplaceVoterRequest) GetShard() string {
@@ -1384,7 +1705,7 @@ type ReplaceVoterResponse struct {
 
 func (x *ReplaceVoterResponse) Reset() {
 	*x = ReplaceVoterResponse{}
-	mi := &file_idem_proto_msgTypes[19]
+	mi := &file_idem_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1717,7 @@ func (x *ReplaceVoterResponse) String() string {
 func (*ReplaceVoterResponse) ProtoMessage() {}
 
 func (x *ReplaceVoterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[19]
+	mi := &file_idem_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1730,7 @@ func (x *ReplaceVoterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplaceVoterResponse.ProtoReflect.Descriptor instead.
 func (*ReplaceVoterResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{19}
+	return file_idem_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReplaceVoterResponse) GetLeaderId() string {
@@ -1427,7 +1748,7 @@ type ClockRequest struct {
 
 func (x *ClockRequest) Reset() {
 	*x = ClockRequest{}
-	mi := &file_idem_proto_msgTypes[20]
+	mi := &file_idem_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1760,7 @@ func (x *ClockRequest) String() string {
 func (*ClockRequest) ProtoMessage() {}
 
 func (x *ClockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[20]
+	mi := &file_idem_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1773,7 @@ func (x *ClockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockRequest.ProtoReflect.Descriptor instead.
 func (*ClockRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{20}
+	return file_idem_proto_rawDescGZIP(), []int{25}
 }
 
 type ClockResponse struct {
@@ -1469,7 +1790,7 @@ type ClockResponse struct {
 
 func (x *ClockResponse) Reset() {
 	*x = ClockResponse{}
-	mi := &file_idem_proto_msgTypes[21]
+	mi := &file_idem_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1802,7 @@ func (x *ClockResponse) String() string {
 func (*ClockResponse) ProtoMessage() {}
 
 func (x *ClockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[21]
+	mi := &file_idem_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1815,7 @@ func (x *ClockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockResponse.ProtoReflect.Descriptor instead.
 func (*ClockResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{21}
+	return file_idem_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ClockResponse) GetUnixNanos() int64 {
@@ -1527,7 +1848,7 @@ type KeyInfo struct {
 
 func (x *KeyInfo) Reset() {
 	*x = KeyInfo{}
-	mi := &file_idem_proto_msgTypes[22]
+	mi := &file_idem_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +1860,7 @@ func (x *KeyInfo) String() string {
 func (*KeyInfo) ProtoMessage() {}
 
 func (x *KeyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[22]
+	mi := &file_idem_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +1873,7 @@ func (x *KeyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
 func (*KeyInfo) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{22}
+	return file_idem_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *KeyInfo) GetKey() string {
@@ -1621,7 +1942,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_idem_proto_msgTypes[23]
+	mi := &file_idem_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1954,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[23]
+	mi := &file_idem_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1967,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{23}
+	return file_idem_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListKeysRequest) GetNamespace() string {
@@ -1695,7 +2016,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_idem_proto_msgTypes[24]
+	mi := &file_idem_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +2028,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[24]
+	mi := &file_idem_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +2041,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{24}
+	return file_idem_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -1748,7 +2069,7 @@ type ForceReleaseRequest struct {
 
 func (x *ForceReleaseRequest) Reset() {
 	*x = ForceReleaseRequest{}
-	mi := &file_idem_proto_msgTypes[25]
+	mi := &file_idem_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +2081,7 @@ func (x *ForceReleaseRequest) String() string {
 func (*ForceReleaseRequest) ProtoMessage() {}
 
 func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[25]
+	mi := &file_idem_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +2094,7 @@ func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{25}
+	return file_idem_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForceReleaseRequest) GetNamespace() string {
@@ -1806,7 +2127,7 @@ type ForceReleaseResponse struct {
 
 func (x *ForceReleaseResponse) Reset() {
 	*x = ForceReleaseResponse{}
-	mi := &file_idem_proto_msgTypes[26]
+	mi := &file_idem_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +2139,7 @@ func (x *ForceReleaseResponse) String() string {
 func (*ForceReleaseResponse) ProtoMessage() {}
 
 func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[26]
+	mi := &file_idem_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +2152,7 @@ func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{26}
+	return file_idem_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForceReleaseResponse) GetPreviousFencingToken() uint64 {
@@ -1852,7 +2173,7 @@ type DeleteKeyRequest struct {
 
 func (x *DeleteKeyRequest) Reset() {
 	*x = DeleteKeyRequest{}
-	mi := &file_idem_proto_msgTypes[27]
+	mi := &file_idem_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +2185,7 @@ func (x *DeleteKeyRequest) String() string {
 func (*DeleteKeyRequest) ProtoMessage() {}
 
 func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[27]
+	mi := &file_idem_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +2198,7 @@ func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{27}
+	return file_idem_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteKeyRequest) GetNamespace() string {
@@ -1909,7 +2230,7 @@ type DeleteKeyResponse struct {
 
 func (x *DeleteKeyResponse) Reset() {
 	*x = DeleteKeyResponse{}
-	mi := &file_idem_proto_msgTypes[28]
+	mi := &file_idem_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2242,7 @@ func (x *DeleteKeyResponse) String() string {
 func (*DeleteKeyResponse) ProtoMessage() {}
 
 func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[28]
+	mi := &file_idem_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2255,7 @@ func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{28}
+	return file_idem_proto_rawDescGZIP(), []int{33}
 }
 
 type ListShardRequest struct {
@@ -1952,7 +2273,7 @@ type ListShardRequest struct {
 
 func (x *ListShardRequest) Reset() {
 	*x = ListShardRequest{}
-	mi := &file_idem_proto_msgTypes[29]
+	mi := &file_idem_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2285,7 @@ func (x *ListShardRequest) String() string {
 func (*ListShardRequest) ProtoMessage() {}
 
 func (x *ListShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[29]
+	mi := &file_idem_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2298,7 @@ func (x *ListShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardRequest.ProtoReflect.Descriptor instead.
 func (*ListShardRequest) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{29}
+	return file_idem_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListShardRequest) GetShard() string {
@@ -2035,7 +2356,7 @@ type ListShardResponse struct {
 
 func (x *ListShardResponse) Reset() {
 	*x = ListShardResponse{}
-	mi := &file_idem_proto_msgTypes[30]
+	mi := &file_idem_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2368,7 @@ func (x *ListShardResponse) String() string {
 func (*ListShardResponse) ProtoMessage() {}
 
 func (x *ListShardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idem_proto_msgTypes[30]
+	mi := &file_idem_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2381,7 @@ func (x *ListShardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardResponse.ProtoReflect.Descriptor instead.
 func (*ListShardResponse) Descriptor() ([]byte, []int) {
-	return file_idem_proto_rawDescGZIP(), []int{30}
+	return file_idem_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListShardResponse) GetKeys() []*KeyInfo {
@@ -2155,7 +2476,30 @@ const file_idem_proto_rawDesc = "" +
 	"\fcompleted_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x129\n" +
 	"\n" +
 	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x123\n" +
-	"\bresponse\x18\a \x01(\v2\x17.idem.v1.StoredResponseR\bresponse\"\x0f\n" +
+	"\bresponse\x18\a \x01(\v2\x17.idem.v1.StoredResponseR\bresponse\"\x10\n" +
+	"\x0eRoutingRequest\"x\n" +
+	"\n" +
+	"RingParams\x12'\n" +
+	"\x0fpartition_count\x18\x01 \x01(\x05R\x0epartitionCount\x12-\n" +
+	"\x12replication_factor\x18\x02 \x01(\x05R\x11replicationFactor\x12\x12\n" +
+	"\x04load\x18\x03 \x01(\x01R\x04load\"t\n" +
+	"\fRoutingShard\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
+	"\vhome_region\x18\x02 \x01(\tR\n" +
+	"homeRegion\x12\x16\n" +
+	"\x06voters\x18\x03 \x03(\tR\x06voters\x12\x1b\n" +
+	"\tleader_id\x18\x04 \x01(\tR\bleaderId\"R\n" +
+	"\vRoutingNode\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12\x1b\n" +
+	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\"\xf3\x01\n" +
+	"\x0fRoutingResponse\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x12)\n" +
+	"\x10ring_fingerprint\x18\x02 \x01(\tR\x0fringFingerprint\x12'\n" +
+	"\x04ring\x18\x03 \x01(\v2\x13.idem.v1.RingParamsR\x04ring\x12-\n" +
+	"\x06shards\x18\x04 \x03(\v2\x15.idem.v1.RoutingShardR\x06shards\x12*\n" +
+	"\x05nodes\x18\x05 \x03(\v2\x14.idem.v1.RoutingNodeR\x05nodes\x12\x17\n" +
+	"\anode_id\x18\x06 \x01(\tR\x06nodeId\"\x0f\n" +
 	"\rStatusRequest\"\xd0\x02\n" +
 	"\vShardStatus\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x1f\n" +
@@ -2255,13 +2599,14 @@ const file_idem_proto_rawDesc = "" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11STATE_IN_PROGRESS\x10\x01\x12\x13\n" +
-	"\x0fSTATE_COMPLETED\x10\x022\xc0\x02\n" +
+	"\x0fSTATE_COMPLETED\x10\x022\xfe\x02\n" +
 	"\vIdempotency\x12<\n" +
 	"\aReserve\x12\x17.idem.v1.ReserveRequest\x1a\x18.idem.v1.ReserveResponse\x12B\n" +
 	"\tHeartbeat\x12\x19.idem.v1.HeartbeatRequest\x1a\x1a.idem.v1.HeartbeatResponse\x12?\n" +
 	"\bComplete\x12\x18.idem.v1.CompleteRequest\x1a\x19.idem.v1.CompleteResponse\x12<\n" +
 	"\aRelease\x12\x17.idem.v1.ReleaseRequest\x1a\x18.idem.v1.ReleaseResponse\x120\n" +
-	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse2\xf1\x04\n" +
+	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse\x12<\n" +
+	"\aRouting\x12\x17.idem.v1.RoutingRequest\x1a\x18.idem.v1.RoutingResponse2\xf1\x04\n" +
 	"\x05Admin\x129\n" +
 	"\x06Status\x12\x16.idem.v1.StatusRequest\x1a\x17.idem.v1.StatusResponse\x12Q\n" +
 	"\x0eTransferLeader\x12\x1e.idem.v1.TransferLeaderRequest\x1a\x1f.idem.v1.TransferLeaderResponse\x12?\n" +
@@ -2286,7 +2631,7 @@ func file_idem_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_idem_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: idem.v1.Outcome
 	(State)(0),                     // 1: idem.v1.State
@@ -2301,88 +2646,98 @@ var file_idem_proto_goTypes = []any{
 	(*ReleaseResponse)(nil),        // 10: idem.v1.ReleaseResponse
 	(*GetRequest)(nil),             // 11: idem.v1.GetRequest
 	(*GetResponse)(nil),            // 12: idem.v1.GetResponse
-	(*StatusRequest)(nil),          // 13: idem.v1.StatusRequest
-	(*ShardStatus)(nil),            // 14: idem.v1.ShardStatus
-	(*StatusResponse)(nil),         // 15: idem.v1.StatusResponse
-	(*TransferLeaderRequest)(nil),  // 16: idem.v1.TransferLeaderRequest
-	(*TransferLeaderResponse)(nil), // 17: idem.v1.TransferLeaderResponse
-	(*SnapshotRequest)(nil),        // 18: idem.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),       // 19: idem.v1.SnapshotResponse
-	(*ReplaceVoterRequest)(nil),    // 20: idem.v1.ReplaceVoterRequest
-	(*ReplaceVoterResponse)(nil),   // 21: idem.v1.ReplaceVoterResponse
-	(*ClockRequest)(nil),           // 22: idem.v1.ClockRequest
-	(*ClockResponse)(nil),          // 23: idem.v1.ClockResponse
-	(*KeyInfo)(nil),                // 24: idem.v1.KeyInfo
-	(*ListKeysRequest)(nil),        // 25: idem.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),       // 26: idem.v1.ListKeysResponse
-	(*ForceReleaseRequest)(nil),    // 27: idem.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),   // 28: idem.v1.ForceReleaseResponse
-	(*DeleteKeyRequest)(nil),       // 29: idem.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),      // 30: idem.v1.DeleteKeyResponse
-	(*ListShardRequest)(nil),       // 31: idem.v1.ListShardRequest
-	(*ListShardResponse)(nil),      // 32: idem.v1.ListShardResponse
-	nil,                            // 33: idem.v1.StoredResponse.HeadersEntry
-	(*timestamppb.Timestamp)(nil),  // 34: google.protobuf.Timestamp
+	(*RoutingRequest)(nil),         // 13: idem.v1.RoutingRequest
+	(*RingParams)(nil),             // 14: idem.v1.RingParams
+	(*RoutingShard)(nil),           // 15: idem.v1.RoutingShard
+	(*RoutingNode)(nil),            // 16: idem.v1.RoutingNode
+	(*RoutingResponse)(nil),        // 17: idem.v1.RoutingResponse
+	(*StatusRequest)(nil),          // 18: idem.v1.StatusRequest
+	(*ShardStatus)(nil),            // 19: idem.v1.ShardStatus
+	(*StatusResponse)(nil),         // 20: idem.v1.StatusResponse
+	(*TransferLeaderRequest)(nil),  // 21: idem.v1.TransferLeaderRequest
+	(*TransferLeaderResponse)(nil), // 22: idem.v1.TransferLeaderResponse
+	(*SnapshotRequest)(nil),        // 23: idem.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),       // 24: idem.v1.SnapshotResponse
+	(*ReplaceVoterRequest)(nil),    // 25: idem.v1.ReplaceVoterRequest
+	(*ReplaceVoterResponse)(nil),   // 26: idem.v1.ReplaceVoterResponse
+	(*ClockRequest)(nil),           // 27: idem.v1.ClockRequest
+	(*ClockResponse)(nil),          // 28: idem.v1.ClockResponse
+	(*KeyInfo)(nil),                // 29: idem.v1.KeyInfo
+	(*ListKeysRequest)(nil),        // 30: idem.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),       // 31: idem.v1.ListKeysResponse
+	(*ForceReleaseRequest)(nil),    // 32: idem.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),   // 33: idem.v1.ForceReleaseResponse
+	(*DeleteKeyRequest)(nil),       // 34: idem.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),      // 35: idem.v1.DeleteKeyResponse
+	(*ListShardRequest)(nil),       // 36: idem.v1.ListShardRequest
+	(*ListShardResponse)(nil),      // 37: idem.v1.ListShardResponse
+	nil,                            // 38: idem.v1.StoredResponse.HeadersEntry
+	(*timestamppb.Timestamp)(nil),  // 39: google.protobuf.Timestamp
 }
 var file_idem_proto_depIdxs = []int32{
-	33, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
+	38, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
 	0,  // 1: idem.v1.ReserveResponse.outcome:type_name -> idem.v1.Outcome
-	34, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	39, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 3: idem.v1.ReserveResponse.response:type_name -> idem.v1.StoredResponse
-	34, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
-	34, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	34, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	39, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
+	39, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	39, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 7: idem.v1.CompleteRequest.response:type_name -> idem.v1.StoredResponse
-	34, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	34, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	39, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	39, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 10: idem.v1.GetResponse.state:type_name -> idem.v1.State
-	34, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	34, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
-	34, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
+	39, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	39, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
+	39, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 14: idem.v1.GetResponse.response:type_name -> idem.v1.StoredResponse
-	14, // 15: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
-	1,  // 16: idem.v1.KeyInfo.state:type_name -> idem.v1.State
-	34, // 17: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
-	34, // 18: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
-	34, // 19: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
-	34, // 20: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
-	1,  // 21: idem.v1.ListKeysRequest.state:type_name -> idem.v1.State
-	24, // 22: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
-	1,  // 23: idem.v1.ListShardRequest.state:type_name -> idem.v1.State
-	24, // 24: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
-	3,  // 25: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
-	5,  // 26: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
-	7,  // 27: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
-	9,  // 28: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
-	11, // 29: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
-	13, // 30: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
-	16, // 31: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
-	18, // 32: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
-	20, // 33: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
-	22, // 34: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
-	25, // 35: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
-	27, // 36: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
-	29, // 37: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
-	31, // 38: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
-	4,  // 39: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
-	6,  // 40: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
-	8,  // 41: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
-	10, // 42: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
-	12, // 43: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
-	15, // 44: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
-	17, // 45: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
-	19, // 46: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
-	21, // 47: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
-	23, // 48: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
-	26, // 49: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
-	28, // 50: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
-	30, // 51: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
-	32, // 52: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
-	39, // [39:53] is the sub-list for method output_type
-	25, // [25:39] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	14, // 15: idem.v1.RoutingResponse.ring:type_name -> idem.v1.RingParams
+	15, // 16: idem.v1.RoutingResponse.shards:type_name -> idem.v1.RoutingShard
+	16, // 17: idem.v1.RoutingResponse.nodes:type_name -> idem.v1.RoutingNode
+	19, // 18: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
+	1,  // 19: idem.v1.KeyInfo.state:type_name -> idem.v1.State
+	39, // 20: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
+	39, // 21: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
+	39, // 22: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
+	39, // 23: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 24: idem.v1.ListKeysRequest.state:type_name -> idem.v1.State
+	29, // 25: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
+	1,  // 26: idem.v1.ListShardRequest.state:type_name -> idem.v1.State
+	29, // 27: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
+	3,  // 28: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
+	5,  // 29: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
+	7,  // 30: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
+	9,  // 31: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
+	11, // 32: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
+	13, // 33: idem.v1.Idempotency.Routing:input_type -> idem.v1.RoutingRequest
+	18, // 34: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
+	21, // 35: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
+	23, // 36: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
+	25, // 37: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
+	27, // 38: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
+	30, // 39: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
+	32, // 40: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
+	34, // 41: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
+	36, // 42: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
+	4,  // 43: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
+	6,  // 44: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
+	8,  // 45: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
+	10, // 46: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
+	12, // 47: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
+	17, // 48: idem.v1.Idempotency.Routing:output_type -> idem.v1.RoutingResponse
+	20, // 49: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
+	22, // 50: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
+	24, // 51: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
+	26, // 52: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
+	28, // 53: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
+	31, // 54: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
+	33, // 55: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
+	35, // 56: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
+	37, // 57: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
+	43, // [43:58] is the sub-list for method output_type
+	28, // [28:43] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_idem_proto_init() }
@@ -2396,7 +2751,7 @@ func file_idem_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_proto_rawDesc), len(file_idem_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   32,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

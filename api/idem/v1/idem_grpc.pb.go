@@ -28,6 +28,7 @@ const (
 	Idempotency_Complete_FullMethodName  = "/idem.v1.Idempotency/Complete"
 	Idempotency_Release_FullMethodName   = "/idem.v1.Idempotency/Release"
 	Idempotency_Get_FullMethodName       = "/idem.v1.Idempotency/Get"
+	Idempotency_Routing_FullMethodName   = "/idem.v1.Idempotency/Routing"
 )
 
 // IdempotencyClient is the client API for Idempotency service.
@@ -44,6 +45,12 @@ type IdempotencyClient interface {
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// Get reads the key's record (never its owner token).
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
+	// Routing returns what a client needs to send each call to the leader of
+	// its key's shard: the ring (to place keys itself), every node's gRPC
+	// address and the leaders this node knows. Any authenticated caller may
+	// ask; it reveals the topology (node ids, addresses, shard ids) and no
+	// record. Routers answer UNIMPLEMENTED: their clients keep round-robin.
+	Routing(ctx context.Context, in *RoutingRequest, opts ...grpc.CallOption) (*RoutingResponse, error)
 }
 
 type idempotencyClient struct {
@@ -104,6 +111,16 @@ func (c *idempotencyClient) Get(ctx context.Context, in *GetRequest, opts ...grp
 	return out, nil
 }
 
+func (c *idempotencyClient) Routing(ctx context.Context, in *RoutingRequest, opts ...grpc.CallOption) (*RoutingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RoutingResponse)
+	err := c.cc.Invoke(ctx, Idempotency_Routing_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IdempotencyServer is the server API for Idempotency service.
 // All implementations must embed UnimplementedIdempotencyServer
 // for forward compatibility.
@@ -118,6 +135,12 @@ type IdempotencyServer interface {
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// Get reads the key's record (never its owner token).
 	Get(context.Context, *GetRequest) (*GetResponse, error)
+	// Routing returns what a client needs to send each call to the leader of
+	// its key's shard: the ring (to place keys itself), every node's gRPC
+	// address and the leaders this node knows. Any authenticated caller may
+	// ask; it reveals the topology (node ids, addresses, shard ids) and no
+	// record. Routers answer UNIMPLEMENTED: their clients keep round-robin.
+	Routing(context.Context, *RoutingRequest) (*RoutingResponse, error)
 	mustEmbedUnimplementedIdempotencyServer()
 }
 
@@ -142,6 +165,9 @@ func (UnimplementedIdempotencyServer) Release(context.Context, *ReleaseRequest) 
 }
 func (UnimplementedIdempotencyServer) Get(context.Context, *GetRequest) (*GetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Get not implemented")
+}
+func (UnimplementedIdempotencyServer) Routing(context.Context, *RoutingRequest) (*RoutingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Routing not implemented")
 }
 func (UnimplementedIdempotencyServer) mustEmbedUnimplementedIdempotencyServer() {}
 func (UnimplementedIdempotencyServer) testEmbeddedByValue()                     {}
@@ -254,6 +280,24 @@ func _Idempotency_Get_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Idempotency_Routing_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RoutingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IdempotencyServer).Routing(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Idempotency_Routing_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IdempotencyServer).Routing(ctx, req.(*RoutingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Idempotency_ServiceDesc is the grpc.ServiceDesc for Idempotency service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -280,6 +324,10 @@ var Idempotency_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Get",
 			Handler:    _Idempotency_Get_Handler,
+		},
+		{
+			MethodName: "Routing",
+			Handler:    _Idempotency_Routing_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,31 @@
+package node
+
+import (
+	"context"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+)
+
+// routing answers the Idempotency service's Routing RPC: this node's ring,
+// every node's gRPC address as the topology file gives it, and the leader
+// of each shard it hosts as its Raft group knows it, so that a client can
+// send each call to its shard's leader instead of paying a forwarding hop.
+func (n *Node) routing(context.Context) (*idemv1.RoutingResponse, error) {
+	// Start fills n.shards before the gRPC server exists, so it is read
+	// without a lock.
+	if p := n.ringErr.Load(); p != nil {
+		// A peer runs another ring: telling clients this one's would be
+		// telling them a ring the cluster does not agree on.
+		return nil, status.Errorf(codes.Unavailable, "node: ring in doubt: %v", *p)
+	}
+	leaders := make(map[string]string, len(n.shards))
+	for id, s := range n.shards {
+		if leader, _ := s.group.Leader(); leader != "" {
+			leaders[id] = leader
+		}
+	}
+	return idemv1.RoutingToProto(n.ring, n.cfg.Topology.Nodes(), n.cfg.NodeID, leaders), nil
+}

@@ -1,0 +1,73 @@
+package node
+
+import (
+	"fmt"
+	"maps"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/internal/testutil"
+)
+
+// TestRegionAnswersRouting: every node's Routing answer decodes into its own
+// ring (same fingerprint), the topology's gRPC addresses and the shards'
+// actual leaders; and a get forwarded by a follower names the leader in its
+// idem-leader header, as a client learns it.
+func TestRegionAnswersRouting(t *testing.T) {
+	r := startRegion(t, 3, nil)
+	testutil.Eventually(t, 30*time.Second, "leaders on their preferred voters", r.balanced)
+	leaders := r.leaders()
+	ring := r.nodes[0].ring
+	for _, nn := range r.nodes {
+		conn, err := grpc.NewClient(nn.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		api := idemv1.NewIdempotencyClient(conn)
+		resp, err := api.Routing(t.Context(), &idemv1.RoutingRequest{})
+		if err != nil {
+			t.Fatalf("Routing on %s: %v", nn.cfg.NodeID, err)
+		}
+		rt, err := idemv1.RoutingFromProto(resp)
+		if err != nil {
+			t.Fatalf("Routing on %s: %v", nn.cfg.NodeID, err)
+		}
+		if rt.NodeID != nn.cfg.NodeID || rt.Ring.Fingerprint() != ring.Fingerprint() {
+			t.Fatalf("%s answered as %s with ring %s, want ring %s", nn.cfg.NodeID, rt.NodeID, rt.Ring.Fingerprint(), ring.Fingerprint())
+		}
+		for _, n := range r.topo.Nodes() {
+			if rt.Nodes[n.ID].GRPCAddr != n.GRPCAddr {
+				t.Errorf("%s: node %s at %q, the topology says %q", nn.cfg.NodeID, n.ID, rt.Nodes[n.ID].GRPCAddr, n.GRPCAddr)
+			}
+		}
+		if !maps.Equal(rt.Leaders, leaders) {
+			t.Errorf("%s: leaders %v, the groups say %v", nn.cfg.NodeID, rt.Leaders, leaders)
+		}
+		// A get of a key whose shard this node does not lead is forwarded;
+		// the answer names the leader.
+		for i := 0; ; i++ {
+			key := fmt.Sprintf("absent-%d", i)
+			shard := ring.Locate("pay", key).ID
+			if leaders[shard] == nn.cfg.NodeID {
+				continue
+			}
+			var header metadata.MD
+			_, err := api.Get(t.Context(), &idemv1.GetRequest{Namespace: "pay", Key: key}, grpc.Header(&header))
+			if status.Code(err) != codes.NotFound {
+				t.Fatalf("get of an absent key on %s: %v, want NOT_FOUND", nn.cfg.NodeID, err)
+			}
+			if got := header.Get(idemv1.LeaderHeader); len(got) != 1 || got[0] != leaders[shard] {
+				t.Fatalf("forwarded get on %s: leader header %v, want %s (shard %s)", nn.cfg.NodeID, got, leaders[shard], shard)
+			}
+			break
+		}
+	}
+}
