@@ -32,10 +32,12 @@ import (
 // API (package client over loopback) and the JSON API (HTTP/1.1 keep-alive).
 // Reported per run: cycles/s, cycle latency p50/p99, the leaders' log
 // entries per log write (StoreLogs call), fsync'd log commits per cycle on
-// all nodes together, group log writes per commit (above 1 only with the
-// shared log, whose commits carry the writes of several groups), time per
-// commit, and the process's CPU time per cycle (which, unlike cycles/s,
-// hardly depends on what else the box runs).
+// all nodes together (with the pebble log: its WAL fdatasyncs), group log
+// writes per commit (above 1 with the shared bolt log, whose commits carry
+// the writes of several groups, and the pebble log, whose WAL syncs cover
+// every batch committed meanwhile), time per commit (pebble: time of its
+// batches, which overlap, per WAL sync), and the process's CPU time per
+// cycle (which, unlike cycles/s, hardly depends on what else the box runs).
 //
 // fsync stays on, as in production; IDEM_BENCH_NOFSYNC=1 turns it off to see
 // the CPU cost alone. Profile with, e.g.:
@@ -46,9 +48,9 @@ func BenchmarkCycle(b *testing.B) {
 	for _, layout := range []string{"dev", "three"} {
 		for _, api := range []string{"leader", "backend", "grpc", "json"} {
 			for _, conc := range []int{16, 64} {
-				for _, log := range []string{"shared", "own"} {
+				for _, log := range raftstore.LogStores {
 					b.Run(fmt.Sprintf("%s/%s/c%d/log=%s", layout, api, conc, log), func(b *testing.B) {
-						c := benchClusterFor(b, layout, log == "shared")
+						c := benchClusterFor(b, layout, log)
 						var cycle func(ctx context.Context, worker int, key string) error
 						switch api {
 						case "leader":
@@ -133,6 +135,7 @@ type benchCluster struct {
 	http  *http.Client
 	tr    *http.Transport
 	next  atomic.Uint64
+	dir   string // removed by close
 }
 
 var (
@@ -151,10 +154,10 @@ func TestMain(m *testing.M) {
 
 // benchClusterFor starts a cluster for layout on first use and shares it
 // between the sub-benchmarks (each of which runs several times).
-func benchClusterFor(b *testing.B, layout string, sharedLog bool) *benchCluster {
+func benchClusterFor(b *testing.B, layout string, logStore string) *benchCluster {
 	benchClustersMu.Lock()
 	defer benchClustersMu.Unlock()
-	name := fmt.Sprintf("%s/shared=%v", layout, sharedLog)
+	name := fmt.Sprintf("%s/log=%s", layout, logStore)
 	if c := benchClusters[name]; c != nil {
 		return c
 	}
@@ -162,7 +165,7 @@ func benchClusterFor(b *testing.B, layout string, sharedLog bool) *benchCluster 
 	if layout == "three" {
 		nodes = 3
 	}
-	c, err := startBenchCluster(nodes, sharedLog, os.Getenv("IDEM_BENCH_NOFSYNC") == "1")
+	c, err := startBenchCluster(nodes, logStore, os.Getenv("IDEM_BENCH_NOFSYNC") == "1")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -191,7 +194,7 @@ func freeAddrs(n int) ([]string, error) {
 	return addrs, nil
 }
 
-func startBenchCluster(n int, sharedLog, noFsync bool) (_ *benchCluster, err error) {
+func startBenchCluster(n int, logStore string, noFsync bool) (_ *benchCluster, err error) {
 	addrs, err := freeAddrs(3 * n)
 	if err != nil {
 		return nil, err
@@ -212,16 +215,17 @@ func startBenchCluster(n int, sharedLog, noFsync bool) (_ *benchCluster, err err
 	if err != nil {
 		return nil, err
 	}
-	c := &benchCluster{}
+	// The dir lives until close: pebble creates files (WAL, sstables)
+	// as it runs, so it cannot be unlinked early.
+	c := &benchCluster{dir: dir}
 	defer func() {
 		if err != nil {
 			c.close()
 		}
-		os.RemoveAll(dir) // unlinked files stay usable until closed
 	}()
 	rc := raftstore.DefaultConfig()
 	rc.NoFsync = noFsync
-	rc.SharedLog = sharedLog
+	rc.LogStore = logStore
 	var grpcAddrs []string
 	for _, nd := range region.Nodes {
 		nn, err := New(Config{
@@ -287,6 +291,7 @@ func (c *benchCluster) close() {
 		wg.Go(func() { n.Close() })
 	}
 	wg.Wait()
+	os.RemoveAll(c.dir)
 }
 
 // processCPU is the user and system CPU time this process used so far.
@@ -300,9 +305,10 @@ func processCPU() time.Duration {
 
 type logStats struct {
 	commits, entries uint64 // StoreLogs calls of the groups' leaders, entries they wrote
-	// Fsync'd transactions on all nodes: own bolt files' StoreLogs (which
-	// are all the groups' writes there, apart from rare stable-store sets)
-	// plus shared-log commits, and the group writes those carried.
+	// Fsync'd commits on all nodes: own bolt files' StoreLogs (which are
+	// all the groups' writes there, apart from rare stable-store sets),
+	// shared-log commits and the pebble logs' WAL syncs, and the group
+	// writes those carried.
 	fsyncs, writes uint64
 	commitTime     time.Duration // spent in those commits
 }
@@ -318,7 +324,7 @@ func (c *benchCluster) logStats() logStats {
 				s.commits += st.LogCommits
 				s.entries += st.LogEntries
 			}
-			if !st.SharedLog {
+			if st.LogStore == raftstore.LogStoreBolt {
 				s.fsyncs += st.LogCommits
 				s.writes += st.LogCommits
 				s.commitTime += st.LogCommitTime
@@ -328,6 +334,10 @@ func (c *benchCluster) logStats() logStats {
 		s.fsyncs += sl.Commits
 		s.writes += sl.Writes
 		s.commitTime += sl.CommitTime
+		pl := n.host.PebbleLogStats()
+		s.fsyncs += pl.WALSyncs
+		s.writes += pl.Commits
+		s.commitTime += pl.CommitTime
 	}
 	return s
 }

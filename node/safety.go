@@ -45,8 +45,8 @@ func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", ";
 // error, so the process exits non-zero and a supervisor restarts it on what
 // is durable. Exiting is safe: every acknowledged write is fsync'd on a
 // quorum, and a restart re-reads exactly what reached this node's disk
-// (bbolt's last committed transaction), never the pages a failed fsync may
-// have dropped.
+// (the pebble log's synced WAL, or bbolt's last committed transaction),
+// never the pages a failed fsync may have dropped.
 func (n *Node) storageFailed(err error) {
 	n.failOnce.Do(func() {
 		n.failure.Store(&err)

@@ -13,10 +13,12 @@ import (
 // proposers, and reports how well hashicorp/raft group-commits them:
 // cmds/write is log entries per leader log-store write (one bolt
 // transaction of its own, or its part of a shared-log commit), cmds/batch
-// is commands per ApplyBatch call, fsyncs/s the fsync'd log commits of all
-// nodes. log=shared|own: the host's shared log or a bolt file per group.
+// is commands per ApplyBatch call, fsyncs/s the synced log commits of all
+// nodes: bolt commits (each a pair of fdatasyncs) or the pebble log's WAL
+// fdatasyncs. log=pebble|shared-bolt|bolt is Config.LogStore.
 //
 //	go test -run '^$' -bench ApplyConcurrent -benchtime 3s ./raftstore
+//	go test -run '^$' -bench 'ApplyConcurrent/groups=8/.*/log=pebble' -benchtime 3s ./raftstore
 func BenchmarkApplyConcurrent(b *testing.B) {
 	for _, bc := range []struct {
 		groups, proposers int
@@ -26,7 +28,7 @@ func BenchmarkApplyConcurrent(b *testing.B) {
 		{8, 64},
 		{8, 512},
 	} {
-		for _, log := range []string{"shared", "own"} {
+		for _, log := range LogStores {
 			b.Run(fmt.Sprintf("groups=%d/proposers=%d/log=%s", bc.groups, bc.proposers, log), func(b *testing.B) {
 				shards := make([]string, bc.groups)
 				for i := range shards {
@@ -34,7 +36,7 @@ func BenchmarkApplyConcurrent(b *testing.B) {
 				}
 				c := newTestCluster(b, 3, shards, func(cfg *Config) {
 					*cfg = DefaultConfig() // production timeouts, fsync on
-					cfg.SharedLog = log == "shared"
+					cfg.LogStore = log
 				})
 				leaders := make([]*Group, len(shards))
 				for i, shard := range shards {
@@ -47,7 +49,7 @@ func BenchmarkApplyConcurrent(b *testing.B) {
 				sharedBefore := map[string]uint64{}
 				ownBefore := map[string]uint64{}
 				for _, n := range c.nodes {
-					sharedBefore[n.id] = n.host.SharedLogStats().Commits
+					sharedBefore[n.id] = n.host.SharedLogStats().Commits + n.host.PebbleLogStats().WALSyncs
 					for _, shard := range shards {
 						if g, ok := n.host.Group(shard); ok {
 							ownBefore[n.id+"/"+shard] = g.Stats().LogCommits
@@ -105,13 +107,14 @@ func BenchmarkApplyConcurrent(b *testing.B) {
 				if batches > 0 {
 					b.ReportMetric(float64(cmds)/float64(batches), "cmds/batch")
 				}
-				// Fsync'd commits on all nodes: the shared logs' plus the own
-				// bolt files' (one per StoreLogs).
+				// Synced commits on all nodes: the shared bolt logs' and the
+				// pebble logs' WAL syncs, plus the own bolt files' (one per
+				// StoreLogs).
 				var fsyncs uint64
 				for _, n := range c.nodes {
-					fsyncs += n.host.SharedLogStats().Commits - sharedBefore[n.id]
+					fsyncs += n.host.SharedLogStats().Commits + n.host.PebbleLogStats().WALSyncs - sharedBefore[n.id]
 					for _, shard := range shards {
-						if g, ok := n.host.Group(shard); ok && !g.Stats().SharedLog {
+						if g, ok := n.host.Group(shard); ok && g.Stats().LogStore == LogStoreBolt {
 							fsyncs += g.Stats().LogCommits - ownBefore[n.id+"/"+shard]
 						}
 					}

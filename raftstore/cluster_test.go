@@ -155,8 +155,17 @@ func TestClusterReplicatesAndRedirects(t *testing.T) {
 
 func TestLeaderCrashLosesNothingAcknowledged(t *testing.T) {
 	t.Parallel() // independent clusters on their own ports and dirs; mostly waiting for elections
+	for _, store := range []string{LogStorePebble, LogStoreSharedBolt} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			testLeaderCrashLosesNothingAcknowledged(t, store)
+		})
+	}
+}
+
+func testLeaderCrashLosesNothingAcknowledged(t *testing.T, store string) {
 	shards := []string{"s0", "s1"}
-	c := newTestCluster(t, 3, shards, nil)
+	c := newTestCluster(t, 3, shards, func(cfg *Config) { cfg.LogStore = store })
 	old := c.leader("s0")
 
 	// A writer keeps proposing to s0 through whoever leads it while the
@@ -261,11 +270,13 @@ func TestRestartRestoresState(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		snapshot bool
-		ownLog   bool // each group in its own bolt file instead of the shared log
+		store    string // Config.LogStore
 	}{
-		{"log", false, false},
-		{"snapshot+tail", true, false},
-		{"own-log/snapshot+tail", true, true},
+		{"pebble/log", false, LogStorePebble},
+		{"pebble/snapshot+tail", true, LogStorePebble},
+		{"shared-bolt/log", false, LogStoreSharedBolt},
+		{"shared-bolt/snapshot+tail", true, LogStoreSharedBolt},
+		{"bolt/snapshot+tail", true, LogStoreBolt},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			shards := []string{"s0", "s1"}
@@ -274,7 +285,7 @@ func TestRestartRestoresState(t *testing.T) {
 			// tail written afterwards stays in the log.
 			lowThreshold := tc.snapshot
 			c := newTestCluster(t, 3, shards, func(cfg *Config) {
-				cfg.SharedLog = !tc.ownLog
+				cfg.LogStore = tc.store
 				if tc.snapshot {
 					cfg.SnapshotInterval = 50 * time.Millisecond
 					cfg.TrailingLogs = 2
@@ -351,8 +362,8 @@ func TestRestartRestoresState(t *testing.T) {
 				}
 				c.waitReplicated(shard, want[shard], c.upNodes())
 				for i, n := range c.nodes {
-					if got := c.group(i, shard).Stats().SharedLog; got == tc.ownLog {
-						t.Fatalf("%s/%s: SharedLog = %v, want %v", n.id, shard, got, !tc.ownLog)
+					if got := c.group(i, shard).Stats().LogStore; got != tc.store {
+						t.Fatalf("%s/%s: LogStore = %q, want %q", n.id, shard, got, tc.store)
 					}
 					applies, restores := n.sms[shard].counts()
 					if tc.snapshot {

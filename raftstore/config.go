@@ -28,7 +28,9 @@ type Config struct {
 	RaftAdvertiseAddr string
 
 	// DataDir holds one directory per group, DataDir/shards/<id>/, with the
-	// group's log and stable store (raft.db) and its snapshots. Required.
+	// group's snapshots (and its raft.db with LogStoreBolt), and the host's
+	// log store shared by its groups (raftlog/ or log.db, see LogStore).
+	// Required.
 	DataDir string
 
 	// Logger receives raftstore's and raft's logs (raft's own INFO chatter at
@@ -95,17 +97,25 @@ type Config struct {
 	// context has no earlier deadline.
 	ApplyTimeout time.Duration
 
-	// SharedLog keeps the log and stable store of every new group in one
-	// bbolt file per host (DataDir/log.db) written by a group-commit writer,
-	// so writes of all groups arriving together share one fsync'd commit.
-	// false gives each new group its own bolt file
-	// (DataDir/shards/<id>/raft.db). A group keeps the store it was created
-	// with whatever this says later: one that has a raft.db keeps using it,
-	// one that lives in the shared log stays there. DefaultConfig: true.
-	SharedLog bool
+	// LogStore is where a new group keeps its Raft log and stable store
+	// (DESIGN.md "Storage"):
+	//
+	//   - LogStorePebble ("pebble", the default; "" means it too): one
+	//     pebble instance per host (DataDir/raftlog), every group under its
+	//     own key prefix, one synced batch per write; pebble merges the
+	//     syncs of concurrent writes into one WAL fdatasync.
+	//   - LogStoreSharedBolt ("shared-bolt"): one bbolt file per host
+	//     (DataDir/log.db) written by a group-commit writer.
+	//   - LogStoreBolt ("bolt"): a raft-boltdb/v2 file per group
+	//     (DataDir/shards/<id>/raft.db).
+	//
+	// A group keeps the store it was created with whatever this says
+	// later; a group found in two stores refuses to start
+	// (ErrStoreConflict).
+	LogStore string
 
-	// TestingFailCommitsAfter, when > 0, makes every commit of the shared
-	// log after the first TestingFailCommitsAfter fail as a failed fsync
+	// TestingFailCommitsAfter, when > 0, makes every commit of the host's
+	// log (pebble or shared bolt) after the first TestingFailCommitsAfter fail as a failed fsync
 	// would (the log then fails stop). Fault injection for tests only.
 	TestingFailCommitsAfter uint64
 
@@ -141,6 +151,24 @@ type Config struct {
 	// the group is known to read packed entries (package node's feature
 	// gate). The switch is one-way. false: groups pack from the start.
 	PackingGated bool
+}
+
+// The log stores of Config.LogStore.
+const (
+	LogStorePebble     = "pebble"
+	LogStoreSharedBolt = "shared-bolt"
+	LogStoreBolt       = "bolt"
+)
+
+// LogStores lists the valid Config.LogStore values, the default first.
+var LogStores = []string{LogStorePebble, LogStoreSharedBolt, LogStoreBolt}
+
+// logStore is c.LogStore with "" resolved to the default.
+func (c Config) logStore() string {
+	if c.LogStore == "" {
+		return LogStorePebble
+	}
+	return c.LogStore
 }
 
 // CommandPacker packs commands into the bytes of one Raft entry, in a form
@@ -200,7 +228,7 @@ func DefaultConfig() Config {
 		TrailingLogsBytes:  256 << 20,
 		LogCacheBytes:      64 << 20,
 		ApplyTimeout:       10 * time.Second,
-		SharedLog:          true,
+		LogStore:           LogStorePebble,
 	}
 }
 
@@ -269,6 +297,11 @@ func (c Config) Validate() error {
 	}
 	if c.TLS != nil && (c.TLS.Server == nil || c.TLS.Client == nil) {
 		bad("TLS needs both Server and Client")
+	}
+	switch c.logStore() {
+	case LogStorePebble, LogStoreSharedBolt, LogStoreBolt:
+	default:
+		bad("LogStore %q is not one of %q", c.LogStore, LogStores)
 	}
 	if c.MaxInboundConns < 0 {
 		bad("MaxInboundConns is %d, must be >= 0 (0: %d)", c.MaxInboundConns, DefaultMaxInboundConns)

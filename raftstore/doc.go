@@ -31,10 +31,12 @@
 //   - A group restarted on its data directory rejoins from its own state and
 //     never bootstraps a second time.
 //
-// The groups of a host keep their logs and stable stores in one bolt file
-// written by a group-commit writer, so that writes of all groups arriving
-// together share one fsync (Config.SharedLog; a group created with its own
-// bolt file keeps it), and their snapshots in DataDir/shards/<id>/. With
+// The groups of a host keep their logs and stable stores in one pebble
+// instance (DataDir/raftlog), a key prefix per group, one synced batch per
+// write, so that writes of all groups arriving together share one WAL
+// fdatasync (Config.LogStore; the shared bolt file or a bolt file per group
+// are the alternatives, and a group keeps the store it was created with),
+// and their snapshots in DataDir/shards/<id>/. With
 // Config.Packer, commands proposed while a group's entries are in flight
 // are packed into one Raft entry (the proposal buffer); each proposer still
 // gets its own result and error; with Config.PackingGated only from

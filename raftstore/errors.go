@@ -36,8 +36,9 @@ var (
 	ErrNotReady = errors.New("raftstore: not ready")
 
 	// ErrStoreConflict is returned by AddGroup when a group's log is found
-	// both in its own bolt file and in the host's shared log: which one is
-	// current cannot be known, so the group refuses to start.
+	// in two stores (its own bolt file, the host's shared bolt log, the
+	// host's pebble log): which one is current cannot be known, so the
+	// group refuses to start.
 	ErrStoreConflict = errors.New("raftstore: group's log found in two stores")
 
 	// ErrStateAhead is returned by AddGroup when a DurableStateMachine's

@@ -15,21 +15,21 @@ import (
 // Group is one Raft group (one shard) hosted by a Host. All methods are safe
 // for concurrent use.
 type Group struct {
-	id        string
-	host      *Host
-	peers     peerAddrs // this node's view of the voters' addresses
-	logger    *slog.Logger
-	raft      *raft.Raft
-	fsm       *fsmAdapter
-	logs      *logCache // log cache over counting store over store
-	counted   *countingLogStore
-	store     groupStore // own bolt file or the host's shared log
-	sharedLog bool
-	snaps     *raft.FileSnapshotStore
-	trans     *raft.NetworkTransport
-	stream    *streamLayer
-	metrics   *groupMetrics
-	buf       *propBuffer // nil unless Config.Packer is set
+	id       string
+	host     *Host
+	peers    peerAddrs // this node's view of the voters' addresses
+	logger   *slog.Logger
+	raft     *raft.Raft
+	fsm      *fsmAdapter
+	logs     *logCache // log cache over counting store over store
+	counted  *countingLogStore
+	store    groupStore // own bolt file, or the host's pebble or shared bolt log
+	logStore string     // which of them: a LogStore* value
+	snaps    *raft.FileSnapshotStore
+	trans    *raft.NetworkTransport
+	stream   *streamLayer
+	metrics  *groupMetrics
+	buf      *propBuffer // nil unless Config.Packer is set
 
 	observer *raft.Observer
 	obsCh    chan raft.Observation
@@ -525,7 +525,7 @@ type GroupStats struct {
 
 	ApplyBatches    uint64        // ApplyBatch calls that carried commands
 	AppliedCommands uint64        // commands applied, so AppliedCommands/ApplyBatches is the mean batch
-	SharedLog       bool          // the log lives in the host's shared log, not in its own bolt file
+	LogStore        string        // where the group's log lives: LogStorePebble, LogStoreSharedBolt or LogStoreBolt
 	LogCommits      uint64        // log store writes (StoreLogs): own fsync'd bolt transactions, or parts of shared ones
 	LogEntries      uint64        // entries written by those writes
 	LogCommitTime   time.Duration // total time spent in those writes (until durable)
@@ -555,7 +555,7 @@ func (g *Group) Stats() GroupStats {
 		LastLogIndex:    g.raft.LastIndex(),
 		ApplyBatches:    g.fsm.batches.Load(),
 		AppliedCommands: g.fsm.commands.Load(),
-		SharedLog:       g.sharedLog,
+		LogStore:        g.logStore,
 		LogCommits:      g.counted.commits.Load(),
 		LogEntries:      g.counted.entries.Load(),
 		LogCommitTime:   time.Duration(g.counted.commitNanos.Load()),

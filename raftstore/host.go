@@ -49,14 +49,15 @@ type Host struct {
 
 	logMu     sync.Mutex
 	sharedLog *sharedLog // opened on first use; nil until then
-	logClosed bool       // stop closed (or skipped) the shared log: open no more
+	pebbleLog *pebbleLog // opened on first use; nil until then
+	logClosed bool       // stop closed (or skipped) the host's logs: open no more
 
 	stopOnce sync.Once
 	stopErr  error
 
 	handOvers atomic.Uint64 // successful leadership hand-overs on Shutdown
 
-	// stateFailure is the first storage failure reported (the shared log's
+	// stateFailure is the first storage failure reported (a host log's
 	// or a durable state machine's), wrapping ErrStorageFailed.
 	stateFailure atomic.Pointer[error]
 }
@@ -171,7 +172,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		}
 	}()
 
-	store, shared, err := h.openGroupStore(id, dir)
+	store, logStore, err := h.openGroupStore(id, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +286,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	}
 	cleanup = append(cleanup, func() { r.Shutdown().Error() })
 	if existing {
-		logger.Info("raft group restarted from existing state", "last_index", r.LastIndex(), "shared_log", shared)
+		logger.Info("raft group restarted from existing state", "last_index", r.LastIndex(), "log_store", logStore)
 	}
 
 	g := &Group{
@@ -298,7 +299,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		logs:          logs,
 		counted:       counted,
 		store:         store,
-		sharedLog:     shared,
+		logStore:      logStore,
 		snaps:         files,
 		trans:         trans,
 		stream:        stream,
@@ -328,41 +329,81 @@ type groupStore interface {
 	Close() error
 }
 
-// openGroupStore opens group id's log and stable store. The store a group
-// was created with is kept whatever Config.SharedLog says now: a group with
-// a raft.db in its directory keeps that file, a group found in the shared
-// log stays there; only a new group follows Config.SharedLog. (Choosing by
-// the switch alone would make a restarted group with the switch flipped
-// find no log, and bootstrap again over its acknowledged writes.)
-func (h *Host) openGroupStore(id, dir string) (_ groupStore, shared bool, err error) {
+// openGroupStore opens group id's log and stable store and says which
+// store it is (a LogStore* value). The store a group was created with is
+// kept whatever Config.LogStore says now: every store that exists on disk
+// is asked whether it holds the group (its own raft.db, the shared bolt
+// log's buckets, the pebble log's marker); the one that does is used, and
+// only a group found nowhere follows Config.LogStore. (Choosing by the
+// setting alone would make a restarted group find no log after the setting
+// changed, and bootstrap again over its acknowledged writes.) A group found
+// in two stores refuses to start with ErrStoreConflict: which one is
+// current cannot be known.
+func (h *Host) openGroupStore(id, dir string) (_ groupStore, kind string, err error) {
 	ownPath := filepath.Join(dir, "raft.db")
 	hasOwn, err := fileExists(ownPath)
 	if err != nil {
-		return nil, false, shardErr(id, "checking for a log store: %w", err)
+		return nil, "", shardErr(id, "checking for a log store: %w", err)
 	}
-	inShared := false
-	var sl *sharedLog
-	if h.cfg.SharedLog || !hasOwn {
-		// Look into the shared log if there is one (or one is wanted).
-		if sl, err = h.openSharedLog(h.cfg.SharedLog); err != nil {
-			return nil, false, shardErr(id, "opening the shared log: %w", err)
+	var found []string
+	if hasOwn {
+		found = append(found, ownPath)
+		kind = LogStoreBolt
+	}
+	sl, err := h.openSharedLog(false)
+	if err != nil {
+		return nil, "", shardErr(id, "opening the shared log: %w", err)
+	}
+	if sl != nil {
+		in, err := sl.hasGroup(id)
+		if err != nil {
+			return nil, "", shardErr(id, "reading the shared log: %w", err)
 		}
-		if sl != nil {
-			if inShared, err = sl.hasGroup(id); err != nil {
-				return nil, false, shardErr(id, "reading the shared log: %w", err)
-			}
+		if in {
+			found = append(found, sl.path)
+			kind = LogStoreSharedBolt
+		}
+	}
+	pl, err := h.openPebbleLog(false)
+	if err != nil {
+		return nil, "", shardErr(id, "opening the pebble log: %w", err)
+	}
+	if pl != nil {
+		in, err := pl.hasGroup(id)
+		if err != nil {
+			return nil, "", shardErr(id, "reading the pebble log: %w", err)
+		}
+		if in {
+			found = append(found, pl.path)
+			kind = LogStorePebble
 		}
 	}
 	switch {
-	case hasOwn && inShared:
-		return nil, false, shardErr(id, "%w: both %s and the shared log %s hold this group's log; move one away",
-			ErrStoreConflict, ownPath, filepath.Join(h.cfg.DataDir, sharedLogFile))
-	case inShared || (!hasOwn && h.cfg.SharedLog): // sl is open in both cases
+	case len(found) > 1:
+		return nil, "", shardErr(id, "%w: %s all hold this group's log; move all but one away",
+			ErrStoreConflict, strings.Join(found, " and "))
+	case len(found) == 0:
+		kind = h.cfg.logStore()
+	}
+	switch kind {
+	case LogStoreSharedBolt:
+		if sl, err = h.openSharedLog(true); err != nil {
+			return nil, "", shardErr(id, "opening the shared log: %w", err)
+		}
 		g, err := sl.group(id)
 		if err != nil {
-			return nil, false, shardErr(id, "opening log store in the shared log: %w", err)
+			return nil, "", shardErr(id, "opening log store in the shared log: %w", err)
 		}
-		return g, true, nil
+		return g, kind, nil
+	case LogStorePebble:
+		if pl, err = h.openPebbleLog(true); err != nil {
+			return nil, "", shardErr(id, "opening the pebble log: %w", err)
+		}
+		g, err := pl.group(id)
+		if err != nil {
+			return nil, "", shardErr(id, "opening log store in the pebble log: %w", err)
+		}
+		return g, kind, nil
 	}
 	bolt, err := raftboltdb.New(raftboltdb.Options{
 		Path:   ownPath,
@@ -371,9 +412,9 @@ func (h *Host) openGroupStore(id, dir string) (_ groupStore, shared bool, err er
 		BoltOptions: &bbolt.Options{Timeout: time.Second},
 	})
 	if err != nil {
-		return nil, false, shardErr(id, "opening log store: %w", err)
+		return nil, "", shardErr(id, "opening log store: %w", err)
 	}
-	return bolt, false, nil
+	return bolt, LogStoreBolt, nil
 }
 
 // openSharedLog returns the host's shared log, opening it on first use. With
@@ -404,6 +445,34 @@ func (h *Host) openSharedLog(create bool) (*sharedLog, error) {
 	return sl, nil
 }
 
+// openPebbleLog returns the host's pebble log, opening it on first use.
+// With create false it only opens an existing one, and returns nil if none.
+func (h *Host) openPebbleLog(create bool) (*pebbleLog, error) {
+	h.logMu.Lock()
+	defer h.logMu.Unlock()
+	if h.logClosed {
+		return nil, ErrShutdown
+	}
+	if h.pebbleLog != nil {
+		return h.pebbleLog, nil
+	}
+	dir := pebbleLogPath(h.cfg.DataDir)
+	if !create {
+		if ok, err := fileExists(dir); err != nil || !ok {
+			return nil, err
+		}
+	}
+	pl, err := openPebbleLog(dir, h.cfg.NoFsync, h.metrics, h.logger, h.storageFailed)
+	if err != nil {
+		return nil, err
+	}
+	if n := h.cfg.TestingFailCommitsAfter; n > 0 {
+		pl.failCommitsAfter(n)
+	}
+	h.pebbleLog = pl
+	return pl, nil
+}
+
 // storageFailed is told once that the shared log failed stop, or that a
 // group's durable state machine could not commit an applied batch.
 // The callback, when set, says it (one line from whoever acts on it).
@@ -423,16 +492,33 @@ func (h *Host) StorageFailure() error {
 		return *p
 	}
 	h.logMu.Lock()
-	sl := h.sharedLog
+	sl, pl := h.sharedLog, h.pebbleLog
 	h.logMu.Unlock()
-	if sl == nil {
-		return nil
+	if sl != nil {
+		if err := sl.failure(); err != nil {
+			return err
+		}
 	}
-	return sl.failure()
+	if pl != nil {
+		return pl.failure()
+	}
+	return nil
 }
 
-// SharedLogStats returns the shared log's figures (zero if no group of this
+// PebbleLogStats returns the pebble log's figures (zero if no group of this
 // host uses it).
+func (h *Host) PebbleLogStats() PebbleLogStats {
+	h.logMu.Lock()
+	pl := h.pebbleLog
+	h.logMu.Unlock()
+	if pl == nil {
+		return PebbleLogStats{}
+	}
+	return pl.stats()
+}
+
+// SharedLogStats returns the shared bolt log's figures (zero if no group of
+// this host uses it).
 func (h *Host) SharedLogStats() SharedLogStats {
 	h.logMu.Lock()
 	sl := h.sharedLog
@@ -554,12 +640,17 @@ func (h *Host) stop(ctx context.Context, handOver bool) error {
 		}
 		wg.Wait()
 		errs = append(errs, shutdownErrs...)
-		// Every group has stopped: nothing writes to the shared log now.
+		// Every group has stopped: nothing writes to the host's logs now.
 		h.logMu.Lock()
-		h.logClosed = true // an AddGroup still opening must not reopen it
+		h.logClosed = true // an AddGroup still opening must not reopen them
 		if h.sharedLog != nil {
 			if err := h.sharedLog.close(); err != nil {
 				errs = append(errs, fmt.Errorf("raftstore: closing the shared log: %w", err))
+			}
+		}
+		if h.pebbleLog != nil {
+			if err := h.pebbleLog.close(); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		h.logMu.Unlock()

@@ -25,11 +25,16 @@ type hostMetrics struct {
 	restores         *prometheus.CounterVec
 	rejectedConns    collectors // one counter per reject reason
 
-	// The shared log's (Config.SharedLog): unlabelled, one per host.
+	// The shared bolt log's (LogStoreSharedBolt): unlabelled, one per host.
 	sharedCommits        prometheus.Counter
 	sharedCommitWrites   prometheus.Histogram
 	sharedCommitDuration prometheus.Histogram
 	storageFailures      prometheus.Counter
+
+	// The pebble log's (LogStorePebble): unlabelled, one per host.
+	pebbleCommits        prometheus.Counter
+	pebbleCommitDuration prometheus.Histogram
+	pebbleWALSyncs       prometheus.Counter
 
 	stateDesc, leaderDesc, termDesc, commitDesc, appliedDesc, lastLogDesc, contactDesc, packingDesc *prometheus.Desc
 
@@ -126,6 +131,19 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		Help:    "Time per shared-log commit (bolt write transaction including its fsyncs).",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 	})
+	m.pebbleCommits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idem_raft_pebble_log_commits_total",
+		Help: "Synced batches committed by the node's pebble log (one per group write: StoreLogs, DeleteRange, stable-store set).",
+	})
+	m.pebbleCommitDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "idem_raft_pebble_log_commit_duration_seconds",
+		Help:    "Time per pebble log commit, until its batch is in the WAL and the WAL fdatasync'd.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+	})
+	m.pebbleWALSyncs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idem_raft_pebble_log_wal_syncs_total",
+		Help: "WAL fdatasyncs of the node's pebble log; concurrent commits share one, so commits/syncs is the merge factor.",
+	})
 	m.storageFailures = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "idem_raft_storage_failures_total",
 		Help: "Failed writes or fsyncs of the node's Raft log; after one the log takes no more writes (fail-stop) until the node restarts.",
@@ -143,7 +161,8 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.packSize, m.logStoreBatch, m.logCommit,
 		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
-		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures, m} {
+		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures,
+		m.pebbleCommits, m.pebbleCommitDuration, m.pebbleWALSyncs, m} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -161,7 +180,8 @@ func (m *hostMetrics) unregister(reg *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.packSize, m.logStoreBatch, m.logCommit,
 		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
-		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures, m} {
+		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures,
+		m.pebbleCommits, m.pebbleCommitDuration, m.pebbleWALSyncs, m} {
 		reg.Unregister(c)
 	}
 }

@@ -39,12 +39,47 @@ func testLogs(from, to, term uint64, tag string) []*raft.Log {
 	return out
 }
 
+// hostLog is a log store shared by the groups of a host (the shared bolt
+// log or the pebble log), for the tests that run against both.
+type hostLog struct {
+	group func(id string) (groupStore, error)
+	close func() error
+}
+
+// hostLogs open each kind of host log in a directory, with fsync off.
+var hostLogs = []struct {
+	name string
+	open func(dir string) (hostLog, error)
+}{
+	{LogStorePebble, func(dir string) (hostLog, error) {
+		pl, err := openPebbleLog(filepath.Join(dir, pebbleLogDir), true, nil, nil, nil)
+		if err != nil {
+			return hostLog{}, err
+		}
+		return hostLog{func(id string) (groupStore, error) { return pl.group(id) }, pl.close}, nil
+	}},
+	{LogStoreSharedBolt, func(dir string) (hostLog, error) {
+		sl, err := openSharedLog(filepath.Join(dir, sharedLogFile), true, nil, nil)
+		if err != nil {
+			return hostLog{}, err
+		}
+		return hostLog{func(id string) (groupStore, error) { return sl.group(id) }, sl.close}, nil
+	}},
+}
+
 // TestSharedLogStore checks the raft.LogStore and raft.StableStore contract
-// of two groups sharing one file: isolation, ranges, deletes, the "not
-// found" raft relies on, and that everything survives a close and reopen.
+// of two groups sharing one host log (pebble and shared bolt): isolation,
+// ranges, deletes, the "not found" raft relies on, and that everything
+// survives a close and reopen on the same directory.
 func TestSharedLogStore(t *testing.T) {
-	path := filepath.Join(t.TempDir(), sharedLogFile)
-	sl, err := openSharedLog(path, true, nil, nil)
+	for _, hl := range hostLogs {
+		t.Run(hl.name, func(t *testing.T) { testHostLogStore(t, hl.open) })
+	}
+}
+
+func testHostLogStore(t *testing.T, open func(dir string) (hostLog, error)) {
+	dir := t.TempDir()
+	sl, err := open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +91,7 @@ func TestSharedLogStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, g := range []*sharedGroupStore{a, b} {
+	for _, g := range []groupStore{a, b} {
 		if first, last := mustIndexes(t, g); first != 0 || last != 0 {
 			t.Fatalf("empty group: first %d last %d, want 0 0", first, last)
 		}
@@ -90,7 +125,7 @@ func TestSharedLogStore(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	check := func(sl *sharedLog) {
+	check := func(sl hostLog) {
 		t.Helper()
 		a, err := sl.group("a")
 		if err != nil {
@@ -152,10 +187,32 @@ func TestSharedLogStore(t *testing.T) {
 	if err := a.StoreLogs(testLogs(11, 11, 3, "a")); !errors.Is(err, ErrShutdown) {
 		t.Fatalf("StoreLogs after close: %v, want ErrShutdown", err)
 	}
-	check(openTestSharedLog(t, path))
+	reopened, err := open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reopened.close()
+	check(reopened)
+	// Writes after the reopen extend the indexes read back from disk.
+	a2, err := reopened.group("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a2.StoreLogs(testLogs(9, 12, 4, "a")); err != nil {
+		t.Fatal(err)
+	}
+	if first, last := mustIndexes(t, a2); first != 3 || last != 12 {
+		t.Fatalf("group a after reopen and append: first %d last %d, want 3 12", first, last)
+	}
+	if err := a2.DeleteRange(3, 12); err != nil {
+		t.Fatal(err)
+	}
+	if first, last := mustIndexes(t, a2); first != 0 || last != 0 {
+		t.Fatalf("group a emptied: first %d last %d, want 0 0", first, last)
+	}
 }
 
-func mustIndexes(t *testing.T, g *sharedGroupStore) (first, last uint64) {
+func mustIndexes(t *testing.T, g raft.LogStore) (first, last uint64) {
 	t.Helper()
 	first, err := g.FirstIndex()
 	if err != nil {
@@ -334,18 +391,18 @@ func TestLogEncoding(t *testing.T) {
 	}
 }
 
-// TestGroupKeepsItsLogStore restarts a node with Config.SharedLog flipped
-// both ways: every group keeps the store it was created with and restarts
-// with its acknowledged writes (choosing by the switch would bootstrap the
-// group again over an empty log); a group found in both stores refuses to
+// TestGroupKeepsItsLogStore restarts a node with Config.LogStore changed
+// each time: every group keeps the store it was created with and restarts
+// with its acknowledged writes (choosing by the setting would bootstrap the
+// group again over an empty log); a group found in two stores refuses to
 // start.
 func TestGroupKeepsItsLogStore(t *testing.T) {
 	dir := t.TempDir()
 	addr := "127.0.0.1:0"
-	open := func(shared bool) *Host {
+	open := func(store string) *Host {
 		t.Helper()
 		cfg := testConfig()
-		cfg.SharedLog = shared
+		cfg.LogStore = store
 		// Single-voter groups: short timeouts cannot make them flap.
 		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 100*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond
 		cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir = "n1", addr, dir
@@ -378,13 +435,13 @@ func TestGroupKeepsItsLogStore(t *testing.T) {
 			t.Fatalf("Apply(%s) on %s: %v", kv, g.ID(), err)
 		}
 	}
-	expect := func(g *Group, sm *kvSM, shared bool, want map[string]string) {
+	expect := func(g *Group, sm *kvSM, store string, want map[string]string) {
 		t.Helper()
 		if err := g.ReadBarrier(ctxTimeout(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		if got := g.Stats().SharedLog; got != shared {
-			t.Errorf("%s: SharedLog = %v, want %v", g.ID(), got, shared)
+		if got := g.Stats().LogStore; got != store {
+			t.Errorf("%s: LogStore = %q, want %q", g.ID(), got, store)
 		}
 		if miss := sm.missing(want); len(miss) > 0 {
 			t.Errorf("%s lost %v after restart", g.ID(), miss)
@@ -398,15 +455,15 @@ func TestGroupKeepsItsLogStore(t *testing.T) {
 	}
 
 	// Created with its own file.
-	h := open(false)
+	h := open(LogStoreBolt)
 	own, _ := add(h, "own")
 	put(own, "a=1")
 	stop(h)
 
-	// Switch on: "own" keeps its file, a new group goes to the shared log.
-	h = open(true)
+	// Shared bolt: "own" keeps its file, a new group goes to log.db.
+	h = open(LogStoreSharedBolt)
 	own, ownSM := add(h, "own")
-	expect(own, ownSM, false, map[string]string{"a": "1"})
+	expect(own, ownSM, LogStoreBolt, map[string]string{"a": "1"})
 	put(own, "b=2")
 	shared, _ := add(h, "shared")
 	put(shared, "c=3")
@@ -415,23 +472,45 @@ func TestGroupKeepsItsLogStore(t *testing.T) {
 	}
 	stop(h)
 
-	// Switch off: "shared" stays in the shared log.
-	h = open(false)
+	// Pebble: both keep theirs, a new group goes to the pebble log.
+	h = open(LogStorePebble)
 	own, ownSM = add(h, "own")
-	expect(own, ownSM, false, map[string]string{"a": "1", "b": "2"})
+	expect(own, ownSM, LogStoreBolt, map[string]string{"a": "1", "b": "2"})
 	shared, sharedSM := add(h, "shared")
-	expect(shared, sharedSM, true, map[string]string{"c": "3"})
+	expect(shared, sharedSM, LogStoreSharedBolt, map[string]string{"c": "3"})
+	peb, _ := add(h, "peb")
+	put(peb, "d=4")
+	if st := h.PebbleLogStats(); st.Commits == 0 {
+		t.Errorf("pebble log committed nothing")
+	}
 	stop(h)
 
-	// A log in both places is refused.
-	stray, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, "shards", "shared", "raft.db")})
-	if err != nil {
-		t.Fatal(err)
+	// Back to a file per group: every group stays where it is.
+	h = open(LogStoreBolt)
+	own, ownSM = add(h, "own")
+	expect(own, ownSM, LogStoreBolt, map[string]string{"a": "1", "b": "2"})
+	shared, sharedSM = add(h, "shared")
+	expect(shared, sharedSM, LogStoreSharedBolt, map[string]string{"c": "3"})
+	peb, pebSM := add(h, "peb")
+	expect(peb, pebSM, LogStorePebble, map[string]string{"d": "4"})
+	stop(h)
+
+	// A log in two places is refused, whatever the setting.
+	for _, id := range []string{"shared", "peb"} {
+		stray, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, "shards", id, "raft.db")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stray.Close()
 	}
-	stray.Close()
-	h = open(true)
-	if _, err := h.AddGroup(GroupConfig{ID: "shared", Voters: []Peer{{"n1", h.Addr()}}}, newKV()); !errors.Is(err, ErrStoreConflict) {
-		t.Fatalf("AddGroup of a group in both stores: %v, want ErrStoreConflict", err)
+	for _, store := range LogStores {
+		h = open(store)
+		for _, id := range []string{"shared", "peb"} {
+			if _, err := h.AddGroup(GroupConfig{ID: id, Voters: []Peer{{"n1", h.Addr()}}}, newKV()); !errors.Is(err, ErrStoreConflict) {
+				t.Fatalf("LogStore %s: AddGroup of %s, in two stores: %v, want ErrStoreConflict", store, id, err)
+			}
+		}
+		stop(h)
 	}
 }
 

@@ -53,7 +53,7 @@ func TestReplaceNodeUnderLoad(t *testing.T) {
 	if _, err := ctl(t, "--config", cfg, "replace-node", "--id", running, "--data-dir", runningDir); err == nil || !strings.Contains(err.Error(), "is running") {
 		t.Fatalf("replace-node on a running node: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(runningDir, "raft", "log.db")); err != nil {
+	if _, err := os.Stat(filepath.Join(runningDir, "raft", "raftlog", "LOCK")); err != nil {
 		t.Fatalf("replace-node touched a running node's dir: %v", err)
 	}
 	var survivors []string

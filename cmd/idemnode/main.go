@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -65,6 +66,7 @@ type options struct {
 	showVersion    bool
 	sec            secure.Flags
 	maxRaftConns   int
+	logStore       string
 }
 
 const usageHeader = `idemnode: a storage node of idem, the multi-region idempotency-key store.
@@ -103,6 +105,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.Uint64Var(&o.trailingLogs, "trailing-logs", 0, "log `ENTRIES` kept behind a snapshot for slow followers (0: the default, 10240)")
 	fs.DurationVar(&o.testClockOffset, "testing-clock-offset", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): shift this node's clock by `D` (fault injection for clock-skew scenarios)")
 	fs.Uint64Var(&o.testFailCommits, "testing-fail-log-commits-after", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): make every Raft log commit after the first `N` fail as a failed fsync would")
+	fs.StringVar(&o.logStore, "raft-log-store", raftstore.LogStorePebble, "where a new shard keeps its Raft log: `STORE` pebble (one pebble instance per node, DATA_DIR/raft/raftlog), shared-bolt (one bbolt file per node, DATA_DIR/raft/log.db) or bolt (a bbolt file per shard); a shard keeps the store it was created with")
 	fs.IntVar(&o.testCrashRestore, "testing-crash-during-restore", 0, "TESTING ONLY (needs "+faultInjectionEnv+"=1): exit at once with status 86, no cleanup (a crash), when a snapshot restore has written `N` records into the new state generation, before it switches to it")
 	fs.Var(&o.packCommands, "raft-pack-commands", "=auto, =on or =off (with the =): pack commands proposed while a shard's previous Raft entries are in flight into one entry (faster under load). auto packs in a shard once every voter of it advertises that it reads packed entries; on always packs (every node must run a release that has this flag; a bare --raft-pack-commands means on, =true and =false mean on and off); off never packs and holds back every shard this node votes in that does not pack yet")
 	fs.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this loopback `HOST:PORT`, e.g. 127.0.0.1:6060 (default: off)")
@@ -210,6 +213,10 @@ func nodeConfig(o *options) (node.Config, error) {
 		PackCommands:     o.packCommands,
 	}
 	cfg.Raft.TestingFailCommitsAfter = o.testFailCommits
+	if !slices.Contains(raftstore.LogStores, o.logStore) {
+		errs = append(errs, fmt.Errorf("--raft-log-store %q: want one of %s", o.logStore, strings.Join(raftstore.LogStores, ", ")))
+	}
+	cfg.Raft.LogStore = o.logStore
 	if o.testCrashRestore < 0 {
 		errs = append(errs, fmt.Errorf("--testing-crash-during-restore must not be negative, got %d", o.testCrashRestore))
 	}

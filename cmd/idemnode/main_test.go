@@ -46,6 +46,7 @@ func TestRunFlags(t *testing.T) {
 		{Name: "pprof not host:port", Args: []string{"--dev", "--pprof-addr", "6060"}, WantErr: "--pprof-addr \"6060\" is not HOST:PORT"},
 		{Name: "bad log level", Args: []string{"--dev", "--log-level", "loud"}, WantErr: "--log-level"},
 		{Name: "bad packing mode", Args: []string{"--dev", "--raft-pack-commands=sometimes"}, WantErr: "not a packing mode"},
+		{Name: "bad log store", Args: []string{"--dev", "--raft-log-store", "rocks"}, WantErr: `--raft-log-store "rocks": want one of pebble, shared-bolt, bolt`},
 	})
 }
 

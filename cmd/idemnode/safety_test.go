@@ -81,34 +81,73 @@ func lastLine(out string) string {
 }
 
 // TestLostStateIsRefused: a data dir that kept its identity file but lost
-// its Raft log (deleted, or emptied to zero bytes) makes the node exit
-// non-zero with one line naming the dir and idemctl replace-node, instead
-// of bootstrapping an empty state where fencing tokens would start over; a
-// damaged log file gives one line naming the file, never a panic.
+// its Raft log (deleted, or emptied) makes the node exit non-zero with one
+// line naming the dir and idemctl replace-node, instead of bootstrapping an
+// empty state where fencing tokens would start over; a damaged log gives
+// one line naming it, never a panic. For the pebble log (the default) and
+// the shared bolt file.
 func TestLostStateIsRefused(t *testing.T) {
 	t.Parallel()
+	for _, store := range []string{"pebble", "shared-bolt"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			testLostStateIsRefused(t, store)
+		})
+	}
+}
+
+func testLostStateIsRefused(t *testing.T, store string) {
 	dir := t.TempDir()
-	p, api, httpAddr := devProcess(t, dir)
+	p, api, httpAddr := devProcess(t, dir, "--raft-log-store", store)
 	startReady(t, p, httpAddr)
 	ok := want(t, 200)
 	first := ok(api.Reserve(t.Context(), "payments", "lost-1", nil))
 	if err := p.Stop(15 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	logDB := filepath.Join(dir, "data", "raft", "log.db")
-	saved, err := os.ReadFile(logDB)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dataDir := filepath.Join(dir, "data")
+	// The log's files: log.db, or the pebble log's directory.
+	logPath := filepath.Join(dataDir, "raft", "log.db")
+	files := []string{logPath}
+	if store == "pebble" {
+		logPath = filepath.Join(dataDir, "raft", "raftlog")
+		entries, err := os.ReadDir(logPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = files[:0]
+		for _, e := range entries {
+			files = append(files, filepath.Join(logPath, e.Name()))
+		}
+	}
+	saved := map[string][]byte{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		saved[f] = data
+	}
+	// overwrite damages the log's content: the bolt file, or pebble's
+	// MANIFEST and WAL.
+	overwrite := func() error {
+		for _, f := range files {
+			if store == "pebble" && !strings.HasPrefix(filepath.Base(f), "MANIFEST") && !strings.HasSuffix(f, ".log") {
+				continue
+			}
+			if err := os.WriteFile(f, bytes.Repeat([]byte{0xA5}, 64<<10), 0o600); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for _, tc := range []struct {
 		name    string
 		damage  func() error
 		mention []string
 	}{
-		{"log deleted", func() error { return os.Remove(logDB) }, []string{dataDir, "idemctl replace-node", "missing or truncated"}},
-		{"log truncated to nothing", func() error { return os.WriteFile(logDB, nil, 0o600) }, []string{dataDir, "idemctl replace-node"}},
-		{"log overwritten", func() error { return os.WriteFile(logDB, bytes.Repeat([]byte{0xA5}, 64<<10), 0o600) }, []string{logDB, "corrupt"}},
+		{"log deleted", func() error { return os.RemoveAll(logPath) }, []string{dataDir, "idemctl replace-node", "missing or truncated"}},
+		{"log overwritten", overwrite, []string{logPath, "corrupt"}},
 	} {
 		if err := tc.damage(); err != nil {
 			t.Fatal(err)
@@ -119,7 +158,30 @@ func TestLostStateIsRefused(t *testing.T) {
 				t.Errorf("%s: last line %q does not mention %q", tc.name, line, m)
 			}
 		}
-		if err := os.WriteFile(logDB, saved, 0o600); err != nil {
+		// Put the log back exactly as it was.
+		if store == "pebble" {
+			if err := os.RemoveAll(logPath); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(logPath, 0o750); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for f, data := range saved {
+			if err := os.WriteFile(f, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if store == "shared-bolt" {
+		// A bolt file truncated to nothing reads as no log at all.
+		if err := os.WriteFile(logPath, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if line := lastLine(mustRefuse(t, p)); !strings.Contains(line, dataDir) || !strings.Contains(line, "idemctl replace-node") {
+			t.Errorf("log truncated to nothing: last line %q", line)
+		}
+		if err := os.WriteFile(logPath, saved[logPath], 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
