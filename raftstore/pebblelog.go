@@ -551,20 +551,9 @@ func (g *pebbleGroupStore) Get(k []byte) ([]byte, error) {
 	return out, err
 }
 
-func (g *pebbleGroupStore) SetUint64(k []byte, v uint64) error {
-	return g.Set(k, binary.BigEndian.AppendUint64(nil, v))
-}
+func (g *pebbleGroupStore) SetUint64(k []byte, v uint64) error { return setUint64(g.Set, k, v) }
 
-func (g *pebbleGroupStore) GetUint64(k []byte) (uint64, error) {
-	v, err := g.Get(k)
-	if err != nil {
-		return 0, err
-	}
-	if len(v) != 8 {
-		return 0, fmt.Errorf("raftstore: stable value %q is %d bytes, want 8", k, len(v))
-	}
-	return binary.BigEndian.Uint64(v), nil
-}
+func (g *pebbleGroupStore) GetUint64(k []byte) (uint64, error) { return getUint64(g.Get, k) }
 
 // Close does nothing: the instance belongs to the host, which closes it
 // after every group stopped.

@@ -496,12 +496,18 @@ func (g *sharedGroupStore) Get(k []byte) ([]byte, error) {
 	return out, err
 }
 
-func (g *sharedGroupStore) SetUint64(k []byte, v uint64) error {
-	return g.Set(k, binary.BigEndian.AppendUint64(nil, v))
+func (g *sharedGroupStore) SetUint64(k []byte, v uint64) error { return setUint64(g.Set, k, v) }
+
+func (g *sharedGroupStore) GetUint64(k []byte) (uint64, error) { return getUint64(g.Get, k) }
+
+// setUint64 and getUint64 keep a stable-store number as 8 big-endian bytes
+// under k, in the host's shared logs (bolt and pebble alike).
+func setUint64(set func(k, v []byte) error, k []byte, v uint64) error {
+	return set(k, binary.BigEndian.AppendUint64(nil, v))
 }
 
-func (g *sharedGroupStore) GetUint64(k []byte) (uint64, error) {
-	v, err := g.Get(k)
+func getUint64(get func(k []byte) ([]byte, error), k []byte) (uint64, error) {
+	v, err := get(k)
 	if err != nil {
 		return 0, err
 	}

@@ -201,6 +201,31 @@ func TestUpgradeFromInMemoryState(t *testing.T) {
 	n.checkAll(261, now)
 }
 
+// addGroupOn opens a host and the state engine on dir and returns what
+// adding its one-voter group answers (the group and both stores are closed
+// at the end of the test).
+func addGroupOn(t *testing.T, dir, addr string) error {
+	t.Helper()
+	db, err := Open(Config{Dir: filepath.Join(dir, "state")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() }) // after the host's (cleanups run last first)
+	cfg := raftstore.DefaultConfig()
+	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir, cfg.NoFsync = "n1", addr, filepath.Join(dir, "raft"), true
+	h, err := raftstore.NewHost(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	sm, err := db.Shard("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.AddGroup(raftstore.GroupConfig{ID: "s1", Voters: []raftstore.Peer{{ID: "n1", Addr: h.Addr()}}}, sm)
+	return err
+}
+
 // TestStateAheadOfLogRefused: a state engine kept while the Raft data was
 // removed would make the group skip new entries as already applied; the
 // group refuses to start instead.
@@ -215,24 +240,7 @@ func TestStateAheadOfLogRefused(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(dir, "raft")); err != nil {
 		t.Fatal(err)
 	}
-	cfg := raftstore.DefaultConfig()
-	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir, cfg.NoFsync = "n1", "127.0.0.1:0", filepath.Join(dir, "raft"), true
-	h, err := raftstore.NewHost(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	db, err := Open(Config{Dir: filepath.Join(dir, "state")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	sm, err := db.Shard("s1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = h.AddGroup(raftstore.GroupConfig{ID: "s1", Voters: []raftstore.Peer{{ID: "n1", Addr: h.Addr()}}}, sm)
-	if !errors.Is(err, raftstore.ErrStateAhead) {
+	if err := addGroupOn(t, dir, "127.0.0.1:0"); !errors.Is(err, raftstore.ErrStateAhead) {
 		t.Fatalf("AddGroup over a state ahead of the log: %v, want ErrStateAhead", err)
 	}
 }
@@ -256,24 +264,7 @@ func TestLostStateUnderReferenceSnapshotRefused(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(dir, "state")); err != nil {
 		t.Fatal(err)
 	}
-	cfg := raftstore.DefaultConfig()
-	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir, cfg.NoFsync = "n1", addr, filepath.Join(dir, "raft"), true
-	h, err := raftstore.NewHost(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	db, err := Open(Config{Dir: filepath.Join(dir, "state")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	sm, err := db.Shard("s1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = h.AddGroup(raftstore.GroupConfig{ID: "s1", Voters: []raftstore.Peer{{ID: "n1", Addr: h.Addr()}}}, sm)
-	if !errors.Is(err, raftstore.ErrReferenceAhead) {
+	if err := addGroupOn(t, dir, addr); !errors.Is(err, raftstore.ErrReferenceAhead) {
 		t.Fatalf("AddGroup over a lost state under a reference snapshot: %v, want ErrReferenceAhead", err)
 	}
 }
