@@ -43,6 +43,10 @@ type Config struct {
 	// which requests that would add data get 429 RESOURCE_EXHAUSTED; 0
 	// means 80% of the free space of DataDir's filesystem at start.
 	MaxStateBytes int64
+	// StateCacheBytes is the state engine's block cache, which holds its
+	// memtables too and is most of a node's resident memory; 0 means
+	// statedb.DefaultCacheBytes (256 MiB).
+	StateCacheBytes int64
 	// ClockSkewMargin is how long past a lease's end before another caller
 	// may reclaim the key. Zero means no margin (not recommended).
 	ClockSkewMargin time.Duration
@@ -136,6 +140,9 @@ func (c Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		bad("a data dir is required")
+	}
+	if c.StateCacheBytes < 0 {
+		bad("state cache bytes %d is negative", c.StateCacheBytes)
 	}
 	if c.MaxStateBytes < 0 {
 		bad("max state bytes %d is negative", c.MaxStateBytes)

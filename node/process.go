@@ -129,7 +129,7 @@ func (n *Node) Start() (err error) {
 		}
 	}
 	stateDir := filepath.Join(cfg.DataDir, "state")
-	if n.state, err = statedb.Open(statedb.Config{Dir: stateDir, MaxStateBytes: maxState, Registry: cfg.Registry,
+	if n.state, err = statedb.Open(statedb.Config{Dir: stateDir, MaxStateBytes: maxState, CacheBytes: cfg.StateCacheBytes, Registry: cfg.Registry,
 		TestingRestoreFault: cfg.TestingRestoreFault}); err != nil {
 		return err
 	}

@@ -46,6 +46,7 @@ type options struct {
 	raftAddr         string
 	maxResponseBytes int64
 	maxStateBytes    int64
+	stateCacheBytes  int64
 	clockSkewMargin  time.Duration
 	logLevel         string
 	logFormat        string
@@ -94,6 +95,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.grpcAddr, "grpc-addr", "", "`HOST:PORT` for the gRPC API (dev default 127.0.0.1:7070; else the topology's)")
 	fs.StringVar(&o.raftAddr, "raft-addr", "", "`HOST:PORT` for Raft traffic of all shards of this node (dev default 127.0.0.1:7000; else the topology's)")
 	fs.Int64Var(&o.maxResponseBytes, "max-response-bytes", 1<<20, "largest stored response body in decoded `BYTES`")
+	fs.Int64Var(&o.stateCacheBytes, "state-cache-bytes", 0, "the state engine's block cache in `BYTES`, memtables included: most of the node's resident memory, which it bounds whatever the retained state (0: the default, 256 MiB; at least 64 MiB)")
 	fs.Int64Var(&o.maxStateBytes, "max-state-bytes", 0, "stored state in `BYTES` at which requests that add data (a reserve of a new key, a complete) get 429 RESOURCE_EXHAUSTED until sweeps free space (0: 80% of the data dir's free space at start)")
 	fs.DurationVar(&o.clockSkewMargin, "clock-skew-margin", time.Second, "how long past a lease's end before another caller may reclaim the key")
 	fs.DurationVar(&o.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "largest offset `D` of this node's clock from its peers' (measured on node-to-node gRPC): past it the node leads no shard and is not ready; 0 turns the check off; not used in --dev")
@@ -204,6 +206,7 @@ func nodeConfig(o *options) (node.Config, error) {
 		DataDir:          o.dataDir,
 		MaxResponseBytes: o.maxResponseBytes,
 		MaxStateBytes:    o.maxStateBytes,
+		StateCacheBytes:  o.stateCacheBytes,
 		ClockSkewMargin:  o.clockSkewMargin,
 		ClockOffset:      o.testClockOffset,
 		MaxClockOffset:   o.maxClockOffset,
@@ -252,6 +255,9 @@ func nodeConfig(o *options) (node.Config, error) {
 		errs = append(errs, fmt.Errorf("--max-clock-offset must not be negative, got %s", o.maxClockOffset))
 	} else if o.maxClockOffset == 0 || o.dev {
 		cfg.MaxClockOffset = -1 // off
+	}
+	if o.stateCacheBytes != 0 && o.stateCacheBytes < 64<<20 {
+		errs = append(errs, fmt.Errorf("--state-cache-bytes must be 0 (the default) or at least 64 MiB (67108864): the engine's memtables live in it, got %d", o.stateCacheBytes))
 	}
 	if o.maxStateBytes < 0 {
 		errs = append(errs, fmt.Errorf("--max-state-bytes must not be negative, got %d", o.maxStateBytes))

@@ -44,6 +44,7 @@ func TestRunFlags(t *testing.T) {
 		{Name: "bad max clock offset", Args: []string{"--dev", "--max-clock-offset", "-1s"}, WantErr: "--max-clock-offset must not be negative"},
 		{Name: "pprof not loopback", Args: []string{"--dev", "--pprof-addr", "0.0.0.0:6060"}, WantErr: "--pprof-addr \"0.0.0.0:6060\": only a loopback address"},
 		{Name: "pprof not host:port", Args: []string{"--dev", "--pprof-addr", "6060"}, WantErr: "--pprof-addr \"6060\" is not HOST:PORT"},
+		{Name: "state cache too small", Args: []string{"--dev", "--state-cache-bytes", "1000"}, WantErr: "--state-cache-bytes must be 0 (the default) or at least 64 MiB"},
 		{Name: "bad log level", Args: []string{"--dev", "--log-level", "loud"}, WantErr: "--log-level"},
 		{Name: "bad packing mode", Args: []string{"--dev", "--raft-pack-commands=sometimes"}, WantErr: "not a packing mode"},
 		{Name: "bad log store", Args: []string{"--dev", "--raft-log-store", "rocks"}, WantErr: `--raft-log-store "rocks": want one of pebble, shared-bolt, bolt`},
