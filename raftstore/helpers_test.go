@@ -10,6 +10,7 @@ import (
 	"maps"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -220,6 +221,13 @@ func (c *testCluster) config(n *testNode) Config {
 func (c *testCluster) openHost(n *testNode) {
 	c.tb.Helper()
 	h, err := NewHost(c.config(n))
+	// A restarted node binds its old port again, which another test's
+	// process may hold for a moment as the source port of an outgoing
+	// connection (the ports came from the ephemeral range): retry a while.
+	for deadline := time.Now().Add(20 * time.Second); errors.Is(err, syscall.EADDRINUSE) && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+		h, err = NewHost(c.config(n))
+	}
 	if err != nil {
 		c.tb.Fatalf("NewHost(%s): %v", n.id, err)
 	}
