@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,37 +57,8 @@ func BenchmarkFollowerCatchUp(b *testing.B) {
 	}
 	defer cl.Close()
 
-	// Fill: 64 writers, reserve + complete of fresh keys.
 	start := time.Now()
-	body := make([]byte, 512)
-	for i := range body {
-		body[i] = byte('a' + i%26)
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var failed atomic.Value
-	for w := range 64 {
-		wg.Go(func() {
-			for {
-				i := next.Add(1)
-				if i > int64(records) || failed.Load() != nil {
-					return
-				}
-				key := fmt.Sprintf("k-%d-%d", w, i)
-				r, err := cl.Reserve(ctx, client.ReserveRequest{Namespace: "fill", Key: key})
-				if err == nil {
-					_, err = cl.Complete(ctx, client.CompleteRequest{Namespace: "fill", Key: key, OwnerToken: r.OwnerToken,
-						Response: client.Response{Status: 201, Body: body}, Retention: time.Hour})
-				}
-				if err != nil {
-					failed.Store(fmt.Errorf("cycle %d: %w", i, err))
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err, _ := failed.Load().(error); err != nil {
+	if err := (&cluster.Filler{Client: cl, Namespace: "fill", Retention: time.Hour}).Run(ctx, records); err != nil {
 		b.Fatal(err)
 	}
 	fill := time.Since(start)
@@ -104,16 +72,8 @@ func BenchmarkFollowerCatchUp(b *testing.B) {
 		}
 	}
 	metric := func(id, name string) float64 {
-		r, err := cluster.NewAPI(c.HTTPAddr(id)).Do(ctx, "GET", "/metrics", nil)
-		if err != nil {
-			return 0
-		}
-		sum := 0.0
-		for _, m := range regexp.MustCompile(`(?m)^`+name+`(?:\{[^}]*\})? (\S+)$`).FindAllStringSubmatch(string(r.Raw), -1) {
-			v, _ := strconv.ParseFloat(m[1], 64)
-			sum += v
-		}
-		return sum
+		v, _ := cluster.MetricSum(ctx, c.HTTPAddr(id), name) // 0 while a node is down
+		return v
 	}
 	rss := func() map[string]float64 {
 		out := map[string]float64{}

@@ -3,13 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,41 +57,9 @@ func BenchmarkNodeFill(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer cl.Close()
-	// Bodies drawn from 1 MiB of random bytes, a different slice per
-	// cycle: the engine's block compression must not fold them.
-	pool := make([]byte, 1<<20)
-	for i := range pool {
-		pool[i] = byte(rand.IntN(256))
-	}
-	var next atomic.Int64
-	// run does cycles until n more are done.
+	f := &cluster.Filler{Client: cl, Namespace: "fill"}
 	run := func(n int) {
-		end := next.Load() + int64(n)
-		var wg sync.WaitGroup
-		var failed atomic.Value
-		for range 64 {
-			wg.Go(func() {
-				for failed.Load() == nil {
-					i := next.Add(1)
-					if i > end {
-						return
-					}
-					key := "k-" + strconv.FormatInt(i, 10)
-					off := int(i*4099) % (len(pool) - 512)
-					r, err := cl.Reserve(ctx, client.ReserveRequest{Namespace: "fill", Key: key})
-					if err == nil {
-						_, err = cl.Complete(ctx, client.CompleteRequest{Namespace: "fill", Key: key, OwnerToken: r.OwnerToken,
-							Response: client.Response{Status: 201, Body: pool[off : off+512]}, Retention: 24 * time.Hour})
-					}
-					if err != nil {
-						failed.Store(fmt.Errorf("cycle %d: %w", i, err))
-					}
-				}
-			})
-		}
-		wg.Wait()
-		next.Store(end)
-		if err, _ := failed.Load().(error); err != nil {
+		if err := f.Run(ctx, n); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -104,16 +69,16 @@ func BenchmarkNodeFill(b *testing.B) {
 		if cp > total {
 			break
 		}
-		run(cp - int(next.Load()))
+		run(cp - int(f.Done()))
 		cpu0, t0 := metricSum(b, c, id, "process_cpu_seconds_total"), time.Now()
 		run(window)
 		took, cpu := time.Since(t0), metricSum(b, c, id, "process_cpu_seconds_total")-cpu0
-		retained := next.Load()
+		retained := f.Done()
 		fmt.Fprintf(os.Stderr, "retained %9d: %6.0f cycles/s, node CPU %4.0f µs/cycle over the next %d | RSS %4.0f MiB | data dir %5.0f B/record | load %s\n",
 			cp, window/took.Seconds(), cpu/window*1e6, window, metricSum(b, c, id, "process_resident_memory_bytes")/(1<<20),
 			float64(dirSize(dataDir))/float64(retained), loadAvg())
 	}
-	if n := total - int(next.Load()); n > 0 {
+	if n := total - int(f.Done()); n > 0 {
 		run(n)
 	}
 	p := c.Nodes[id]
@@ -128,7 +93,7 @@ func BenchmarkNodeFill(b *testing.B) {
 		b.Fatal(err)
 	}
 	fmt.Fprintf(os.Stderr, "retained %9d: SIGKILL, restart to ready %v, snapshot restores %.0f, records %.0f, RSS %.0f MiB\n",
-		next.Load(), time.Since(start).Round(time.Millisecond), metricSum(b, c, id, "idem_raft_snapshot_restores_total"),
+		f.Done(), time.Since(start).Round(time.Millisecond), metricSum(b, c, id, "idem_raft_snapshot_restores_total"),
 		metricSum(b, c, id, "idem_fsm_records"), metricSum(b, c, id, "process_resident_memory_bytes")/(1<<20))
 }
 

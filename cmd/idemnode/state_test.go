@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,27 +19,11 @@ import (
 // metricSum scrapes a node's /metrics and sums the samples of name.
 func metricSum(t testing.TB, c *cluster.Cluster, id, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + c.HTTPAddr(id) + "/metrics")
+	v, err := cluster.MetricSum(t.Context(), c.HTTPAddr(id), name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
-			continue
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			t.Fatalf("metric line %q: %v", line, err)
-		}
-		sum += v
-	}
-	return sum
+	return v
 }
 
 // TestKilledNodesRestartWithoutRestore: every node SIGKILLed after writes
