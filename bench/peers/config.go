@@ -22,12 +22,17 @@ const (
 	sysIdem3PackGRPC = "idem3pack-grpc"
 	sysIdem3PackJSON = "idem3pack-json"
 	sysIdem1PackGRPC = "idem1pack-grpc"
-	sysRedis         = "redis"    // Redis, AOF appendfsync always, Lua scripts
-	sysPostgres      = "postgres" // PostgreSQL, fsync + synchronous_commit
-	sysEtcd          = "etcd"     // etcd, three members, transactions
+	// A three-node region with one shard (one Raft group) instead of four:
+	// fewer, fuller groups (README "Performance").
+	sysIdem3S1GRPC     = "idem3s1-grpc"
+	sysIdem3S1PackGRPC = "idem3s1pack-grpc"
+	sysIdem3S1PackJSON = "idem3s1pack-json"
+	sysRedis           = "redis"    // Redis, AOF appendfsync always, Lua scripts
+	sysPostgres        = "postgres" // PostgreSQL, fsync + synchronous_commit
+	sysEtcd            = "etcd"     // etcd, three members, transactions
 )
 
-var allSystems = []string{sysIdem3GRPC, sysIdem3JSON, sysIdem3PackGRPC, sysIdem3PackJSON, sysIdem1GRPC, sysIdem1JSON, sysIdem1PackGRPC, sysRedis, sysPostgres, sysEtcd}
+var allSystems = []string{sysIdem3GRPC, sysIdem3JSON, sysIdem3PackGRPC, sysIdem3PackJSON, sysIdem3S1GRPC, sysIdem3S1PackGRPC, sysIdem3S1PackJSON, sysIdem1GRPC, sysIdem1JSON, sysIdem1PackGRPC, sysRedis, sysPostgres, sysEtcd}
 
 // peers are the systems idem rows are compared with.
 var peers = []string{sysRedis, sysPostgres, sysEtcd}
@@ -50,6 +55,7 @@ type config struct {
 	IdemNode       string        // a prebuilt idemnode ("": build it from the repository)
 	ProfileDir     string        // write pprof profiles of the three idem nodes here ("": none)
 	ProfileClients int           // the client count of the profiled cell
+	ProfileSystem  string        // the idem system profiled
 	RequestTimeout time.Duration // deadline of one request
 }
 
@@ -89,7 +95,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the work directory (data and logs) afterwards")
 	fs.BoolVar(&cfg.Install, "install", true, "apt-get install redis-server, postgresql, etcd-server and etcd-client when missing")
 	fs.StringVar(&cfg.IdemNode, "idemnode", "", "prebuilt idemnode `BINARY` (default: go build ./cmd/idemnode of this repository)")
-	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "write CPU and allocation profiles of the three idem nodes under load to `DIR` (taken in round 1 of idem3-grpc at --profile-clients)")
+	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "write CPU and allocation profiles of the idem nodes under load to `DIR` (taken in round 1 of --profile-system at --profile-clients)")
+	fs.StringVar(&cfg.ProfileSystem, "profile-system", sysIdem3GRPC, "the idem `SYSTEM` whose nodes --profile-dir profiles")
 	fs.IntVar(&cfg.ProfileClients, "profile-clients", 64, "client count of the profiled cell")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", 10*time.Second, "deadline of one request")
 	if err := fs.Parse(args); err != nil {
@@ -165,8 +172,10 @@ func (c config) validate() error {
 	if c.RaceKeys > 0 && c.RaceContenders < 2 {
 		errs = append(errs, fmt.Errorf("--race-contenders %d: want at least 2", c.RaceContenders))
 	}
-	if c.ProfileDir != "" && !slices.Contains(c.Systems, sysIdem3GRPC) {
-		errs = append(errs, fmt.Errorf("--profile-dir profiles %s, which --systems leaves out", sysIdem3GRPC))
+	if c.ProfileDir != "" && !strings.HasPrefix(c.ProfileSystem, "idem") {
+		errs = append(errs, fmt.Errorf("--profile-system %s: only idem systems can be profiled", c.ProfileSystem))
+	} else if c.ProfileDir != "" && !slices.Contains(c.Systems, c.ProfileSystem) {
+		errs = append(errs, fmt.Errorf("--profile-dir profiles %s, which --systems leaves out", c.ProfileSystem))
 	}
 	if c.ProfileDir != "" && !slices.Contains(c.Concurrency, c.ProfileClients) {
 		errs = append(errs, fmt.Errorf("--profile-clients %d is not one of --concurrency", c.ProfileClients))

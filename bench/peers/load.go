@@ -27,6 +27,7 @@ type cell struct {
 	P50, P99 time.Duration
 	CPU      time.Duration // server CPU (user+system) of the system's processes during the cell; 0: unknown
 	FirstErr string
+	Raft     map[string]float64 // idem only: raftCounters' increase during the measured window; nil: unknown
 }
 
 func (c cell) rate() float64 {
@@ -83,6 +84,7 @@ func runCell(ctx context.Context, s *system, clients int, warmup, duration time.
 		})
 	}
 	sleep(ctx, warmup)
+	raft0 := scrapeRaft(ctx, s.http)
 	cpu0 := cpuOf(s.procs)
 	start := time.Now()
 	phase.Store(phaseMeasure)
@@ -91,8 +93,9 @@ func runCell(ctx context.Context, s *system, clients int, warmup, duration time.
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpu1 := cpuOf(s.procs)
+	raft1 := scrapeRaft(ctx, s.http)
 
-	c := cell{System: s.name, Clients: clients, Elapsed: elapsed}
+	c := cell{System: s.name, Clients: clients, Elapsed: elapsed, Raft: delta(raft0, raft1)}
 	if cpu0 >= 0 && cpu1 >= cpu0 {
 		c.CPU = cpu1 - cpu0
 	}

@@ -95,7 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 					}
 				}
 				var prof *profiler
-				if cfg.ProfileDir != "" && round == 0 && s.name == sysIdem3GRPC && clients == cfg.ProfileClients {
+				if cfg.ProfileDir != "" && round == 0 && s.name == cfg.ProfileSystem && clients == cfg.ProfileClients {
 					prof = startProfiles(ctx, cfg, s, logf)
 				}
 				c := runCell(ctx, s, clients, cfg.Warmup, cfg.Duration)
@@ -109,6 +109,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 					}
 				}
 				logf("round %d  %-11s c=%-4d %8.0f cycles/s  p50 %s ms  p99 %s ms  failed %d %s", round+1, s.name, clients, c.rate(), fmtMs(c.P50), fmtMs(c.P99), c.Failed, c.FirstErr)
+				if r := raftPerCycle(c.Raft, c.Cycles); r != "" {
+					logf("         %s", r)
+				}
 				cells = append(cells, c)
 			}
 		}

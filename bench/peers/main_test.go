@@ -230,3 +230,12 @@ func TestPackArgs(t *testing.T) {
 		}
 	}
 }
+
+func TestIdemShape(t *testing.T) {
+	for variant, want := range map[string][2]int{"idem3": {3, 4}, "idem3pack": {3, 4}, "idem1pack": {1, 4},
+		"idem3s1": {3, 1}, "idem3s1pack": {3, 1}, "idem3s12": {3, 12}} {
+		if n, s := idemShape(variant); n != want[0] || s != want[1] {
+			t.Errorf("idemShape(%s) = %d nodes, %d shards; want %v", variant, n, s, want)
+		}
+	}
+}

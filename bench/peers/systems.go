@@ -233,12 +233,15 @@ type idemNodes struct {
 	procs       []*proc
 	grpc, http  []string
 	pprof       []string
+	shards      int
 	description string
 }
 
 // startIdem3 starts a three-node region in deploy/examples/three-node.yaml's
-// shape (four shards, three replicas) on free loopback ports.
-func (l *lab) startIdem3(ctx context.Context, name string, extra ...string) (*idemNodes, error) {
+// shape (three replicas; four shards there, shards here) on free loopback
+// ports, and waits until the nodes' leader balancing has spread the shards'
+// leaders.
+func (l *lab) startIdem3(ctx context.Context, name string, shards int, extra ...string) (*idemNodes, error) {
 	dir, err := l.sub(name)
 	if err != nil {
 		return nil, err
@@ -248,8 +251,8 @@ func (l *lab) startIdem3(ctx context.Context, name string, extra ...string) (*id
 		return nil, err
 	}
 	var topo strings.Builder
-	topo.WriteString("cluster: bench\nshards_per_region: 4\nreplicas: 3\nsurvival: zone\nregions:\n  - name: us-east\n    nodes:\n")
-	n := &idemNodes{description: "idem, three-node region (4 shards x 3 replicas, fsync)" + variant(extra)}
+	fmt.Fprintf(&topo, "cluster: bench\nshards_per_region: %d\nreplicas: 3\nsurvival: zone\nregions:\n  - name: us-east\n    nodes:\n", shards)
+	n := &idemNodes{shards: shards, description: fmt.Sprintf("idem, three-node region (%d %s x 3 replicas, fsync)", shards, plural(shards, "shard", "shards")) + variant(extra)}
 	for i := range 3 {
 		fmt.Fprintf(&topo, "      - id: us-east-%d\n        raft_addr: %s\n        grpc_addr: %s\n        http_addr: %s\n",
 			i+1, loopback(ports[3*i]), loopback(ports[3*i+1]), loopback(ports[3*i+2]))
@@ -282,13 +285,17 @@ func (l *lab) startIdem1(ctx context.Context, name string, extra ...string) (*id
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(3)
+	ports, err := freePorts(4)
 	if err != nil {
 		return nil, err
 	}
-	n := &idemNodes{grpc: []string{loopback(ports[1])}, http: []string{loopback(ports[2])}, description: "idem, one-node dev node (4 shards, 1 replica, fsync)" + variant(extra)}
-	p, err := l.ps.start("idemnode "+name, filepath.Join(l.dir, name+".log"), nil, syscall.SIGTERM, l.idemnode,
-		append([]string{"--dev", "--data-dir", dir, "--raft-addr", loopback(ports[0]), "--grpc-addr", n.grpc[0], "--http-addr", n.http[0], "--log-level", "warn"}, extra...)...)
+	n := &idemNodes{shards: 4, grpc: []string{loopback(ports[1])}, http: []string{loopback(ports[2])}, description: "idem, one-node dev node (4 shards, 1 replica, fsync)" + variant(extra)}
+	args := append([]string{"--dev", "--data-dir", dir, "--raft-addr", loopback(ports[0]), "--grpc-addr", n.grpc[0], "--http-addr", n.http[0], "--log-level", "warn"}, extra...)
+	if l.cfg.ProfileDir != "" {
+		n.pprof = []string{loopback(ports[3])}
+		args = append(args, "--pprof-addr", n.pprof[0])
+	}
+	p, err := l.ps.start("idemnode "+name, filepath.Join(l.dir, name+".log"), nil, syscall.SIGTERM, l.idemnode, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -321,7 +328,7 @@ func (l *lab) waitIdem(ctx context.Context, n *idemNodes) error {
 		return err
 	}
 	defer g.close()
-	return poll(ctx, startTimeout, n.procs[0], "idem cycles", func(ctx context.Context) error {
+	err = poll(ctx, startTimeout, n.procs[0], "idem cycles", func(ctx context.Context) error {
 		for range 32 {
 			key, owner := client.NewKey(), client.NewOwnerToken()
 			if won, err := g.reserve(ctx, key, owner); err != nil || !won {
@@ -333,6 +340,56 @@ func (l *lab) waitIdem(ctx context.Context, n *idemNodes) error {
 		}
 		return nil
 	})
+	if err != nil || len(n.http) < 2 {
+		return err
+	}
+	// Wait for the leader balancing (a hand-back every few seconds) to
+	// spread the leaders: a cell measured while they move, or with every
+	// leader on one node, measures the placement, not the system.
+	fair := (n.shards + len(n.http) - 1) / len(n.http)
+	return poll(ctx, balanceTimeout, n.procs[0], "idem leader balance", func(ctx context.Context) error {
+		total, most := 0, 0
+		for _, addr := range n.http {
+			text, err := fetchMetrics(ctx, addr)
+			if err != nil {
+				return err
+			}
+			m, err := sumMetrics(text, []string{"idem_raft_leader"})
+			if err != nil {
+				return err
+			}
+			led := int(m["idem_raft_leader"])
+			total, most = total+led, max(most, led)
+		}
+		if total != n.shards || most > fair {
+			return fmt.Errorf("%d of %d shards have a leader, at most %d on one node (want at most %d)", total, n.shards, most, fair)
+		}
+		return nil
+	})
+}
+
+// balanceTimeout bounds the wait for spread leaders: the nodes hand a
+// leadership back every 5 s at most, after holding it for two ticks.
+const balanceTimeout = 60 * time.Second
+
+// idemShape reads an idem variant's name, idem<nodes>[s<shards>][pack]: its
+// node count and shards per region (4 unless given).
+func idemShape(variant string) (nodes, shards int) {
+	rest := strings.TrimSuffix(strings.TrimPrefix(variant, "idem"), "pack")
+	n, s, ok := strings.Cut(rest, "s")
+	nodes, _ = strconv.Atoi(n)
+	shards = 4
+	if ok {
+		shards, _ = strconv.Atoi(s)
+	}
+	return nodes, shards
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 func variant(extra []string) string {
@@ -378,8 +435,8 @@ func (l *lab) startAll(ctx context.Context) ([]*system, error) {
 			n := clusters[variant]
 			if n == nil {
 				extra := packArgs(variant)
-				if strings.HasPrefix(variant, "idem3") {
-					n, err = l.startIdem3(ctx, variant, extra...)
+				if nodes, shards := idemShape(variant); nodes == 3 {
+					n, err = l.startIdem3(ctx, variant, shards, extra...)
 				} else {
 					n, err = l.startIdem1(ctx, variant, extra...)
 				}
