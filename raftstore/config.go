@@ -135,8 +135,9 @@ type Config struct {
 	MaxInboundConns int
 
 	// Packer, when set, turns on the proposal buffer (propbuf.go,
-	// DESIGN.md "Many commands per entry"): commands proposed while a group
-	// has entries in flight are packed into one Raft entry by Packer,
+	// DESIGN.md "Many commands per entry"): commands proposed while a group's
+	// leader is still storing its previous entry are packed into one Raft
+	// entry by Packer,
 	// and the StateMachine's Apply of such an entry must return a []any
 	// with one result per command, in order. A lone command is proposed as
 	// itself, unpacked. The StateMachine must tell packed entries from

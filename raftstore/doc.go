@@ -37,8 +37,8 @@
 // fdatasync (Config.LogStore; the shared bolt file or a bolt file per group
 // are the alternatives, and a group keeps the store it was created with),
 // and their snapshots in DataDir/shards/<id>/. With
-// Config.Packer, commands proposed while a group's entries are in flight
-// are packed into one Raft entry (the proposal buffer); each proposer still
+// Config.Packer, commands proposed while a group's leader is storing its
+// previous entry are packed into one Raft entry (the proposal buffer); each proposer still
 // gets its own result and error; with Config.PackingGated only from
 // Group.EnablePacking on (the caller's feature gate). See DESIGN.md for the wire format, the
 // read barrier's proof sketch, the timeouts and the trade-offs.

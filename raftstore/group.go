@@ -574,7 +574,7 @@ func (g *Group) Stats() GroupStats {
 
 // EnablePacking switches the group's proposal buffer on (Config.Packer
 // with Config.PackingGated): from the next command on, commands proposed
-// while entries are in flight are packed into one entry. The caller must
+// while the leader stores its previous entry are packed into one entry. The caller must
 // know that every voter of the group reads packed entries. One-way: there
 // is no switching off, since a leader that stops packing is harmless but
 // gains nothing once every voter reads packed entries (DESIGN.md,

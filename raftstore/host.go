@@ -311,6 +311,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	}
 	if h.cfg.Packer != nil {
 		g.buf = newPropBuffer(g, h.cfg.Packer.PackCommands, !h.cfg.PackingGated)
+		go g.buf.dispatch()
 	}
 	g.observer = raft.NewObserver(g.obsCh, false, func(o *raft.Observation) bool {
 		_, ok := o.Data.(raft.LeaderObservation)

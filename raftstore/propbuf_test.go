@@ -145,9 +145,9 @@ func TestProposalBufferWithdraws(t *testing.T) {
 	c := newTestCluster(t, 1, []string{"s1"}, func(cfg *Config) { cfg.Packer = testPacker{} })
 	g := c.group(c.leader("s1"), "s1")
 	b := g.buf
-	// Fill the in-flight slots by hand so the next proposal must queue.
+	// Hold the dispatcher so the next proposal must queue.
 	b.mu.Lock()
-	b.inflight = maxInflightEntries
+	b.held = true
 	b.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -157,7 +157,7 @@ func TestProposalBufferWithdraws(t *testing.T) {
 	}
 	b.mu.Lock()
 	queued := len(b.queue)
-	b.inflight = 0
+	b.held = false
 	b.mu.Unlock()
 	if queued != 0 {
 		t.Fatalf("%d proposals left in the queue after withdrawal", queued)
@@ -173,7 +173,7 @@ func TestProposalBufferShutdown(t *testing.T) {
 	c := newTestCluster(t, 1, []string{"s1"}, func(cfg *Config) { cfg.Packer = testPacker{} })
 	g := c.group(c.leader("s1"), "s1")
 	g.buf.mu.Lock()
-	g.buf.inflight = maxInflightEntries
+	g.buf.held = true
 	g.buf.mu.Unlock()
 	done := make(chan error, 1)
 	go func() {
