@@ -12,7 +12,6 @@ import (
 	"github.com/idem-dev/idem/fsm"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -21,7 +20,8 @@ import (
 // API (validator), the same backend calls (Server.apply, Server.get).
 type grpcService struct {
 	idemv1.UnimplementedIdempotencyServer
-	s *Server
+	s       *Server
+	workers *opWorkers // runs Batch operations
 }
 
 // recoverRPC turns a panic of an RPC into codes.Internal; the process keeps
@@ -131,8 +131,8 @@ func (g *grpcService) Get(ctx context.Context, req *idemv1.GetRequest) (_ *idemv
 
 // Batch runs every operation through the interceptors registered for
 // operations (idemv1.WithBatchOpInterceptor: metrics, authorization) and
-// then the handler of its unary RPC, each in its own goroutine, and answers
-// when all are done.
+// then the handler of its unary RPC, each on a goroutine of its own (an
+// opWorkers worker), and answers when all are done.
 func (g *grpcService) Batch(ctx context.Context, req *idemv1.BatchRequest) (_ *idemv1.BatchResponse, err error) {
 	defer g.recoverRPC("Batch", &err)
 	ops := req.GetOps()
@@ -147,10 +147,10 @@ func (g *grpcService) Batch(ctx context.Context, req *idemv1.BatchRequest) (_ *i
 	var wg sync.WaitGroup
 	for i, op := range ops {
 		wg.Add(1)
-		go func() {
+		g.workers.run(func() {
 			defer wg.Done()
 			results[i] = g.batchOp(ctx, interceptors, op)
-		}()
+		})
 	}
 	wg.Wait()
 	withholdLarge(results, idemv1.MaxBatchBytes)
@@ -275,10 +275,7 @@ func (g *grpcService) get(ctx context.Context, namespace, key string) (fsm.Recor
 	return rec, found, e
 }
 
-func incomingHops(ctx context.Context) int {
-	md, _ := metadata.FromIncomingContext(ctx)
-	return idemv1.HopsFromMetadata(md)
-}
+func incomingHops(ctx context.Context) int { return idemv1.HopsFromIncomingContext(ctx) }
 
 // setLeaderHeader sends the backend's leader hint: as the RPC's header, or
 // as the leader_id of an operation of a batch.

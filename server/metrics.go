@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,7 +19,15 @@ import (
 type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+
+	// The children by label values, so a request does not hash its labels
+	// into the vectors' maps (GetMetricWithLabelValues showed in profiles);
+	// the label sets are bounded (above).
+	counters  sync.Map // requestLabels -> prometheus.Counter
+	observers sync.Map // requestLabels (outcome "") -> prometheus.Observer
 }
+
+type requestLabels struct{ api, endpoint, outcome string }
 
 func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -56,6 +65,16 @@ func register[C prometheus.Collector](reg *prometheus.Registry, c C) (C, error) 
 }
 
 func (m *metrics) observe(api, endpoint, outcome string, elapsed time.Duration) {
-	m.requests.WithLabelValues(api, endpoint, outcome).Inc()
-	m.duration.WithLabelValues(api, endpoint).Observe(elapsed.Seconds())
+	k := requestLabels{api, endpoint, outcome}
+	c, ok := m.counters.Load(k)
+	if !ok {
+		c, _ = m.counters.LoadOrStore(k, m.requests.WithLabelValues(api, endpoint, outcome))
+	}
+	c.(prometheus.Counter).Inc()
+	k.outcome = ""
+	o, ok := m.observers.Load(k)
+	if !ok {
+		o, _ = m.observers.LoadOrStore(k, m.duration.WithLabelValues(api, endpoint))
+	}
+	o.(prometheus.Observer).Observe(elapsed.Seconds())
 }

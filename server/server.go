@@ -64,7 +64,7 @@ func New(cfg Config) (*Server, error) {
 		extra:   extra,
 		metrics: promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{ErrorLog: slogPrinter{s.log}}),
 	}
-	s.grpcService = &grpcService{s: s}
+	s.grpcService = &grpcService{s: s, workers: newOpWorkers()}
 	return s, nil
 }
 

@@ -26,12 +26,13 @@ func CredentialsFromGRPC(ctx context.Context) Credentials {
 			c.Peer = PeerIdentity(&info.State)
 		}
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	if v := md.Get("authorization"); len(v) > 0 {
+	// ValueFromIncomingContext reads one key; FromIncomingContext would
+	// copy the whole metadata of every call.
+	if v := metadata.ValueFromIncomingContext(ctx, "authorization"); len(v) > 0 {
 		c.Authorization = v[0]
 	}
 	if c.Peer.Kind == pki.KindNode {
-		if v := md.Get(ForwardedPrincipalMetadata); len(v) > 0 {
+		if v := metadata.ValueFromIncomingContext(ctx, ForwardedPrincipalMetadata); len(v) > 0 {
 			c.Forwarded = v[0]
 		}
 	}

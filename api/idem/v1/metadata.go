@@ -1,6 +1,7 @@
 package idemv1
 
 import (
+	"context"
 	"strconv"
 
 	"google.golang.org/grpc/metadata"
@@ -23,8 +24,15 @@ const (
 
 // HopsFromMetadata reads HopsHeader: 0 when absent, MaxHops when malformed
 // (a malformed count must not enable loops).
-func HopsFromMetadata(md metadata.MD) int {
-	v := md.Get(HopsHeader)
+func HopsFromMetadata(md metadata.MD) int { return hopsFrom(md.Get(HopsHeader)) }
+
+// HopsFromIncomingContext is HopsFromMetadata of an incoming RPC's
+// metadata, read without copying all of it.
+func HopsFromIncomingContext(ctx context.Context) int {
+	return hopsFrom(metadata.ValueFromIncomingContext(ctx, HopsHeader))
+}
+
+func hopsFrom(v []string) int {
 	if len(v) == 0 {
 		return 0
 	}
