@@ -143,6 +143,19 @@ func (c *clocks) probe(ctx context.Context) {
 	wg.Wait()
 }
 
+// reading returns peer's reading if it is young enough to use. The hot
+// paths (stamp, once per command) use it rather than fresh, which copies
+// every reading into a new map.
+func (c *clocks) reading(peer string) (peerClock, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.readings[peer]
+	if !ok || time.Since(r.mid) >= clockEstimateTTL {
+		return peerClock{}, false
+	}
+	return r, true
+}
+
 // fresh returns the readings young enough to use, by peer.
 func (c *clocks) fresh() map[string]peerClock {
 	c.mu.Lock()
@@ -218,7 +231,7 @@ func (c *clocks) peerSkewed(peer string) bool {
 	if !c.enabled() {
 		return false
 	}
-	r, ok := c.fresh()[peer]
+	r, ok := c.reading(peer)
 	return ok && abs(r.offset)-r.rtt/2 > c.bound
 }
 
@@ -238,12 +251,15 @@ func (c *clocks) stamp(cmd *fsm.Command, voters []string) error {
 		cmd.Now, cmd.ClockReadings, cmd.ClockQuorum, cmd.ClockBound = c.now(), nil, 0, 0
 		return nil
 	}
-	fresh := c.fresh()
-	readings := []int64{local}
+	readings := make([]int64, 1, len(voters))
+	readings[0] = local
 	var worstRTT time.Duration
 	for _, v := range voters {
-		r, ok := fresh[v]
-		if v == c.n.cfg.NodeID || !ok {
+		if v == c.n.cfg.NodeID {
+			continue
+		}
+		r, ok := c.reading(v)
+		if !ok {
 			continue
 		}
 		readings = append(readings, r.peerTime+int64(time.Since(r.mid)))
@@ -265,9 +281,11 @@ func (c *clocks) stamp(cmd *fsm.Command, voters []string) error {
 // answer reported their disk below its reserve.
 func (c *clocks) peersLowOnDisk(voters []string) []string {
 	var low []string
-	fresh := c.fresh()
 	for _, v := range voters {
-		if r, ok := fresh[v]; ok && r.lowDisk && v != c.n.cfg.NodeID {
+		if v == c.n.cfg.NodeID {
+			continue
+		}
+		if r, ok := c.reading(v); ok && r.lowDisk {
 			low = append(low, v)
 		}
 	}
