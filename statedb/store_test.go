@@ -420,3 +420,36 @@ func TestCrashDuringRestoreLeavesOldState(t *testing.T) {
 		t.Fatalf("the second open dropped %d keys: the first left a stray generation", keys)
 	}
 }
+
+// TestRestoreReplacesWhatTheWriterRemembers: after a snapshot install the
+// writer sees the installed state, not the records it put (and cached)
+// before it.
+func TestRestoreReplacesWhatTheWriterRemembers(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	defer db.Close()
+	disk := openShard(t, db, "s1")
+	now := int64(1000) * sec
+	reserve := func(f *fsm.FSM, index uint64, owner string) fsm.Result {
+		return f.Apply(index, &fsm.Command{Op: fsm.OpReserve, Namespace: "ns", Key: "k", Now: now, OwnerToken: owner, Lease: 60 * sec})
+	}
+	if r := reserve(disk.FSM(), 1, "a"); r.Outcome != fsm.OutcomeAcquired {
+		t.Fatalf("first reserve: %+v", r)
+	}
+	if err := disk.CommitApplied(1); err != nil {
+		t.Fatal(err)
+	}
+	// The leader's state: k is held by b.
+	leader := fsm.New()
+	if r := reserve(leader, 1, "b"); r.Outcome != fsm.OutcomeAcquired {
+		t.Fatalf("leader's reserve: %+v", r)
+	}
+	if err := disk.RestoreApplied(bytes.NewReader(snapshotBytes(t, leader)), 1); err != nil {
+		t.Fatal(err)
+	}
+	// a's reserve again: before the install it would renew a's own
+	// reservation; after it, k is b's.
+	got, want := reserve(disk.FSM(), 2, "a"), reserve(leader, 2, "a")
+	if !reflect.DeepEqual(got, want) || got.Outcome == fsm.OutcomeAcquired {
+		t.Fatalf("reserve after the install: %+v, want the leader's %+v", got, want)
+	}
+}
