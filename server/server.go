@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
@@ -84,6 +85,9 @@ func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.MaxRecvMsgSize(s.cfg.GRPCMaxMessageBytes()),
+		// Streams (each RPC) run on reused goroutines instead of one new
+		// goroutine each, which would grow its stack again on every call.
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 	}
 }
 
