@@ -82,9 +82,13 @@ func (Packer) PackCommands(cmds [][]byte) []byte { return EncodePacked(cmds) }
 // EncodeCommand encodes cmd for the Raft log. The encoding is deterministic
 // (headers are written in sorted order), compact, and versioned.
 func EncodeCommand(cmd *Command) []byte {
-	n := 48 + len(cmd.Namespace) + len(cmd.Key) + len(cmd.Fingerprint) + len(cmd.OwnerToken)
+	// Room for everything, so the buffer is allocated once: two bytes,
+	// seven varints and three more for the clock tail (10 bytes at most
+	// each), four length prefixes, and the readings.
+	n := 2 + 10*10 + 4*binary.MaxVarintLen32 + len(cmd.Namespace) + len(cmd.Key) + len(cmd.Fingerprint) + len(cmd.OwnerToken) +
+		binary.MaxVarintLen64*len(cmd.ClockReadings)
 	if cmd.Response != nil {
-		n += responseSize(cmd.Response)
+		n += responseSize(cmd.Response) + 16 // responseSize is the accounting's figure, a little short of the encoding
 	}
 	b := make([]byte, 0, n)
 	b = append(b, commandVersion, byte(cmd.Op))

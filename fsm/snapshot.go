@@ -7,6 +7,7 @@ import (
 	"hash"
 	"hash/crc32"
 	"io"
+	"slices"
 )
 
 // snapshotMagic starts every snapshot stream; the last byte is the format version.
@@ -93,6 +94,12 @@ func (c *countingWriter) write(p []byte) {
 // AppendRecord appends the encoding of the record r at k (the snapshot frame
 // format; a disk store keeps records in it too).
 func AppendRecord(b []byte, k RecordKey, r *Record) []byte {
+	// Grow once: four length prefixes, a byte, six varints, the response.
+	n := 4*binary.MaxVarintLen32 + 1 + 6*binary.MaxVarintLen64 + len(k.Namespace) + len(k.Key) + len(r.Fingerprint) + len(r.OwnerToken) + 1
+	if r.Response != nil {
+		n += responseSize(r.Response) + 16 // responseSize is the accounting's figure, a little short of the encoding
+	}
+	b = slices.Grow(b, n)
 	b = appendString(b, k.Namespace)
 	b = appendString(b, k.Key)
 	b = append(b, byte(r.State))
