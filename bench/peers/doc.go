@@ -3,11 +3,22 @@
 // Lua scripts), PostgreSQL (fsync and synchronous_commit on, INSERT ... ON
 // CONFLICT DO NOTHING and an owner-checked UPDATE), etcd (three members,
 // create-if-absent and compare-and-swap transactions), a three-node idem
-// region (Go client over gRPC, and the JSON API) and a one-node idem dev node.
+// region (Go client over gRPC, and the JSON API; four shards, or one: the
+// idem3s1 systems) and a one-node idem dev node.
 //
 //	cd bench/peers && go run .                  # or: bench/peers/run.sh
 //	go run . --duration 2s --rounds 1 --concurrency 64 --systems idem3-grpc,redis
-//	go run . --profile-dir /tmp/prof            # plus pprof profiles of the three idem nodes
+//	go run . --profile-dir /tmp/prof            # plus pprof profiles of the idem3-grpc nodes
+//	go run . --profile-dir /tmp/prof --profile-system idem3s1pack-grpc --systems idem3s1pack-grpc
+//
+// An idem system is idem<nodes>[s<shards>][pack]-<api>: idem3 a three-node
+// region, idem1 a dev node; s1 one shard per region instead of four; pack
+// runs --raft-pack-commands=on, the others =off. Before measuring a
+// three-node region it waits until the nodes' leader balancing has spread
+// the shards' leaders (a cell measured while leaderships move measures the
+// placement), and after every idem cell it logs the Raft work per cycle,
+// summed over nodes and shards from their /metrics: log writes and entries
+// per write, WAL syncs, state-machine batches, commands per proposed entry.
 //
 // It installs the missing servers from Debian's packages (apt-get), starts
 // every server as its own process on 127.0.0.1 with a data directory in a
