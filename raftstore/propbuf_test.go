@@ -200,3 +200,59 @@ func TestProposalBufferShutdown(t *testing.T) {
 		t.Fatalf("queued proposal at shutdown: %v, want ErrShutdown without unknown outcome", err)
 	}
 }
+
+// A group has one packed entry in flight: while it is being applied, every
+// command proposed meanwhile waits in the buffer, and all of them go into
+// the next entry together.
+func TestProposalBufferOneEntryInFlight(t *testing.T) {
+	c := newTestCluster(t, 1, []string{"s1"}, func(cfg *Config) { cfg.Packer = testPacker{} })
+	g := c.group(c.leader("s1"), "s1")
+	sm := c.nodes[0].sms["s1"]
+	sm.mu.Lock() // the state machine blocks: the first entry stays in flight
+	locked := true
+	defer func() {
+		if locked {
+			sm.mu.Unlock()
+		}
+	}()
+	errs := make(chan error, 21)
+	propose := func(cmd string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := g.Apply(ctx, []byte(cmd))
+		errs <- err
+	}
+	go propose("first=1")
+	waitFor(t, "the first entry proposed", func() bool { return g.Stats().ProposedEntries == 1 })
+	const later = 20
+	for i := range later {
+		go propose(fmt.Sprintf("later%d=1", i))
+	}
+	waitFor(t, "the later commands queued", func() bool {
+		g.buf.mu.Lock()
+		defer g.buf.mu.Unlock()
+		return len(g.buf.queue) == later
+	})
+	if st := g.Stats(); st.ProposedEntries != 1 {
+		t.Fatalf("%d entries proposed while the first was in flight, want 1", st.ProposedEntries)
+	}
+	sm.mu.Unlock()
+	locked = false
+	for range later + 1 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := g.Stats(); st.ProposedEntries != 2 || st.ProposedCommands != later+1 {
+		t.Fatalf("%d commands in %d entries, want %d in 2: the queued ones packed into one", st.ProposedCommands, st.ProposedEntries, later+1)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
