@@ -1,7 +1,6 @@
 package raftstore
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -166,7 +165,7 @@ func (m *mux) route(c net.Conn) {
 	deadline := time.Now().Add(muxHeaderTimeout)
 	_ = c.SetDeadline(deadline)
 	if m.tlsCfg != nil {
-		tc, err := m.handshake(c, deadline)
+		tc, err := m.handshake(c)
 		if err != nil {
 			m.reject(c, rejectTLS, err)
 			return
@@ -201,11 +200,14 @@ func (m *mux) route(c net.Conn) {
 // certificate. The node-certificate rule itself is the tls.Config's
 // (pki.Reloader.NodeServerTLS); requiring verified chains here means a
 // config that forgot to ask for client certificates fails closed.
-func (m *mux) handshake(c net.Conn, deadline time.Time) (*tls.Conn, error) {
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
+//
+// The deadline is c's (route sets it), not a context's: HandshakeContext
+// closes the connection itself when its context ends, before the caller
+// can count the rejection, so a peer (or a test) could see the close before
+// the count.
+func (m *mux) handshake(c net.Conn) (*tls.Conn, error) {
 	tc := tls.Server(c, m.tlsCfg.Server)
-	if err := tc.HandshakeContext(ctx); err != nil {
+	if err := tc.Handshake(); err != nil {
 		return nil, fmt.Errorf("tls handshake: %w", err)
 	}
 	if len(tc.ConnectionState().VerifiedChains) == 0 {
