@@ -266,44 +266,17 @@ func writePacking(ctx context.Context, w io.Writer, systems []*system) {
 // scrapePacking reads idem_raft_proposal_entry_commands' sum and count,
 // over all shards, from a node's /metrics.
 func scrapePacking(ctx context.Context, addr string) (sum, count float64, err error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	text, err := fetchMetrics(ctx, addr)
 	if err != nil {
 		return 0, 0, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, 0, err
-	}
-	return parsePacking(string(body))
+	return parsePacking(text)
 }
 
 func parsePacking(text string) (sum, count float64, err error) {
-	for _, line := range strings.Split(text, "\n") {
-		name, rest, ok := strings.Cut(line, "{")
-		if !ok {
-			continue
-		}
-		_, value, ok := strings.Cut(rest, "} ")
-		if !ok {
-			continue
-		}
-		var v float64
-		if _, err := fmt.Sscan(value, &v); err != nil {
-			return 0, 0, fmt.Errorf("metric line %q: %w", line, err)
-		}
-		switch name {
-		case "idem_raft_proposal_entry_commands_sum":
-			sum += v
-		case "idem_raft_proposal_entry_commands_count":
-			count += v
-		}
+	m, err := sumMetrics(text, []string{"idem_raft_proposal_entry_commands_sum", "idem_raft_proposal_entry_commands_count"})
+	if err != nil {
+		return 0, 0, err
 	}
-	return sum, count, nil
+	return m["idem_raft_proposal_entry_commands_sum"], m["idem_raft_proposal_entry_commands_count"], nil
 }
