@@ -161,8 +161,9 @@ func indexKey(prefix []byte, t int64, k fsm.RecordKey) []byte {
 	return appendKey(appendTime(append([]byte(nil), prefix...), t), k)
 }
 
-func (s *ShardStore) read(get func([]byte) ([]byte, func() error, error), k fsm.RecordKey) (*fsm.Record, bool) {
-	v, closeFn, err := get(s.recKey(k))
+// read reads the record at key (a record key of this generation).
+func (s *ShardStore) read(get func([]byte) ([]byte, func() error, error), key []byte) (*fsm.Record, bool) {
+	v, closeFn, err := get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, false
 	}
@@ -201,14 +202,19 @@ func dbGet(r pebble.Reader) func([]byte) ([]byte, func() error, error) {
 // Get reads through the batch in progress (the writer's view): from the
 // recent cache if it holds k, else from the engine.
 func (s *ShardStore) Get(k fsm.RecordKey) (*fsm.Record, bool) {
-	if rec, ok := s.recent[string(s.writerKey(k))]; ok {
+	key := s.writerKey(k)
+	if rec, ok := s.recent[string(key)]; ok {
 		return rec, rec != nil
 	}
-	return s.read(batchGet(s.wb()), k)
+	return s.read(batchGet(s.wb()), key)
 }
 
 // Lookup reads the committed state.
-func (s *ShardStore) Lookup(k fsm.RecordKey) (*fsm.Record, bool) { return s.read(dbGet(s.db), k) }
+// Readers run concurrently with the writer, so the key is their own, not
+// the writer's scratch buffer.
+func (s *ShardStore) Lookup(k fsm.RecordKey) (*fsm.Record, bool) {
+	return s.read(dbGet(s.db), s.recKey(k))
+}
 
 func (s *ShardStore) indexOf(k fsm.RecordKey, r *fsm.Record) []byte {
 	if r.State == fsm.StateInProgress {
