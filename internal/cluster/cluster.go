@@ -9,8 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -73,64 +71,6 @@ func moduleRoot() (string, error) {
 		}
 		dir = parent
 	}
-}
-
-// FreePorts returns n distinct TCP ports on 127.0.0.1 that were free when
-// it looked. It picks them at random below the kernel's ephemeral range:
-// listeners on :0 and outgoing connections draw from that range, so a port
-// picked there could be taken by another process (or this one) before the
-// idem process that is meant to bind it starts. It falls back to ephemeral
-// ports when the range leaves no room.
-func FreePorts(n int) ([]int, error) {
-	low := 32768
-	if data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		var lo, hi int
-		if _, err := fmt.Sscan(string(data), &lo, &hi); err == nil {
-			low = lo
-		}
-	}
-	const base = 10000
-	if low-base < 20*n {
-		return ephemeralPorts(n)
-	}
-	used := map[int]bool{}
-	var out []int
-	for tries := 0; len(out) < n && tries < 200*n; tries++ {
-		p := base + rand.IntN(low-base)
-		if used[p] {
-			continue
-		}
-		used[p] = true
-		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			continue
-		}
-		ln.Close()
-		out = append(out, p)
-	}
-	if len(out) < n {
-		return nil, fmt.Errorf("cluster: found only %d of %d free ports", len(out), n)
-	}
-	return out, nil
-}
-
-func ephemeralPorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for len(ports) < n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // Spec describes a cluster to generate.
@@ -295,6 +235,44 @@ func (p *Process) Wait(ctx context.Context) error {
 	return p.err
 }
 
+// exitedCh returns a channel closed when the process exits, or nil if it
+// was never started (or was reaped by Stop, Kill or Wait).
+func (p *Process) exitedCh() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return nil
+	}
+	return p.exited
+}
+
+// probeProcess is probe for the /readyz of process p, which gives up as
+// soon as p exits (a port it could not bind, a bad flag) instead of polling
+// a dead address until ctx ends.
+func (c *Cluster) probeProcess(ctx context.Context, p *Process, addr string) error {
+	exited := p.exitedCh()
+	if exited == nil {
+		return fmt.Errorf("cluster: %s is not running", p.Name)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-exited:
+			p.mu.Lock()
+			err := p.err
+			p.mu.Unlock()
+			cancel(fmt.Errorf("cluster: %s exited before it was ready (%v); see %s", p.Name, err, p.Log))
+		case <-ctx.Done():
+		}
+	}()
+	err := c.probe(ctx, addr)
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, ctx.Err()) {
+		return cause
+	}
+	return err
+}
+
 // FaultInjectionEnv is the environment a process needs for the --testing-*
 // flags of idemnode.
 const FaultInjectionEnv = "IDEM_ENABLE_FAULT_INJECTION=1"
@@ -404,7 +382,7 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 			continue
 		}
 		n, _ := c.Topology.NodeByID(id)
-		if err := c.probe(ctx, n.HTTPAddr); err != nil {
+		if err := c.probeProcess(ctx, p, n.HTTPAddr); err != nil {
 			return fmt.Errorf("%s: %w", id, err)
 		}
 	}

@@ -54,7 +54,7 @@ func (c *Cluster) NewRouter(idemrouter, name, region string, extraArgs ...string
 
 // WaitReady polls the router's /readyz until it answers 200 or ctx ends.
 func (r *Router) WaitReady(ctx context.Context) error {
-	if err := r.c.probe(ctx, r.HTTPAddr); err != nil {
+	if err := r.c.probeProcess(ctx, r.Process, r.HTTPAddr); err != nil {
 		return fmt.Errorf("router %s: %w", r.Name, err)
 	}
 	return nil
