@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idem-dev/idem/client"
@@ -26,8 +27,11 @@ type cell struct {
 	Elapsed  time.Duration
 	P50, P99 time.Duration
 	CPU      time.Duration // server CPU (user+system) of the system's processes during the cell; 0: unknown
-	FirstErr string
-	Raft     map[string]float64 // idem only: raftCounters' increase during the measured window; nil: unknown
+	// ClientCPU is this process's own CPU (user+system) during the cell:
+	// the clients' cost, which shares the machine with the servers; 0: unknown.
+	ClientCPU time.Duration
+	FirstErr  string
+	Raft      map[string]float64 // idem only: raftCounters' increase during the measured window; nil: unknown
 }
 
 func (c cell) rate() float64 {
@@ -86,18 +90,23 @@ func runCell(ctx context.Context, s *system, clients int, warmup, duration time.
 	sleep(ctx, warmup)
 	raft0 := scrapeRaft(ctx, s.http)
 	cpu0 := cpuOf(s.procs)
+	self0 := selfCPU()
 	start := time.Now()
 	phase.Store(phaseMeasure)
 	sleep(ctx, duration)
 	phase.Store(phaseStop)
 	wg.Wait()
 	elapsed := time.Since(start)
+	self1 := selfCPU()
 	cpu1 := cpuOf(s.procs)
 	raft1 := scrapeRaft(ctx, s.http)
 
 	c := cell{System: s.name, Clients: clients, Elapsed: elapsed, Raft: delta(raft0, raft1)}
 	if cpu0 >= 0 && cpu1 >= cpu0 {
 		c.CPU = cpu1 - cpu0
+	}
+	if self0 >= 0 && self1 > self0 {
+		c.ClientCPU = self1 - self0
 	}
 	var all []time.Duration
 	for _, w := range ws {
@@ -151,6 +160,15 @@ func percentile(ds []time.Duration, q float64) time.Duration {
 	slices.Sort(ds)
 	i := int(math.Ceil(q*float64(len(ds)))) - 1
 	return ds[min(max(i, 0), len(ds)-1)]
+}
+
+// selfCPU is this process's user+system CPU so far, or -1 if unknown.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return -1
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // cpuOf sums user+system CPU of the processes of ps and all their

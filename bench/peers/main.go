@@ -77,7 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	for _, s := range systems {
 		fmt.Fprintf(stdout, "  %-11s %s\n", s.name, s.detail)
 	}
-	fmt.Fprintln(stdout, "All on 127.0.0.1; clients and servers share this machine's CPUs. server CPU/cycle: user+system time of the system's own processes per cycle.")
+	fmt.Fprintln(stdout, "All on 127.0.0.1; clients and servers share this machine's CPUs. server CPU/cycle: user+system time of the system's own processes per cycle; client CPU/cycle: this process's (the clients').")
 
 	var cells []cell
 	for round := range cfg.Rounds {

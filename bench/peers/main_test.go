@@ -71,9 +71,9 @@ func ms(n float64) time.Duration { return time.Duration(n * float64(time.Millise
 func TestRowsAndRatios(t *testing.T) {
 	cells := []cell{
 		// idem3-grpc at 64 clients: 1000, 3000, 2000 cycles/s over three rounds.
-		{System: sysIdem3GRPC, Clients: 64, Round: 0, Cycles: 1000, Elapsed: time.Second, P50: ms(30), P99: ms(90), CPU: 1000 * ms(1.5)},
-		{System: sysIdem3GRPC, Clients: 64, Round: 1, Cycles: 6000, Elapsed: 2 * time.Second, P50: ms(20), P99: ms(60), CPU: 6000 * ms(1.2)},
-		{System: sysIdem3GRPC, Clients: 64, Round: 2, Cycles: 2000, Elapsed: time.Second, P50: ms(25), P99: ms(120), Failed: 2, FirstErr: "reserve: boom", CPU: 2000 * ms(1.4)},
+		{System: sysIdem3GRPC, Clients: 64, Round: 0, Cycles: 1000, Elapsed: time.Second, P50: ms(30), P99: ms(90), CPU: 1000 * ms(1.5), ClientCPU: 1000 * ms(0.2)},
+		{System: sysIdem3GRPC, Clients: 64, Round: 1, Cycles: 6000, Elapsed: 2 * time.Second, P50: ms(20), P99: ms(60), CPU: 6000 * ms(1.2), ClientCPU: 6000 * ms(0.1)},
+		{System: sysIdem3GRPC, Clients: 64, Round: 2, Cycles: 2000, Elapsed: time.Second, P50: ms(25), P99: ms(120), Failed: 2, FirstErr: "reserve: boom", CPU: 2000 * ms(1.4), ClientCPU: 2000 * ms(0.3)},
 		{System: sysRedis, Clients: 64, Round: 0, Cycles: 16000, Elapsed: time.Second, P50: ms(3.4), P99: ms(7)},
 		{System: sysRedis, Clients: 64, Round: 1, Cycles: 16000, Elapsed: time.Second, P50: ms(3.7), P99: ms(9)},
 		{System: sysRedis, Clients: 64, Round: 2, Cycles: 20000, Elapsed: time.Second, P50: ms(3.5), P99: ms(8)},
@@ -103,10 +103,10 @@ func TestRowsAndRatios(t *testing.T) {
 	writeTable(&b, rs, 3)
 	out := b.String()
 	for _, want := range []string{
-		"| system | clients | cycles/s (median of 3) | cycle p50 ms | cycle p99 ms | server CPU/cycle | failed |",
-		"| idem3-grpc | 64 | 2,000 | 20.0-30.0 | 60.0-120 | 1400 µs | 2 |",
-		"| redis | 64 | 16,000 | 3.40-3.70 | 7.00-9.00 | ? | 0 |",
-		"| etcd | 1 | 0 | 0.00 | 0.00 | ? | 0 |",
+		"| system | clients | cycles/s (median of 3) | cycle p50 ms | cycle p99 ms | server CPU/cycle | client CPU/cycle | failed |",
+		"| idem3-grpc | 64 | 2,000 | 20.0-30.0 | 60.0-120 | 1400 µs | 200 µs | 2 |",
+		"| redis | 64 | 16,000 | 3.40-3.70 | 7.00-9.00 | ? | ? | 0 |",
+		"| etcd | 1 | 0 | 0.00 | 0.00 | ? | ? | 0 |",
 		"| ratio (median cycles/s) | clients | / redis | / etcd |",
 		"| idem3-grpc | 64 | 0.12 | 1.00 |",
 		"| idem3-grpc | 1 | - | - |",

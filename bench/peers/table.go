@@ -18,6 +18,7 @@ type row struct {
 	P50Lo, P50H time.Duration
 	P99Lo, P99H time.Duration
 	CPUPerCycle time.Duration // median over rounds of server CPU per cycle; 0: unknown
+	ClientCPU   time.Duration // median over rounds of the clients' CPU per cycle; 0: unknown
 	Failed      int
 	FirstErr    string
 }
@@ -28,7 +29,7 @@ func rows(cells []cell, systems []string, concurrency []int) []row {
 	var out []row
 	for _, sys := range systems {
 		for _, c := range concurrency {
-			var rates, cpus []float64
+			var rates, cpus, clientCPUs []float64
 			r := row{System: sys, Clients: c}
 			for _, x := range cells {
 				if x.System != sys || x.Clients != c {
@@ -46,6 +47,9 @@ func rows(cells []cell, systems []string, concurrency []int) []row {
 				if x.CPU > 0 && x.Cycles > 0 {
 					cpus = append(cpus, float64(x.CPU)/float64(x.Cycles))
 				}
+				if x.ClientCPU > 0 && x.Cycles > 0 {
+					clientCPUs = append(clientCPUs, float64(x.ClientCPU)/float64(x.Cycles))
+				}
 				r.Failed += x.Failed
 				if r.FirstErr == "" {
 					r.FirstErr = x.FirstErr
@@ -57,6 +61,9 @@ func rows(cells []cell, systems []string, concurrency []int) []row {
 			r.Rate = median(rates)
 			if len(cpus) > 0 {
 				r.CPUPerCycle = time.Duration(median(cpus))
+			}
+			if len(clientCPUs) > 0 {
+				r.ClientCPU = time.Duration(median(clientCPUs))
 			}
 			out = append(out, r)
 		}
@@ -131,17 +138,22 @@ func fmtThousands(n float64) string {
 	return b.String()
 }
 
+// fmtMicros prints a CPU time per cycle in µs, "?" when unknown (0).
+func fmtMicros(d time.Duration) string {
+	if d <= 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+}
+
 // writeTable prints the main table and the ratios as Markdown, so it can be
 // pasted into the README as is.
 func writeTable(w io.Writer, rs []row, rounds int) {
-	fmt.Fprintf(w, "| system | clients | cycles/s (median of %d) | cycle p50 ms | cycle p99 ms | server CPU/cycle | failed |\n", rounds)
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintf(w, "| system | clients | cycles/s (median of %d) | cycle p50 ms | cycle p99 ms | server CPU/cycle | client CPU/cycle | failed |\n", rounds)
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, r := range rs {
-		cpu := "?"
-		if r.CPUPerCycle > 0 {
-			cpu = fmt.Sprintf("%.0f µs", float64(r.CPUPerCycle)/float64(time.Microsecond))
-		}
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %d |\n", r.System, r.Clients, fmtThousands(r.Rate), fmtRange(r.P50Lo, r.P50H), fmtRange(r.P99Lo, r.P99H), cpu, r.Failed)
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %d |\n", r.System, r.Clients, fmtThousands(r.Rate), fmtRange(r.P50Lo, r.P50H), fmtRange(r.P99Lo, r.P99H),
+			fmtMicros(r.CPUPerCycle), fmtMicros(r.ClientCPU), r.Failed)
 	}
 	var present []string
 	seen := map[string]bool{}
