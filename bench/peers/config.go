@@ -54,6 +54,7 @@ type config struct {
 	Install        bool          // apt-get install missing servers
 	IdemNode       string        // a prebuilt idemnode ("": build it from the repository)
 	ProfileDir     string        // write pprof profiles of the three idem nodes here ("": none)
+	TimelineDir    string        // write every cell's latency over time here ("": none)
 	ProfileClients int           // the client count of the profiled cell
 	ProfileSystem  string        // the idem system profiled
 	RequestTimeout time.Duration // deadline of one request
@@ -96,6 +97,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.Install, "install", true, "apt-get install redis-server, postgresql, etcd-server and etcd-client when missing")
 	fs.StringVar(&cfg.IdemNode, "idemnode", "", "prebuilt idemnode `BINARY` (default: go build ./cmd/idemnode of this repository)")
 	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "write CPU and allocation profiles of the idem nodes under load to `DIR` (taken in round 1 of --profile-system at --profile-clients)")
+	fs.StringVar(&cfg.TimelineDir, "timeline-dir", "", "write every cell's cycles and latency per 100 ms of its measured window to `DIR` (one file per cell), to tell stalls from steady latency")
 	fs.StringVar(&cfg.ProfileSystem, "profile-system", sysIdem3GRPC, "the idem `SYSTEM` whose nodes --profile-dir profiles")
 	fs.IntVar(&cfg.ProfileClients, "profile-clients", 64, "client count of the profiled cell")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", 10*time.Second, "deadline of one request")

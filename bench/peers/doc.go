@@ -10,6 +10,7 @@
 //	go run . --duration 2s --rounds 1 --concurrency 64 --systems idem3-grpc,redis
 //	go run . --profile-dir /tmp/prof            # plus pprof profiles of the idem3-grpc nodes
 //	go run . --profile-dir /tmp/prof --profile-system idem3s1pack-grpc --systems idem3s1pack-grpc
+//	go run . --timeline-dir /tmp/tl             # plus every cell's latency per 100 ms
 //
 // An idem system is idem<nodes>[s<shards>][pack]-<api>: idem3 a three-node
 // region, idem1 a dev node; s1 one shard per region instead of four; pack
@@ -29,8 +30,13 @@
 // interleaved in --rounds rounds (the order of systems rotates each round),
 // and the Markdown table gives the median cycles/s over rounds, the ranges
 // of p50 and p99 over rounds, the servers' CPU time per cycle (user+system of
-// the system's processes and their children, read from /proc), and the ratio
-// of every idem row to every peer at the same client count.
+// the system's processes and their children, read from /proc), the clients'
+// (this process's own, which shares the machine), and the ratio of every idem
+// row to every peer at the same client count. --timeline-dir writes, per
+// cell, the cycles that ended in each 100 ms of the window with their p50,
+// p99 and max: a stall (a flush, a compaction, a GC) shows as a bucket with
+// few cycles and a high p50, which the cell's p99 alone does not tell from
+// latency that is high throughout.
 //
 // The race phase then sends --race-contenders concurrent reserves of one
 // fresh key to each system, --race-keys times, and requires exactly one

@@ -32,7 +32,12 @@ type cell struct {
 	ClientCPU time.Duration
 	FirstErr  string
 	Raft      map[string]float64 // idem only: raftCounters' increase during the measured window; nil: unknown
+	Timeline  []timedCycle       // every measured cycle: when it ended and how long it took
 }
+
+// timedCycle is one measured cycle: when it ended, from the start of the
+// measured window, and its latency.
+type timedCycle struct{ End, Lat time.Duration }
 
 func (c cell) rate() float64 {
 	if c.Elapsed <= 0 {
@@ -55,10 +60,12 @@ func runCell(ctx context.Context, s *system, clients int, warmup, duration time.
 	var phase atomic.Int32
 	type worker struct {
 		lat    []time.Duration
+		ends   []time.Duration // when each measured cycle ended, from the start of the window
 		failed int
 		first  string
 	}
 	ws := make([]*worker, clients)
+	var start time.Time // set before the measured phase begins; workers read it only then
 	var wg sync.WaitGroup
 	for i := range ws {
 		w := &worker{lat: make([]time.Duration, 0, 1024)}
@@ -84,6 +91,7 @@ func runCell(ctx context.Context, s *system, clients int, warmup, duration time.
 					continue
 				}
 				w.lat = append(w.lat, d)
+				w.ends = append(w.ends, time.Since(start))
 			}
 		})
 	}
@@ -91,7 +99,7 @@ func runCell(ctx context.Context, s *system, clients int, warmup, duration time.
 	raft0 := scrapeRaft(ctx, s.http)
 	cpu0 := cpuOf(s.procs)
 	self0 := selfCPU()
-	start := time.Now()
+	start = time.Now()
 	phase.Store(phaseMeasure)
 	sleep(ctx, duration)
 	phase.Store(phaseStop)
@@ -111,6 +119,9 @@ func runCell(ctx context.Context, s *system, clients int, warmup, duration time.
 	var all []time.Duration
 	for _, w := range ws {
 		all = append(all, w.lat...)
+		for i, e := range w.ends {
+			c.Timeline = append(c.Timeline, timedCycle{End: e, Lat: w.lat[i]})
+		}
 		c.Failed += w.failed
 		if c.FirstErr == "" {
 			c.FirstErr = w.first
