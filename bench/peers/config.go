@@ -39,6 +39,9 @@ var peers = []string{sysRedis, sysPostgres, sysEtcd}
 
 func isIdem(sys string) bool { return strings.HasPrefix(sys, "idem") }
 
+// bSuffix names an idem system's twin run with --idemnode-b.
+const bSuffix = "@b"
+
 // config is one benchmark run.
 type config struct {
 	Duration       time.Duration // measured time of one (system, clients, round) cell
@@ -53,6 +56,7 @@ type config struct {
 	Keep           bool          // keep WorkDir afterwards
 	Install        bool          // apt-get install missing servers
 	IdemNode       string        // a prebuilt idemnode ("": build it from the repository)
+	IdemNodeB      string        // a second idemnode: every idem system also runs as SYSTEM@b with it ("": none)
 	ProfileDir     string        // write pprof profiles of the three idem nodes here ("": none)
 	TimelineDir    string        // write every cell's latency over time here ("": none)
 	ProfileClients int           // the client count of the profiled cell
@@ -96,6 +100,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the work directory (data and logs) afterwards")
 	fs.BoolVar(&cfg.Install, "install", true, "apt-get install redis-server, postgresql, etcd-server and etcd-client when missing")
 	fs.StringVar(&cfg.IdemNode, "idemnode", "", "prebuilt idemnode `BINARY` (default: go build ./cmd/idemnode of this repository)")
+	fs.StringVar(&cfg.IdemNodeB, "idemnode-b", "", "a second idemnode `BINARY` to compare: every idem system also runs as SYSTEM@b with it, in the same interleaved rounds, and a table gives b / a")
 	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "write CPU and allocation profiles of the idem nodes under load to `DIR` (taken in round 1 of --profile-system at --profile-clients)")
 	fs.StringVar(&cfg.TimelineDir, "timeline-dir", "", "write every cell's cycles and latency per 100 ms of its measured window to `DIR` (one file per cell), to tell stalls from steady latency")
 	fs.StringVar(&cfg.ProfileSystem, "profile-system", sysIdem3GRPC, "the idem `SYSTEM` whose nodes --profile-dir profiles")
@@ -134,6 +139,16 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	// Rows follow the canonical order whatever order the flag gave.
 	slices.SortFunc(cfg.Systems, func(a, b string) int { return slices.Index(allSystems, a) - slices.Index(allSystems, b) })
+	if cfg.IdemNodeB != "" {
+		var with []string
+		for _, sys := range cfg.Systems {
+			with = append(with, sys)
+			if isIdem(sys) {
+				with = append(with, sys+bSuffix)
+			}
+		}
+		cfg.Systems = with
+	}
 	errs = append(errs, cfg.validate())
 	return cfg, errors.Join(errs...)
 }
@@ -181,6 +196,9 @@ func (c config) validate() error {
 	}
 	if c.ProfileDir != "" && !slices.Contains(c.Concurrency, c.ProfileClients) {
 		errs = append(errs, fmt.Errorf("--profile-clients %d is not one of --concurrency", c.ProfileClients))
+	}
+	if c.IdemNodeB != "" && !slices.ContainsFunc(c.Systems, isIdem) {
+		errs = append(errs, errors.New("--idemnode-b compares idem systems, and --systems has none"))
 	}
 	if c.RequestTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--request-timeout %v: want a positive duration", c.RequestTimeout))

@@ -11,6 +11,7 @@
 //	go run . --profile-dir /tmp/prof            # plus pprof profiles of the idem3-grpc nodes
 //	go run . --profile-dir /tmp/prof --profile-system idem3s1pack-grpc --systems idem3s1pack-grpc
 //	go run . --timeline-dir /tmp/tl             # plus every cell's latency per 100 ms
+//	go run . --idemnode /tmp/a --idemnode-b /tmp/b --systems idem3pack-grpc --rounds 6   # A/B two builds
 //
 // An idem system is idem<nodes>[s<shards>][pack]-<api>: idem3 a three-node
 // region, idem1 a dev node; s1 one shard per region instead of four; pack
@@ -36,7 +37,12 @@
 // cell, the cycles that ended in each 100 ms of the window with their p50,
 // p99 and max: a stall (a flush, a compaction, a GC) shows as a bucket with
 // few cycles and a high p50, which the cell's p99 alone does not tell from
-// latency that is high throughout.
+// latency that is high throughout. --idemnode-b BINARY runs every idem
+// system twice, as SYSTEM and SYSTEM@b (the second with BINARY), in the same
+// interleaved rounds, and a last table gives b / a of cycles/s and of server
+// CPU per cycle paired by round: the median and range of the per-round
+// ratios, which cancel most of the box's drift between rounds (runs of the
+// same build minutes apart differ by up to a third on this VM).
 //
 // The race phase then sends --race-contenders concurrent reserves of one
 // fresh key to each system, --race-keys times, and requires exactly one

@@ -130,6 +130,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}
 	fmt.Fprintln(stdout)
 	writeTable(stdout, rows(cells, names, cfg.Concurrency), cfg.Rounds)
+	writeAB(stdout, cells, names, cfg.Concurrency)
 
 	writePacking(ctx, stdout, systems)
 
@@ -246,7 +247,7 @@ func fetchTo(ctx context.Context, url, path string) error {
 func writePacking(ctx context.Context, w io.Writer, systems []*system) {
 	seen := map[string]bool{}
 	for _, s := range systems {
-		if !strings.HasSuffix(s.variant, "pack") || seen[s.variant] {
+		if !strings.HasSuffix(strings.TrimSuffix(s.variant, bSuffix), "pack") || seen[s.variant] {
 			continue
 		}
 		seen[s.variant] = true

@@ -239,3 +239,39 @@ func TestIdemShape(t *testing.T) {
 		}
 	}
 }
+
+func TestIdemNodeBAddsTwins(t *testing.T) {
+	cfg, err := parseFlags([]string{"--systems", "redis,idem3pack-grpc,idem1-grpc", "--idemnode-b", "/tmp/b"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"idem3pack-grpc", "idem3pack-grpc@b", "idem1-grpc", "idem1-grpc@b", "redis"}
+	if !slices.Equal(cfg.Systems, want) {
+		t.Fatalf("systems %v, want %v", cfg.Systems, want)
+	}
+	if _, err := parseFlags([]string{"--systems", "redis", "--idemnode-b", "/tmp/b"}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "--idemnode-b") {
+		t.Fatalf("--idemnode-b without idem systems: %v", err)
+	}
+}
+
+func TestWriteABPairsRounds(t *testing.T) {
+	c := func(sys string, round, cycles int, cpuMs float64) cell {
+		return cell{System: sys, Clients: 64, Round: round, Cycles: cycles, Elapsed: time.Second, CPU: time.Duration(float64(cycles) * cpuMs * float64(time.Millisecond))}
+	}
+	cells := []cell{
+		c("idem3-grpc", 0, 1000, 0.5), c("idem3-grpc@b", 0, 1100, 0.4),
+		c("idem3-grpc", 1, 2000, 0.5), c("idem3-grpc@b", 1, 2400, 0.5),
+		c("idem3-grpc", 2, 1000, 0.5), c("idem3-grpc@b", 2, 1300, 0.45),
+		c("redis", 0, 9000, 0.1),
+	}
+	var b bytes.Buffer
+	writeAB(&b, cells, []string{"idem3-grpc", "idem3-grpc@b", "redis"}, []int{64})
+	if want := "| idem3-grpc | 64 | 3 | 1.20 (1.10-1.30) | 0.90 (0.80-1.00) |"; !strings.Contains(b.String(), want) {
+		t.Fatalf("a/b table lacks %q:\n%s", want, b.String())
+	}
+	b.Reset()
+	writeAB(&b, cells, []string{"idem3-grpc", "redis"}, []int{64})
+	if b.Len() != 0 {
+		t.Fatalf("a/b table without twins: %q", b.String())
+	}
+}

@@ -241,7 +241,7 @@ type idemNodes struct {
 // shape (three replicas; four shards there, shards here) on free loopback
 // ports, and waits until the nodes' leader balancing has spread the shards'
 // leaders.
-func (l *lab) startIdem3(ctx context.Context, name string, shards int, extra ...string) (*idemNodes, error) {
+func (l *lab) startIdem3(ctx context.Context, name, bin string, shards int, extra ...string) (*idemNodes, error) {
 	dir, err := l.sub(name)
 	if err != nil {
 		return nil, err
@@ -270,7 +270,7 @@ func (l *lab) startIdem3(ctx context.Context, name string, shards int, extra ...
 			n.pprof = append(n.pprof, loopback(ports[9+i]))
 			args = append(args, "--pprof-addr", n.pprof[i])
 		}
-		p, err := l.ps.start("idemnode "+name+" "+id, filepath.Join(l.dir, name+"-"+id+".log"), nil, syscall.SIGTERM, l.idemnode, args...)
+		p, err := l.ps.start("idemnode "+name+" "+id, filepath.Join(l.dir, name+"-"+id+".log"), nil, syscall.SIGTERM, bin, args...)
 		if err != nil {
 			return nil, err
 		}
@@ -280,7 +280,7 @@ func (l *lab) startIdem3(ctx context.Context, name string, shards int, extra ...
 }
 
 // startIdem1 starts a one-node dev node.
-func (l *lab) startIdem1(ctx context.Context, name string, extra ...string) (*idemNodes, error) {
+func (l *lab) startIdem1(ctx context.Context, name, bin string, extra ...string) (*idemNodes, error) {
 	dir, err := l.sub(name)
 	if err != nil {
 		return nil, err
@@ -295,7 +295,7 @@ func (l *lab) startIdem1(ctx context.Context, name string, extra ...string) (*id
 		n.pprof = []string{loopback(ports[3])}
 		args = append(args, "--pprof-addr", n.pprof[0])
 	}
-	p, err := l.ps.start("idemnode "+name, filepath.Join(l.dir, name+".log"), nil, syscall.SIGTERM, l.idemnode, args...)
+	p, err := l.ps.start("idemnode "+name, filepath.Join(l.dir, name+".log"), nil, syscall.SIGTERM, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -417,7 +417,11 @@ func variant(extra []string) string {
 
 // idemSystem is one client of a started idem cluster.
 func (l *lab) idemSystem(name string, n *idemNodes, useGRPC bool) (*system, error) {
-	variant, _, _ := strings.Cut(name, "-")
+	base, isB := strings.CutSuffix(name, bSuffix)
+	variant, _, _ := strings.Cut(base, "-")
+	if isB {
+		variant += bSuffix
+	}
 	s := &system{name: name, procs: n.procs, pprof: n.pprof, http: n.http, variant: variant}
 	if useGRPC {
 		t, err := newIdemGRPC(n.grpc, l.body, l.cfg.RequestTimeout)
@@ -446,20 +450,28 @@ func (l *lab) startAll(ctx context.Context) ([]*system, error) {
 			s, err = l.startPostgres(ctx)
 		case sysEtcd:
 			s, err = l.startEtcd(ctx)
-		default: // idem<nodes>[pack]-<api>
-			variant, api, _ := strings.Cut(name, "-")
-			n := clusters[variant]
+		default: // idem<nodes>[s<shards>][pack]-<api>[@b]
+			base, isB := strings.CutSuffix(name, bSuffix)
+			variant, api, _ := strings.Cut(base, "-")
+			bin, cluster := l.idemnode, variant
+			if isB {
+				bin, cluster = l.cfg.IdemNodeB, variant+"-b"
+			}
+			n := clusters[cluster]
 			if n == nil {
 				extra := packArgs(variant)
 				if nodes, shards := idemShape(variant); nodes == 3 {
-					n, err = l.startIdem3(ctx, variant, shards, extra...)
+					n, err = l.startIdem3(ctx, cluster, bin, shards, extra...)
 				} else {
-					n, err = l.startIdem1(ctx, variant, extra...)
+					n, err = l.startIdem1(ctx, cluster, bin, extra...)
 				}
 				if err != nil {
 					break
 				}
-				clusters[variant] = n
+				if isB {
+					n.description += ", " + bin
+				}
+				clusters[cluster] = n
 			}
 			s, err = l.idemSystem(name, n, api == "grpc")
 		}

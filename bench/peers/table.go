@@ -234,3 +234,62 @@ func writeRace(w io.Writer, rs []raceResult) bool {
 	}
 	return all
 }
+
+// writeAB prints, for every idem system run with --idemnode-b, binary b
+// against binary a: per round the ratio of the twins' cycles/s and of their
+// server CPU per cycle (the twins of one round ran minutes apart at most,
+// so the ratio cancels most of the box's drift), as the median and the
+// range over rounds. It prints nothing without twins.
+func writeAB(w io.Writer, cells []cell, systems []string, concurrency []int) {
+	type key struct {
+		sys            string
+		clients, round int
+	}
+	byKey := map[key]cell{}
+	for _, c := range cells {
+		byKey[key{c.System, c.Clients, c.Round}] = c
+	}
+	header := false
+	for _, b := range systems {
+		a, isB := strings.CutSuffix(b, bSuffix)
+		if !isB {
+			continue
+		}
+		for _, clients := range concurrency {
+			var rates, cpus []float64
+			for round := 0; ; round++ {
+				ca, okA := byKey[key{a, clients, round}]
+				cb, okB := byKey[key{b, clients, round}]
+				if !okA || !okB {
+					break
+				}
+				if ca.rate() > 0 {
+					rates = append(rates, cb.rate()/ca.rate())
+				}
+				if ca.CPU > 0 && cb.CPU > 0 && ca.Cycles > 0 && cb.Cycles > 0 {
+					cpus = append(cpus, (float64(cb.CPU)/float64(cb.Cycles))/(float64(ca.CPU)/float64(ca.Cycles)))
+				}
+			}
+			if len(rates) == 0 {
+				continue
+			}
+			if !header {
+				fmt.Fprintln(w)
+				fmt.Fprintln(w, "| b / a (per round: median, range) | clients | rounds | cycles/s | server CPU/cycle |")
+				fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: |")
+				header = true
+			}
+			fmt.Fprintf(w, "| %s | %d | %d | %s | %s |\n", a, clients, len(rates), fmtRatios(rates), fmtRatios(cpus))
+		}
+	}
+}
+
+// fmtRatios prints the median of xs and their range, "?" for none.
+func fmtRatios(xs []float64) string {
+	if len(xs) == 0 {
+		return "?"
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return fmt.Sprintf("%.2f (%.2f-%.2f)", median(s), s[0], s[len(s)-1])
+}
