@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +39,19 @@ var allSystems = []string{sysIdem3GRPC, sysIdem3JSON, sysIdem3PackGRPC, sysIdem3
 var peers = []string{sysRedis, sysPostgres, sysEtcd}
 
 func isIdem(sys string) bool { return strings.HasPrefix(sys, "idem") }
+
+// regionShape is a three-node region with any shard count (idem3s3pack-grpc:
+// three shards, so the leaders spread one per node).
+var regionShape = regexp.MustCompile(`^idem3s([1-9][0-9]{0,2})(pack)?-(grpc|json)$`)
+
+func isRegionShape(sys string) bool {
+	m := regionShape.FindStringSubmatch(sys)
+	if m == nil {
+		return false
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n <= 256
+}
 
 // bSuffix names an idem system's twin run with --idemnode-b.
 const bSuffix = "@b"
@@ -92,7 +106,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured load before each cell")
 	fs.IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
 	fs.StringVar(&conc, "concurrency", "1,64,256", "comma-separated client `COUNTS`")
-	fs.StringVar(&systems, "systems", strings.Join(allSystems, ","), "comma-separated `SYSTEMS` to run: "+strings.Join(allSystems, ", "))
+	fs.StringVar(&systems, "systems", strings.Join(allSystems, ","), "comma-separated `SYSTEMS` to run: "+strings.Join(allSystems, ", ")+"; or a three-node region of any shard count, idem3s<shards>[pack]-<grpc|json>")
 	fs.IntVar(&cfg.BodyBytes, "body-bytes", 512, "size of the response each complete stores")
 	fs.IntVar(&cfg.RaceKeys, "race-keys", 20, "keys of the race phase per system (0: skip it)")
 	fs.IntVar(&cfg.RaceContenders, "race-contenders", 16, "concurrent reserves of each race key")
@@ -129,8 +143,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 	}
 	for _, s := range splitList(systems) {
-		if !slices.Contains(allSystems, s) {
-			errs = append(errs, fmt.Errorf("--systems: unknown system %q (known: %s)", s, strings.Join(allSystems, ", ")))
+		if !slices.Contains(allSystems, s) && !isRegionShape(s) {
+			errs = append(errs, fmt.Errorf("--systems: unknown system %q (known: %s; or any idem3s<shards>[pack]-<grpc|json>, 1..256 shards)", s, strings.Join(allSystems, ", ")))
 			continue
 		}
 		if !slices.Contains(cfg.Systems, s) {
@@ -138,7 +152,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 	}
 	// Rows follow the canonical order whatever order the flag gave.
-	slices.SortFunc(cfg.Systems, func(a, b string) int { return slices.Index(allSystems, a) - slices.Index(allSystems, b) })
+	// Other region shapes go after the listed idem systems, by shard count.
+	order := func(sys string) int {
+		if i := slices.Index(allSystems, sys); i >= 0 {
+			return 1000 * i
+		}
+		_, shards := idemShape(strings.SplitN(sys, "-", 2)[0])
+		return 1000*slices.Index(allSystems, sysRedis) - 500 + shards
+	}
+	slices.SortStableFunc(cfg.Systems, func(a, b string) int { return order(a) - order(b) })
 	if cfg.IdemNodeB != "" {
 		var with []string
 		for _, sys := range cfg.Systems {

@@ -14,7 +14,8 @@
 //	go run . --idemnode /tmp/a --idemnode-b /tmp/b --systems idem3pack-grpc --rounds 6   # A/B two builds
 //
 // An idem system is idem<nodes>[s<shards>][pack]-<api>: idem3 a three-node
-// region, idem1 a dev node; s1 one shard per region instead of four; pack
+// region, idem1 a dev node; s1 one shard per region instead of four (any
+// count works for a region: idem3s3pack-grpc has three, one leader per node); pack
 // runs --raft-pack-commands=on, the others =off. Before measuring a
 // three-node region it waits until the nodes' leader balancing has spread
 // the shards' leaders (a cell measured while leaderships move measures the

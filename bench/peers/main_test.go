@@ -275,3 +275,18 @@ func TestWriteABPairsRounds(t *testing.T) {
 		t.Fatalf("a/b table without twins: %q", b.String())
 	}
 }
+
+func TestRegionShapes(t *testing.T) {
+	cfg, err := parseFlags([]string{"--systems", "redis,idem3s6pack-grpc,idem3pack-grpc,idem3s3-json"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"idem3pack-grpc", "idem3s3-json", "idem3s6pack-grpc", "redis"}; !slices.Equal(cfg.Systems, want) {
+		t.Fatalf("systems %v, want %v", cfg.Systems, want)
+	}
+	for _, bad := range []string{"idem3s0pack-grpc", "idem3s300-grpc", "idem1s3-grpc", "idem3s3-http", "idem3s3packed-grpc"} {
+		if _, err := parseFlags([]string{"--systems", bad}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "unknown system") {
+			t.Errorf("--systems %s: %v", bad, err)
+		}
+	}
+}
