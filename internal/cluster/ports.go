@@ -78,13 +78,52 @@ func release(p int) {
 	}
 }
 
+// ephemeralPorts is FreePorts for a machine whose ephemeral range leaves
+// too little room below it: ports the kernel hands out for :0, all held at
+// once (so none repeats) and reserved like the others.
+func ephemeralPorts(n int) ([]int, error) {
+	var out []int
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for tries := 0; len(out) < n && tries < 20*n; tries++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			break
+		}
+		lns = append(lns, ln)
+		p := ln.Addr().(*net.TCPAddr).Port
+		ok, err := reserve(p)
+		if err != nil {
+			for _, q := range out {
+				release(q)
+			}
+			return nil, err
+		}
+		if ok {
+			out = append(out, p)
+		}
+	}
+	if len(out) < n {
+		for _, q := range out {
+			release(q)
+		}
+		return nil, fmt.Errorf("cluster: found only %d of %d free ports", len(out), n)
+	}
+	return out, nil
+}
+
 // FreePorts returns n distinct TCP ports on 127.0.0.1 that were free when
 // it looked, reserved for this process (see reserved) so no other caller of
 // FreePorts, here or in another process, gets them. It picks them at random
 // below the kernel's ephemeral range: listeners on :0 and outgoing
 // connections draw from that range, so a port picked there could be taken
 // by another process (or this one) before the idem process that is meant to
-// bind it starts.
+// bind it starts. It falls back to ephemeral ports when the range leaves no
+// room below it.
 func FreePorts(n int) ([]int, error) {
 	low := 32768
 	if data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
@@ -95,7 +134,7 @@ func FreePorts(n int) ([]int, error) {
 	}
 	const base = 10000
 	if low-base < 20*n {
-		return nil, fmt.Errorf("cluster: the ephemeral port range starts at %d, leaving too few ports below it for %d", low, n)
+		return ephemeralPorts(n)
 	}
 	var out []int
 	for tries := 0; len(out) < n && tries < 200*n; tries++ {

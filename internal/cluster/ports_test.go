@@ -114,3 +114,26 @@ func TestProbeProcessGivesUpWhenTheProcessExits(t *testing.T) {
 		t.Fatalf("the probe waited out its context: %v", err)
 	}
 }
+
+func TestEphemeralPortsAreReservedToo(t *testing.T) {
+	ports, err := ephemeralPorts(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ports {
+		if ok, err := reserve(p); ok || err != nil {
+			t.Fatalf("ephemeral port %d was not reserved (ok %v, err %v)", p, ok, err)
+		}
+	}
+	more, err := ephemeralPorts(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range more {
+		for _, q := range ports {
+			if p == q {
+				t.Fatalf("ephemeral port %d handed out twice", p)
+			}
+		}
+	}
+}
