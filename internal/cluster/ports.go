@@ -78,6 +78,12 @@ func release(p int) {
 	}
 }
 
+func releaseAll(ports []int) {
+	for _, p := range ports {
+		release(p)
+	}
+}
+
 // ephemeralPorts is FreePorts for a machine whose ephemeral range leaves
 // too little room below it: ports the kernel hands out for :0, all held at
 // once (so none repeats) and reserved like the others.
@@ -98,9 +104,7 @@ func ephemeralPorts(n int) ([]int, error) {
 		p := ln.Addr().(*net.TCPAddr).Port
 		ok, err := reserve(p)
 		if err != nil {
-			for _, q := range out {
-				release(q)
-			}
+			releaseAll(out)
 			return nil, err
 		}
 		if ok {
@@ -108,9 +112,7 @@ func ephemeralPorts(n int) ([]int, error) {
 		}
 	}
 	if len(out) < n {
-		for _, q := range out {
-			release(q)
-		}
+		releaseAll(out)
 		return nil, fmt.Errorf("cluster: found only %d of %d free ports", len(out), n)
 	}
 	return out, nil
@@ -141,9 +143,7 @@ func FreePorts(n int) ([]int, error) {
 		p := base + rand.IntN(low-base)
 		ok, err := reserve(p)
 		if err != nil {
-			for _, q := range out {
-				release(q)
-			}
+			releaseAll(out)
 			return nil, err
 		}
 		if !ok {
@@ -158,9 +158,7 @@ func FreePorts(n int) ([]int, error) {
 		out = append(out, p)
 	}
 	if len(out) < n {
-		for _, q := range out {
-			release(q)
-		}
+		releaseAll(out)
 		return nil, fmt.Errorf("cluster: found only %d of %d free ports", len(out), n)
 	}
 	return out, nil
