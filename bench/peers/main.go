@@ -113,6 +113,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 						return err
 					}
 				}
+				c.Timeline = nil // only the file needs it; a full run would keep millions of them
 				logf("round %d  %-11s c=%-4d %8.0f cycles/s  p50 %s ms  p99 %s ms  failed %d %s", round+1, s.name, clients, c.rate(), fmtMs(c.P50), fmtMs(c.P99), c.Failed, c.FirstErr)
 				if r := raftPerCycle(c.Raft, c.Cycles); r != "" {
 					logf("         %s", r)
