@@ -336,7 +336,9 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 	}
 	cands := f.candidates(shard, prefer)
 	if len(cands) == 0 {
-		return false, status.Errorf(codes.Unavailable, "shard %s: no other voter to forward to", shard.ID)
+		// Only this process votes in the shard (a dev node, a one-node
+		// region) and it does not lead it now: starting up, or unready.
+		return false, status.Errorf(codes.Unavailable, "shard %s has no leader right now and this node is its only voter: it is starting up or unready, see /readyz", shard.ID)
 	}
 	cached, _ := f.Leader(shard.ID)
 	ctx = metadata.AppendToOutgoingContext(ctx, HopsHeader, strconv.Itoa(hops+1))

@@ -169,3 +169,19 @@ func TestForwardHopLimit(t *testing.T) {
 		t.Fatalf("n-1 got %d calls, want the one forward", n1.calls.Load())
 	}
 }
+
+// TestForwardOnlyVoterSaysSo: on the shard's only voter, which does not
+// lead it (a dev node still electing itself), there is nobody to forward
+// to; the answer is Unavailable and says why, not a dial to nowhere.
+func TestForwardOnlyVoterSaysSo(t *testing.T) {
+	topo := &topology.Topology{Cluster: "fwd", Regions: []topology.Region{{Name: "r", Nodes: []topology.Node{{ID: "n-1", GRPCAddr: "127.0.0.1:1"}}}}}
+	f, err := NewForwarder(ForwarderConfig{Topology: topo, Self: "n-1", DialOptions: DefaultDialOptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	_, err = release(t, f, topology.Shard{ID: "r-0", HomeRegion: "r", Voters: []string{"n-1"}})
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "r-0 has no leader right now and this node is its only voter: it is starting up or unready") {
+		t.Fatalf("release on the only voter, not leading: %v, want ErrUnavailable saying the node is the only voter", err)
+	}
+}
