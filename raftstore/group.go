@@ -39,6 +39,13 @@ type Group struct {
 	lastLeaderID  string
 	leaderChanged chan struct{} // closed (and replaced) on every leader change
 
+	// readyApplied and readyMoved are the applied index a readiness check
+	// last saw while behind and when it changed; zero readyMoved: the last
+	// check found the group caught up (caughtUp).
+	readyMu      sync.Mutex
+	readyApplied uint64
+	readyMoved   time.Time
+
 	closed       atomic.Bool
 	closedCh     chan struct{}
 	shutdownOnce sync.Once
@@ -274,7 +281,40 @@ func (g *Group) caughtUp() (bool, uint64, uint64, error) {
 	commit := g.raft.CommitIndex()
 	target, err := g.fsmTarget(commit)
 	applied := g.fsm.applied.Load()
-	return err == nil && applied >= target, applied, commit, err
+	if err != nil {
+		return false, applied, commit, err
+	}
+	g.readyMu.Lock()
+	defer g.readyMu.Unlock()
+	if applied >= target {
+		g.readyMoved = time.Time{} // a later lag is a new one
+		return true, applied, commit, nil
+	}
+	now := time.Now()
+	if g.readyMoved.IsZero() || applied != g.readyApplied {
+		g.readyApplied, g.readyMoved = applied, now
+	}
+	return applyLagOK(target-applied, now.Sub(g.readyMoved)), applied, commit, nil
+}
+
+// A replica learns that an entry is committed a moment before it applies
+// it, so under load every replica is usually an entry or two behind the
+// commit index it knows. That is caught up for readiness: a probe that
+// required applied >= commit answered 503 to 4-6% of probes on every node
+// of a loaded region (a load balancer would drop healthy nodes). A replica
+// counts as caught up while it lags by at most readyLagEntries entries and
+// its applied index moved within readyLagGrace (checked at the probes): one
+// replaying a long log after a restart, or whose state machine stalls, is
+// not ready.
+const (
+	readyLagEntries = 16
+	readyLagGrace   = 2 * time.Second
+)
+
+// applyLagOK is that rule: lag entries behind, the applied index last
+// moved stalled ago.
+func applyLagOK(lag uint64, stalled time.Duration) bool {
+	return lag <= readyLagEntries && stalled < readyLagGrace
 }
 
 // IsLeader reports whether this node currently believes it leads the group.
