@@ -34,7 +34,10 @@ type gatedKV struct {
 }
 
 func (s *gatedKV) Apply(index uint64, data []byte) any {
-	s.entered <- index
+	select {
+	case s.entered <- index:
+	default: // only the first is waited for
+	}
 	<-s.gate
 	return s.kvSM.Apply(index, data)
 }
@@ -82,8 +85,6 @@ func TestReadyToleratesApplyLagButNotAStall(t *testing.T) {
 		t.Fatalf("Ready while an entry behind: %v", err)
 	}
 	time.Sleep(readyLagGrace + 100*time.Millisecond)
-	ok, a, c, err := g.caughtUp()
-	t.Logf("after the stall: ok %v applied %d commit %d err %v", ok, a, c, err)
 	if err := h.Ready(); !errors.Is(err, ErrNotReady) {
 		t.Fatalf("Ready after the state machine stalled for %v: %v, want ErrNotReady", readyLagGrace, err)
 	}
