@@ -15,7 +15,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/internal/gctune"
 	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/raftstore"
@@ -55,6 +55,7 @@ type options struct {
 	trailingLogs     uint64
 	maxClockOffset   time.Duration
 	diskReserve      uint64
+	gcHeadroom       uint64
 	testClockOffset  time.Duration
 	testFailCommits  uint64
 	testCrashRestore int
@@ -100,6 +101,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.DurationVar(&o.clockSkewMargin, "clock-skew-margin", time.Second, "how long past a lease's end before another caller may reclaim the key")
 	fs.DurationVar(&o.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "largest offset `D` of this node's clock from its peers' (measured on node-to-node gRPC): past it the node leads no shard and is not ready; 0 turns the check off; not used in --dev")
 	fs.Uint64Var(&o.diskReserve, "disk-reserve-bytes", 0, "free `BYTES` kept on the data dir's filesystem: below it, writes that add data (a reserve of a new key, a complete) get 429 and resume by themselves when space returns (0: 5% of the filesystem, at most 1 GiB)")
+	fs.Uint64Var(&o.gcHeadroom, "gc-headroom-bytes", defaultGCHeadroom, "let the Go heap grow by at least `BYTES` past what the last garbage collection found live before the next (the node collects at GOGC=50, or later while 50% of the live heap is less than this); 0: GOGC=50 alone. GOGC in the environment replaces both")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
 	fs.Uint64Var(&o.snapshotEvery, "snapshot-threshold", 0, "take a Raft snapshot of a shard after this many new log `ENTRIES` (0: the default, 8192)")
@@ -148,13 +150,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Logger = logger
 	if os.Getenv("GOGC") == "" {
-		// Most of a node's heap is the state engine's block cache and
-		// memtables (pebble allocates them on the Go heap in a static
-		// CGO_ENABLED=0 build): long-lived and pointer-free, cheap to mark.
+		// In a static CGO_ENABLED=0 build most of a warm node's heap is the
+		// state engine's block cache and memtables (pebble allocates them on
+		// the Go heap there): long-lived and pointer-free, cheap to mark.
 		// Go's default (GOGC=100) lets the heap grow to twice what is live
 		// before collecting, which at 10M retained records put RSS at 600
-		// MiB; this keeps it near what is live. GOGC in the environment wins.
-		debug.SetGCPercent(defaultGCPercent)
+		// MiB; GOGC=50 keeps it nearer what is live. A small live heap (a
+		// cgo build, a cold cache) gets --gc-headroom-bytes of room instead,
+		// or it would collect several times a second under load
+		// (internal/gctune). GOGC in the environment wins.
+		tuner := gctune.Start(gctune.Config{Percent: defaultGCPercent, Headroom: o.gcHeadroom, Logger: logger})
+		defer tuner.Stop()
+	} else {
+		logger.Info("garbage collector left to GOGC from the environment", "gogc", os.Getenv("GOGC"))
 	}
 	if o.testCrashRestore > 0 {
 		cfg.TestingRestoreFault = &statedb.RestoreFault{AfterRecords: o.testCrashRestore, Crash: func(shard string, n int) {
@@ -190,8 +198,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // restoreCrashExitStatus is the exit status of --testing-crash-during-restore.
 const restoreCrashExitStatus = 86
 
-// defaultGCPercent is the node's GOGC unless the environment sets one.
-const defaultGCPercent = 50
+// defaultGCPercent is the node's GOGC for a large live heap, and
+// defaultGCHeadroom the least room between collections (--gc-headroom-bytes),
+// unless the environment sets GOGC.
+const (
+	defaultGCPercent  = 50
+	defaultGCHeadroom = 128 << 20
+)
 
 // faultInjectionEnv must be "1" in the environment for any --testing-* flag.
 const faultInjectionEnv = "IDEM_ENABLE_FAULT_INJECTION"

@@ -37,6 +37,8 @@ func TestRunFlags(t *testing.T) {
 		{Name: "missing file", Args: []string{"--config", filepath.Join(dir, "nope.yaml"), "--id", "a"}, WantErr: "nope.yaml"},
 		{Name: "invalid topology", Args: []string{"--config", badTopo, "--id", "a"}, WantErr: "shards_per_region"},
 		{Name: "bad margin", Args: []string{"--dev", "--clock-skew-margin", "-1s"}, WantErr: "--clock-skew-margin must not be negative"},
+		{Name: "negative gc headroom", Args: []string{"--dev", "--gc-headroom-bytes", "-1"}, WantErr: `invalid value "-1" for flag -gc-headroom-bytes`},
+		{Name: "help names the gc headroom", Args: []string{"--help"}, WantOut: "--gc-headroom-bytes BYTES"},
 		{Name: "bad max response", Args: []string{"--dev", "--max-response-bytes", "0"}, WantErr: "--max-response-bytes must be positive"},
 		{Name: "testing flag without the environment", Args: []string{"--dev", "--testing-fail-log-commits-after", "3"}, WantErr: "IDEM_ENABLE_FAULT_INJECTION=1"},
 		{Name: "crash flag without the environment", Args: []string{"--dev", "--testing-crash-during-restore", "5"}, WantErr: "--testing-crash-during-restore=5: fault injection for tests only"},
@@ -120,8 +122,14 @@ func TestDevModeEndToEnd(t *testing.T) {
 
 	// Liveness and metrics.
 	ok(api.Do(ctx, "GET", "/healthz", nil))
-	if m := ok(api.Do(ctx, "GET", "/metrics", nil)); !bytes.Contains(m.Raw, []byte("idem_")) {
+	m := ok(api.Do(ctx, "GET", "/metrics", nil))
+	if !bytes.Contains(m.Raw, []byte("idem_")) {
 		t.Fatal("/metrics has no idem_ metrics")
+	}
+	// The collector is paced for a small live heap (internal/gctune): more
+	// room than the node's GOGC=50 gives it.
+	if g, err := cluster.MetricSum(ctx, httpAddr, "go_gc_gogc_percent"); err != nil || g <= 50 {
+		t.Fatalf("go_gc_gogc_percent %v: the dev node's small heap should get --gc-headroom-bytes of room, GOGC above 50 (%v)", g, err)
 	}
 
 	// Reserve outcomes.
@@ -228,4 +236,37 @@ func TestDevModeEndToEnd(t *testing.T) {
 		t.Fatalf("SIGTERM: %v", err)
 	}
 	t.Logf("drained in %s", time.Since(stopped))
+}
+
+// GOGC in the environment replaces the node's pacing (GOGC=50 and the
+// --gc-headroom-bytes room) entirely.
+func TestGOGCFromTheEnvironmentWins(t *testing.T) {
+	ports, err := cluster.FreePorts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	dir := t.TempDir()
+	p := &cluster.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Env: []string{"GOGC=80"}, Args: []string{
+		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
+		"--grpc-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:" + strconv.Itoa(ports[2]),
+	}}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Kill() })
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := cluster.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
+		data, _ := os.ReadFile(p.Log)
+		t.Fatalf("%v\n%s", err, data)
+	}
+	// Collections meanwhile would have moved a tuner's GOGC off 80.
+	if g, err := cluster.MetricSum(ctx, httpAddr, "go_gc_gogc_percent"); err != nil || g != 80 {
+		t.Fatalf("go_gc_gogc_percent %v (%v), want the environment's 80", g, err)
+	}
+	data, _ := os.ReadFile(p.Log)
+	if !bytes.Contains(data, []byte("garbage collector left to GOGC from the environment")) {
+		t.Fatalf("the log does not say GOGC came from the environment:\n%s", data)
+	}
 }
