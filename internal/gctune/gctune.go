@@ -9,8 +9,8 @@
 // pebble allocates them in C, or a cold cache: 20-50 MiB). The node runs
 // GOGC=50 so that a warm cache does not double its resident memory; with a
 // small live heap that same 50% is 10-25 MiB, which a node under load
-// allocates in a few milliseconds, so it collected several times a second
-// (about a tenth of its CPU, raftstore/DESIGN.md "Profiles"). The headroom
+// allocates several times a second (the collector took about a tenth of
+// its CPU, raftstore/DESIGN.md "Profiles"). The headroom
 // keeps the room at least Headroom bytes while leaving a large heap at
 // Percent: a heap never grows past max(live*(1+Percent/100), live+Headroom).
 //
