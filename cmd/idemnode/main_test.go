@@ -238,19 +238,21 @@ func TestDevModeEndToEnd(t *testing.T) {
 	t.Logf("drained in %s", time.Since(stopped))
 }
 
-// GOGC in the environment replaces the node's pacing (GOGC=50 and the
-// --gc-headroom-bytes room) entirely.
-func TestGOGCFromTheEnvironmentWins(t *testing.T) {
+// startDev starts a dev node on free loopback ports with env added to its
+// environment and extra flags, and waits until it is ready; it is killed
+// when the test ends. It returns the node's HTTP address and process.
+func startDev(t *testing.T, env []string, extra ...string) (string, *cluster.Process) {
+	t.Helper()
 	ports, err := cluster.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	httpAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
 	dir := t.TempDir()
-	p := &cluster.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Env: []string{"GOGC=80"}, Args: []string{
+	p := &cluster.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Env: env, Args: append([]string{
 		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
 		"--grpc-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:" + strconv.Itoa(ports[2]),
-	}}
+	}, extra...)}
 	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -261,8 +263,15 @@ func TestGOGCFromTheEnvironmentWins(t *testing.T) {
 		data, _ := os.ReadFile(p.Log)
 		t.Fatalf("%v\n%s", err, data)
 	}
+	return httpAddr, p
+}
+
+// GOGC in the environment replaces the node's pacing (GOGC=50 and the
+// --gc-headroom-bytes room) entirely.
+func TestGOGCFromTheEnvironmentWins(t *testing.T) {
+	httpAddr, p := startDev(t, []string{"GOGC=80"})
 	// Collections meanwhile would have moved a tuner's GOGC off 80.
-	if g, err := cluster.MetricSum(ctx, httpAddr, "go_gc_gogc_percent"); err != nil || g != 80 {
+	if g, err := cluster.MetricSum(t.Context(), httpAddr, "go_gc_gogc_percent"); err != nil || g != 80 {
 		t.Fatalf("go_gc_gogc_percent %v (%v), want the environment's 80", g, err)
 	}
 	data, _ := os.ReadFile(p.Log)

@@ -4,9 +4,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -17,27 +14,9 @@ import (
 // byte of a body hold the node only until --http-read-timeout; a normal
 // request is answered meanwhile, and every slow connection is closed.
 func TestSlowClientsAreCutOff(t *testing.T) {
-	ports, err := cluster.FreePorts(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
-	dir := t.TempDir()
-	p := &cluster.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Args: []string{
-		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
-		"--grpc-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:" + strconv.Itoa(ports[2]),
-		"--http-read-timeout", "2s",
-	}}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Kill() })
+	httpAddr, _ := startDev(t, nil, "--http-read-timeout", "2s")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if err := cluster.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
-		data, _ := os.ReadFile(p.Log)
-		t.Fatalf("%v\n%s", err, data)
-	}
 
 	const slow = 200
 	conns := make([]net.Conn, 0, slow)
