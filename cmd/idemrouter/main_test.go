@@ -20,6 +20,8 @@ func TestRunFlags(t *testing.T) {
 		{Name: "help", Args: []string{"--help"}, WantOut: "--request-timeout"},
 		{Name: "help lists region", Args: []string{"-h"}, WantOut: "--region NAME"},
 		{Name: "version", Args: []string{"--version"}, WantOut: "idemrouter v"},
+		{Name: "help names the gc headroom", Args: []string{"--help"}, WantOut: "--gc-headroom-bytes BYTES"},
+		{Name: "negative gc headroom", Args: []string{"--config", good, "--region", "r1", "--gc-headroom-bytes", "-1"}, WantErr: `invalid value "-1" for flag -gc-headroom-bytes`},
 		{Name: "nothing", Args: nil, WantErr: "--config FILE is required"},
 		{Name: "no region", Args: []string{"--config", good}, WantErr: "--region NAME is required"},
 		{Name: "unknown region", Args: []string{"--config", good, "--region", "mars"}, WantErr: `--region "mars" is not a region of`},

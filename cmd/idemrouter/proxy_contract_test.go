@@ -143,6 +143,11 @@ func TestProxyContractThroughTheBinary(t *testing.T) {
 	if status, _, body := send(def.HTTPAddr, "GET", "/metrics", "", ""); status != 200 || !strings.Contains(body, "idem_") {
 		t.Fatalf("router's own /metrics on --http-addr: %d", status)
 	}
+	// The router's few MiB of live heap get --gc-headroom-bytes of room
+	// (internal/gctune): GOGC above Go's 100.
+	if g, err := cluster.MetricSum(t.Context(), def.HTTPAddr, "go_gc_gogc_percent"); err != nil || g <= 100 {
+		t.Fatalf("router's go_gc_gogc_percent %v (%v), want above 100", g, err)
+	}
 	if status, _, _ := send(def.HTTPAddr, "GET", "/healthz", "", ""); status != 200 {
 		t.Fatalf("router's own /healthz: %d", status)
 	}
