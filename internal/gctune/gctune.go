@@ -15,7 +15,7 @@
 // keeps the room at least Headroom bytes while leaving a large heap at
 // Percent: a heap never grows past max(live*(1+Percent/100), live+Headroom).
 // idemrouter keeps no cache: its live heap is a few MiB at GOGC=100, which
-// under load collected about 18 times a second.
+// under load collected about 17 times a second.
 //
 // The tuner reads the live heap after every collection (a finalizer of a
 // sentinel object runs once per cycle) and sets GOGC for the next one with
