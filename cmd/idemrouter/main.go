@@ -94,7 +94,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
-	fs.Uint64Var(&o.gcHeadroom, "gc-headroom-bytes", defaultGCHeadroom, "let the Go heap grow by at least `BYTES` past what the last garbage collection found live before the next (Go collects at GOGC=100, which for a router's few MiB of live heap is dozens of times a second under load); 0: GOGC=100 alone. GOGC in the environment replaces both")
+	fs.Uint64Var(&o.gcHeadroom, "gc-headroom-bytes", defaultGCHeadroom, "let the Go heap grow by at least `BYTES` past what the last garbage collection found live before the next (Go collects at GOGC=100, which for a router's few MiB of live heap is over a dozen times a second under load); 0: GOGC=100 alone. GOGC in the environment replaces both")
 	fs.StringVar(&o.upstream, "upstream", "", "proxy mode: the `URL` of the service to put idem in front of")
 	fs.StringVar(&o.proxyAddr, "proxy-addr", "127.0.0.1:8088", "proxy mode: `HOST:PORT` where clients send their API traffic")
 	fs.BoolVar(&o.requireKey, "require-key", false, "proxy mode: a POST or PATCH without Idempotency-Key gets 400")
