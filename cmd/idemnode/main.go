@@ -23,7 +23,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idem-dev/idem/internal/cli"
-	"github.com/idem-dev/idem/internal/gctune"
 	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/raftstore"
@@ -149,21 +148,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg.Logger = logger
-	if os.Getenv("GOGC") == "" {
-		// In a static CGO_ENABLED=0 build most of a warm node's heap is the
-		// state engine's block cache and memtables (pebble allocates them on
-		// the Go heap there): long-lived and pointer-free, cheap to mark.
-		// Go's default (GOGC=100) lets the heap grow to twice what is live
-		// before collecting, which at 10M retained records put RSS at 600
-		// MiB; GOGC=50 keeps it nearer what is live. A small live heap (a
-		// cgo build, a cold cache) gets --gc-headroom-bytes of room instead,
-		// or it would collect several times a second under load
-		// (internal/gctune). GOGC in the environment wins.
-		tuner := gctune.Start(gctune.Config{Percent: defaultGCPercent, Headroom: o.gcHeadroom, Logger: logger})
-		defer tuner.Stop()
-	} else {
-		logger.Info("garbage collector left to GOGC from the environment", "gogc", os.Getenv("GOGC"))
-	}
+	// In a static CGO_ENABLED=0 build most of a warm node's heap is the
+	// state engine's block cache and memtables (pebble allocates them on
+	// the Go heap there): long-lived and pointer-free, cheap to mark.
+	// Go's default (GOGC=100) lets the heap grow to twice what is live
+	// before collecting, which at 10M retained records put RSS at 600
+	// MiB; GOGC=50 keeps it nearer what is live. A small live heap (a
+	// cgo build, a cold cache) gets --gc-headroom-bytes of room instead,
+	// or it would collect several times a second under load
+	// (internal/gctune). GOGC in the environment wins.
+	defer cli.PaceGC(logger, defaultGCPercent, o.gcHeadroom)()
 	if o.testCrashRestore > 0 {
 		cfg.TestingRestoreFault = &statedb.RestoreFault{AfterRecords: o.testCrashRestore, Crash: func(shard string, n int) {
 			logger.Error("FAULT INJECTION: crashing during a snapshot restore (--testing-crash-during-restore)",

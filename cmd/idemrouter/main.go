@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idem-dev/idem/internal/cli"
-	"github.com/idem-dev/idem/internal/gctune"
 	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/router"
@@ -184,12 +183,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if os.Getenv("GOGC") == "" {
-		tuner := gctune.Start(gctune.Config{Percent: 100, Headroom: o.gcHeadroom, Logger: logger})
-		defer tuner.Stop()
-	} else {
-		logger.Info("garbage collector left to GOGC from the environment", "gogc", os.Getenv("GOGC"))
-	}
+	// Go's GOGC=100 for a large live heap; a router's is a few MiB.
+	defer cli.PaceGC(logger, 100, o.gcHeadroom)()
 	cfg.Logger = logger.With("region", o.region)
 	cfg.Registry = prometheus.NewRegistry()
 	cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -1,5 +1,6 @@
 // Package cli holds what idem's commands share: GNU-style flag help, one-line
-// errors and the slog logger set up from flags.
+// errors, the slog logger set up from flags, and the garbage collector's
+// pacing (PaceGC).
 package cli
 
 import (

@@ -57,12 +57,12 @@ type Config struct {
 // Tuner adjusts GOGC after every collection; Stop ends it.
 type Tuner struct {
 	cfg     Config
-	prev    int // GOGC before Start, restored by Stop
-	stopped atomic.Bool
+	prev    int          // GOGC before Start, restored by Stop
 	percent atomic.Int64 // GOGC set last
 	tunes   atomic.Uint64
 	sample  []metrics.Sample
-	mu      sync.Mutex // serializes tune with Stop
+	mu      sync.Mutex // serializes tune with Stop; guards stopped
+	stopped bool
 
 	// setPercent is debug.SetGCPercent; liveHeap reads the live heap.
 	setPercent func(int) int
@@ -140,7 +140,7 @@ func (t *Tuner) arm() {
 func (t *Tuner) tune() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.stopped.Load() {
+	if t.stopped {
 		return false
 	}
 	p := PercentFor(t.liveHeap(), t.cfg.Headroom, t.cfg.Percent)
@@ -167,8 +167,9 @@ func (t *Tuner) Percent() int { return int(t.percent.Load()) }
 func (t *Tuner) Stop() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.stopped.Swap(true) {
+	if t.stopped {
 		return
 	}
+	t.stopped = true
 	t.setPercent(t.prev)
 }
