@@ -26,7 +26,7 @@ type Group struct {
 	store    groupStore // own bolt file, or the host's pebble or shared bolt log
 	logStore string     // which of them: a LogStore* value
 	snaps    *raft.FileSnapshotStore
-	trans    *raft.NetworkTransport
+	trans    *gatedTransport
 	stream   *streamLayer
 	metrics  *groupMetrics
 	buf      *propBuffer // nil unless Config.Packer is set
@@ -648,6 +648,9 @@ func (g *Group) shutdown() error {
 		g.raft.DeregisterObserver(g.observer)
 		close(g.obsCh)
 		<-g.obsDone
+		// No heartbeat may reach raft's log store from here on: raft does
+		// not wait for one in flight on the transport (hbgate.go).
+		g.trans.gate.close()
 		g.trans.CloseStreams()
 		if err := g.trans.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("transport: %w", err))

@@ -204,7 +204,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	for _, p := range gc.Voters {
 		addrs[raft.ServerID(p.ID)] = raft.ServerAddress(p.Addr)
 	}
-	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	trans := &gatedTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  stream,
 		MaxPool: transportMaxPool,
 		// 1 turns pipelined replication off (DESIGN.md, "Replication
@@ -217,7 +217,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		Timeout:               transportTimeout,
 		Logger:                rlog.Named("raft-net"),
 		ServerAddressProvider: addrs,
-	})
+	})}
 	cleanup = append(cleanup, func() { trans.Close() })
 
 	rc := raft.DefaultConfig()
