@@ -62,6 +62,17 @@
 // connection per node, each request sent to its shard's leader: the client's
 // default routing) and net/http keep-alive for idem's JSON API.
 //
+// Before the rounds (before any server starts) and again after them, it
+// measures what this machine charges for the kernel work every store in the
+// run does per operation, and prints it above the table ("Host before the
+// rounds: ..."): a trivial system call, a wake-up round trip between two
+// threads, a 700-byte append + fdatasync in the work directory (wall and CPU
+// time), and the first touch of a fresh page. On a virtual machine these are
+// many times their bare-metal cost and move from hour to hour; the stores
+// compared pay them in different numbers per cycle (fsyncs, context
+// switches), so the ratios of a run are to be read with them
+// (raftstore/DESIGN.md, "What this VM charges for kernel work").
+//
 // Every process runs in its own process group with a parent-death signal,
 // and is stopped (SIGTERM; PostgreSQL SIGINT, its fast shutdown) at the end,
 // on failure and on Ctrl-C. It is its own Go module so that its clients stay

@@ -53,6 +53,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	// What the kernel work costs on this box right now, before any server
+	// runs (and again after the rounds, below): see hostCosts.
+	hostBefore := hostLine(dir)
 	l := &lab{cfg: cfg, dir: dir, logf: logf, maxConns: max(16, slicesMax(cfg.Concurrency)), body: responseBody(cfg.BodyBytes)}
 	defer l.ps.stopAll() // on success, failure and Ctrl-C alike
 	l.idemnode = cfg.IdemNode
@@ -78,6 +81,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		fmt.Fprintf(stdout, "  %-11s %s\n", s.name, s.detail)
 	}
 	fmt.Fprintln(stdout, "All on 127.0.0.1; clients and servers share this machine's CPUs. server CPU/cycle: user+system time of the system's own processes per cycle; client CPU/cycle: this process's (the clients').")
+	fmt.Fprintf(stdout, "Host before the rounds: %s\n", hostBefore)
 
 	var cells []cell
 	for round := range cfg.Rounds {
@@ -129,6 +133,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	for i, s := range systems {
 		names[i] = s.name
 	}
+	fmt.Fprintf(stdout, "Host after the rounds: %s\n", hostLine(dir))
 	fmt.Fprintln(stdout)
 	writeTable(stdout, rows(cells, names, cfg.Concurrency), cfg.Rounds)
 	writeAB(stdout, cells, names, cfg.Concurrency)
@@ -155,6 +160,16 @@ func hasIdem(systems []string) bool {
 		}
 	}
 	return false
+}
+
+// hostLine measures hostCosts with the synced appends in dir; a failed
+// measurement is reported in the line, not fatal to the run.
+func hostLine(dir string) string {
+	h, err := measureHost(dir, defaultHostLimits)
+	if err != nil {
+		return "not measured: " + err.Error()
+	}
+	return h.String()
 }
 
 func slicesMax(xs []int) int {
