@@ -33,7 +33,14 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "v0.1.0-dev"
 
-func main() { cli.Main("idemnode", run) }
+// sysmon is what cli.KeepSysmonAwake found at start (zero when run is
+// called in-process, as tests do), logged once the logger exists.
+var sysmon cli.SysmonState
+
+func main() {
+	sysmon = cli.KeepSysmonAwake() // re-executes once with GODEBUG set; see its doc
+	cli.Main("idemnode", run)
+}
 
 type options struct {
 	dev              bool
@@ -158,6 +165,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// or it would collect several times a second under load
 	// (internal/gctune). GOGC in the environment wins.
 	defer cli.PaceGC(logger, defaultGCPercent, o.gcHeadroom)()
+	sysmon.Log(logger)
 	if o.testCrashRestore > 0 {
 		cfg.TestingRestoreFault = &statedb.RestoreFault{AfterRecords: o.testCrashRestore, Crash: func(shard string, n int) {
 			logger.Error("FAULT INJECTION: crashing during a snapshot restore (--testing-crash-during-restore)",

@@ -4,15 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/node"
@@ -264,6 +267,51 @@ func startDev(t *testing.T, env []string, extra ...string) (string, *cluster.Pro
 		t.Fatalf("%v\n%s", err, data)
 	}
 	return httpAddr, p
+}
+
+// idemnode re-executes itself once with GODEBUG's schedtrace added, which
+// keeps Go's system monitor out of its deep sleep (internal/cli,
+// sysmon.go): the same process then runs with the setting in its
+// environment, the operator's other GODEBUG settings kept, and says so.
+func TestSysmonKeptAwake(t *testing.T) {
+	if os.Getenv("GODEBUG") != "" {
+		t.Skip("GODEBUG is set in the test's environment; the node would read that one first")
+	}
+	_, p := startDev(t, []string{"GODEBUG=gctrace=0"})
+	if env := environOf(t, p.Pid()); !slices.Contains(env, "GODEBUG=gctrace=0,"+cli.SysmonSetting) {
+		t.Fatalf("the node's environment lacks GODEBUG=gctrace=0,%s: %q", cli.SysmonSetting, env)
+	}
+	data, _ := os.ReadFile(p.Log)
+	if !bytes.Contains(data, []byte("system monitor kept out of its deep sleep")) {
+		t.Fatalf("the log does not say the system monitor is kept awake:\n%s", data)
+	}
+}
+
+// GODEBUG=schedtrace=0 in the environment is the operator's opt-out: no
+// re-execution, Go's own behaviour, logged.
+func TestSysmonOptOut(t *testing.T) {
+	if os.Getenv("GODEBUG") != "" {
+		t.Skip("GODEBUG is set in the test's environment; the node would read that one first")
+	}
+	_, p := startDev(t, []string{"GODEBUG=schedtrace=0"})
+	env := environOf(t, p.Pid())
+	if !slices.Contains(env, "GODEBUG=schedtrace=0") || slices.Contains(env, "GODEBUG=schedtrace=0,"+cli.SysmonSetting) {
+		t.Fatalf("the node's GODEBUG is not the operator's schedtrace=0: %q", env)
+	}
+	data, _ := os.ReadFile(p.Log)
+	if !bytes.Contains(data, []byte(`system monitor left as Go runs it" reason="GODEBUG sets schedtrace=0"`)) {
+		t.Fatalf("the log does not say the operator's GODEBUG was kept:\n%s", data)
+	}
+}
+
+// environOf is the environment process pid runs with now (after any exec).
+func environOf(t *testing.T, pid int) []string {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
 }
 
 // GOGC in the environment replaces the node's pacing (GOGC=50 and the

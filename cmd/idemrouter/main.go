@@ -26,7 +26,14 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "v0.1.0-dev"
 
-func main() { cli.Main("idemrouter", run) }
+// sysmon is what cli.KeepSysmonAwake found at start (zero when run is
+// called in-process, as tests do), logged once the logger exists.
+var sysmon cli.SysmonState
+
+func main() {
+	sysmon = cli.KeepSysmonAwake() // re-executes once with GODEBUG set; see its doc
+	cli.Main("idemrouter", run)
+}
 
 type options struct {
 	config         string
@@ -185,6 +192,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// Go's GOGC=100 for a large live heap; a router's is a few MiB.
 	defer cli.PaceGC(logger, 100, o.gcHeadroom)()
+	sysmon.Log(logger)
 	cfg.Logger = logger.With("region", o.region)
 	cfg.Registry = prometheus.NewRegistry()
 	cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -184,6 +184,16 @@ func (p *Process) Start() error {
 	return nil
 }
 
+// Pid is the process's id (0 before Start).
+func (p *Process) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Running reports whether the process was started and has not exited.
 func (p *Process) Running() bool {
 	p.mu.Lock()
