@@ -20,7 +20,7 @@ import (
 // (a read, a write, an fdatasync) to start the next burst. So its sysmon
 // spends most of its life in 20 µs sleeps, each a nanosleep, a timer and
 // two context switches: on the 2-core VM this project is measured on, 42%
-// of all the context switches of a three-node region under load, and a
+// of the context switches of a one-shard region's nodes at 64 clients, and a
 // context switch with its wake-up costs ~10-20 µs of CPU there
 // (raftstore/DESIGN.md, "What this VM charges for kernel work").
 //
@@ -29,10 +29,13 @@ import (
 // set, sysmon never sleeps deeply, so nothing resets it, and it backs off
 // to 10 ms whenever it has no P to retake; it still wakes at 20 µs after
 // every P it does retake from a long system call, as before. schedtrace's
-// other effect is a line "SCHED ..." on stderr every schedtrace
-// milliseconds of the host's monotonic clock: at the largest value Go
-// accepts (2^31-1 ms, 24.8 days) that is one line at start on a host up
-// for longer than that, and one more every 24.8 days. GODEBUG is read once,
+// other effects: a line "SCHED ..." on stderr every schedtrace milliseconds
+// of the host's monotonic clock (at the largest value Go accepts, 2^31-1 ms
+// or 24.8 days, that is one line at start on a host up for longer than
+// that, and one more every 24.8 days); and on a fatal error or an
+// unrecovered panic, the runtime prints its scheduler's state (Ps, Ms and
+// one line per goroutine) before the usual panic message and stacks.
+// GODEBUG is read once,
 // before main runs, so the setting has to be in the environment the process
 // starts with: KeepSysmonAwake re-executes the program (the same binary,
 // arguments and process id) with it added, once.
