@@ -33,12 +33,8 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "v0.1.0-dev"
 
-// sysmon is what cli.KeepSysmonAwake found at start (zero when run is
-// called in-process, as tests do), logged once the logger exists.
-var sysmon cli.SysmonState
-
 func main() {
-	sysmon = cli.KeepSysmonAwake() // re-executes once with GODEBUG set; see its doc
+	cli.KeepSysmonAwake() // re-executes once with GODEBUG set; see its doc
 	cli.Main("idemnode", run)
 }
 
@@ -88,11 +84,7 @@ API on --grpc-addr, and Raft traffic for all its shards on --raft-addr. Any
 node accepts any key and forwards it to the leader of the key's shard. On
 SIGTERM it hands over leadership, drains and exits 0.
 
-At start it runs itself again, once, with GODEBUG=schedtrace=2147483647 added
-(same process id), which keeps Go's system monitor from waking every 20 µs
-after each idle spell: less CPU per request, most under light load (README,
-"Go's system monitor"). GODEBUG=schedtrace=0 keeps Go's behaviour.
-
+` + cli.SysmonUsage + `
 Flags:
 `
 
@@ -170,7 +162,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// or it would collect several times a second under load
 	// (internal/gctune). GOGC in the environment wins.
 	defer cli.PaceGC(logger, defaultGCPercent, o.gcHeadroom)()
-	sysmon.Log(logger)
+	cli.LogSysmon(logger)
 	if o.testCrashRestore > 0 {
 		cfg.TestingRestoreFault = &statedb.RestoreFault{AfterRecords: o.testCrashRestore, Crash: func(shard string, n int) {
 			logger.Error("FAULT INJECTION: crashing during a snapshot restore (--testing-crash-during-restore)",

@@ -26,12 +26,8 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "v0.1.0-dev"
 
-// sysmon is what cli.KeepSysmonAwake found at start (zero when run is
-// called in-process, as tests do), logged once the logger exists.
-var sysmon cli.SysmonState
-
 func main() {
-	sysmon = cli.KeepSysmonAwake() // re-executes once with GODEBUG set; see its doc
+	cli.KeepSysmonAwake() // re-executes once with GODEBUG set; see its doc
 	cli.Main("idemrouter", run)
 }
 
@@ -85,11 +81,7 @@ same key with another request 422 (problem+json); a retry with "Prefer:
 wait=N" waits up to N seconds (at most --max-wait) for the running one and
 replays its response. Other requests pass through untouched.
 
-At start it runs itself again, once, with GODEBUG=schedtrace=2147483647 added
-(same process id), which keeps Go's system monitor from waking every 20 µs
-after each idle spell: less CPU per request, most under light load (README,
-"Go's system monitor"). GODEBUG=schedtrace=0 keeps Go's behaviour.
-
+` + cli.SysmonUsage + `
 Flags:
 `
 
@@ -197,7 +189,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// Go's GOGC=100 for a large live heap; a router's is a few MiB.
 	defer cli.PaceGC(logger, 100, o.gcHeadroom)()
-	sysmon.Log(logger)
+	cli.LogSysmon(logger)
 	cfg.Logger = logger.With("region", o.region)
 	cfg.Registry = prometheus.NewRegistry()
 	cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -35,13 +35,27 @@ import (
 // that, and one more every 24.8 days); and on a fatal error or an
 // unrecovered panic, the runtime prints its scheduler's state (Ps, Ms and
 // one line per goroutine) before the usual panic message and stacks.
-// GODEBUG is read once,
-// before main runs, so the setting has to be in the environment the process
-// starts with: KeepSysmonAwake re-executes the program (the same binary,
-// arguments and process id) with it added, once.
+// GODEBUG is read once, before main runs, so the setting has to be in the
+// environment the process starts with: KeepSysmonAwake re-executes the
+// program (the same binary, arguments and process id) with it added, once.
 
 // SysmonSetting is what KeepSysmonAwake adds to GODEBUG.
 const SysmonSetting = "schedtrace=2147483647"
+
+// SysmonUsage is the paragraph of the servers' --help about it.
+const SysmonUsage = `At start it runs itself again, once, with GODEBUG=schedtrace=2147483647 added
+(same process id), which keeps Go's system monitor from waking every 20 µs
+after each idle spell: less CPU per request, most under light load (README,
+"Go's system monitor"). GODEBUG=schedtrace=0 keeps Go's behaviour.
+`
+
+// sysmon is what KeepSysmonAwake found at start: a fact about the process,
+// like its environment (zero when main did not call it, as in tests that
+// call a command's run in-process).
+var sysmon SysmonState
+
+// LogSysmon logs what KeepSysmonAwake found, once main has a logger.
+func LogSysmon(logger *slog.Logger) { sysmon.Log(logger) }
 
 // SysmonState says whether the process runs with sysmon kept out of its
 // deep sleep, and why.
@@ -66,9 +80,13 @@ func (s SysmonState) Log(logger *slog.Logger) {
 // added to GODEBUG, unless GODEBUG already sets schedtrace (any value: an
 // operator's choice, schedtrace=0 to keep Go's behaviour), or the program
 // runs on another OS than Linux. When it re-executes it does not return;
-// otherwise it returns what it found, for main to log once it has a
+// otherwise it records what it found, for LogSysmon once main has a
 // logger. Call it first thing in main, before any goroutine starts.
-func KeepSysmonAwake() SysmonState {
+func KeepSysmonAwake() {
+	sysmon = keepSysmonAwake()
+}
+
+func keepSysmonAwake() SysmonState {
 	env, reexec, state := sysmonEnv(os.Environ())
 	if !reexec {
 		return state
