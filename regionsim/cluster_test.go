@@ -117,10 +117,10 @@ func TestInterruptStopsEverything(t *testing.T) {
 		// Cancel once the scenario is under way: its first fault killed a
 		// node (down for at least 2 s), so the number of processes under the
 		// work dir fell below the most seen (every process started) and
-		// stayed there for three polls. One poll is not enough: idemnode and
-		// idemrouter re-execute themselves once at start (internal/cli,
-		// KeepSysmonAwake), and a process's cmdline can read empty for the
-		// instant of its exec.
+		// stayed there for three polls. One poll is not enough: a process's
+		// cmdline can read empty for the instant of an exec (the servers
+		// re-executed themselves at start in earlier builds; a launcher
+		// that execs may still).
 		deadline := time.Now().Add(2 * time.Minute)
 		most, below := 0, 0
 		for time.Now().Before(deadline) {

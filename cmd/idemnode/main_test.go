@@ -246,16 +246,27 @@ func TestDevModeEndToEnd(t *testing.T) {
 // when the test ends. It returns the node's HTTP address and process.
 func startDev(t *testing.T, env []string, extra ...string) (string, *cluster.Process) {
 	t.Helper()
+	return startDevVia(t, nil, env, extra...)
+}
+
+// startDevVia is startDev with the node started through launcher: a
+// command that ends by executing its arguments (nil: none).
+func startDevVia(t *testing.T, launcher []string, env []string, extra ...string) (string, *cluster.Process) {
+	t.Helper()
 	ports, err := cluster.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	httpAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
 	dir := t.TempDir()
-	p := &cluster.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Env: env, Args: append([]string{
+	bin, args := binaries["idemnode"], []string(nil)
+	if len(launcher) > 0 {
+		bin, args = launcher[0], append(slices.Clone(launcher[1:]), binaries["idemnode"])
+	}
+	p := &cluster.Process{Name: "dev", Bin: bin, Log: filepath.Join(dir, "dev.log"), Env: env, Args: append(append(args,
 		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
-		"--grpc-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:" + strconv.Itoa(ports[2]),
-	}, extra...)}
+		"--grpc-addr", "127.0.0.1:"+strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:"+strconv.Itoa(ports[2])),
+		extra...)}
 	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -269,38 +280,93 @@ func startDev(t *testing.T, env []string, extra ...string) (string, *cluster.Pro
 	return httpAddr, p
 }
 
-// idemnode re-executes itself once with GODEBUG's schedtrace added, which
-// keeps Go's system monitor out of its deep sleep (internal/cli,
-// sysmon.go): the same process then runs with the setting in its
-// environment, the operator's other GODEBUG settings kept, and says so.
-func TestSysmonKeptAwake(t *testing.T) {
+// idemnode runs as Go runs it: no re-execution, its environment as given
+// (the GODEBUG an operator set, nothing added), and no line about Go's
+// system monitor at start (internal/cli, sysmon.go).
+func TestSysmonLeftToGo(t *testing.T) {
 	if os.Getenv("GODEBUG") != "" {
 		t.Skip("GODEBUG is set in the test's environment; the node would read that one first")
 	}
 	_, p := startDev(t, []string{"GODEBUG=gctrace=0"})
-	if env := environOf(t, p.Pid()); !slices.Contains(env, "GODEBUG=gctrace=0,"+cli.SysmonSetting) {
-		t.Fatalf("the node's environment lacks GODEBUG=gctrace=0,%s: %q", cli.SysmonSetting, env)
+	env := environOf(t, p.Pid())
+	if !slices.Contains(env, "GODEBUG=gctrace=0") {
+		t.Fatalf("the node's GODEBUG is not the one it was given, gctrace=0: %q", env)
 	}
 	data, _ := os.ReadFile(p.Log)
-	if !bytes.Contains(data, []byte("system monitor kept out of its deep sleep")) {
-		t.Fatalf("the log does not say the system monitor is kept awake:\n%s", data)
+	if bytes.Contains(data, []byte("system monitor")) {
+		t.Fatalf("the log speaks of the system monitor although nothing asked for it:\n%s", data)
 	}
 }
 
-// GODEBUG=schedtrace=0 in the environment is the operator's opt-out: no
-// re-execution, Go's own behaviour, logged.
-func TestSysmonOptOut(t *testing.T) {
+// GODEBUG=schedtrace=2147483647 is the operator's opt-in: the node runs with
+// it as given and says so at start.
+func TestSysmonOptIn(t *testing.T) {
 	if os.Getenv("GODEBUG") != "" {
 		t.Skip("GODEBUG is set in the test's environment; the node would read that one first")
 	}
-	_, p := startDev(t, []string{"GODEBUG=schedtrace=0"})
-	env := environOf(t, p.Pid())
-	if !slices.Contains(env, "GODEBUG=schedtrace=0") || slices.Contains(env, "GODEBUG=schedtrace=0,"+cli.SysmonSetting) {
-		t.Fatalf("the node's GODEBUG is not the operator's schedtrace=0: %q", env)
+	_, p := startDev(t, []string{"GODEBUG=" + cli.SysmonSetting})
+	if env := environOf(t, p.Pid()); !slices.Contains(env, "GODEBUG="+cli.SysmonSetting) {
+		t.Fatalf("the node's environment lacks GODEBUG=%s: %q", cli.SysmonSetting, env)
 	}
 	data, _ := os.ReadFile(p.Log)
-	if !bytes.Contains(data, []byte(`system monitor left as Go runs it" reason="GODEBUG sets schedtrace=0"`)) {
-		t.Fatalf("the log does not say the operator's GODEBUG was kept:\n%s", data)
+	if !bytes.Contains(data, []byte(`system monitor kept out of its deep sleep (see README, \"Go's system monitor\")" reason="GODEBUG has schedtrace=2147483647"`)) {
+		t.Fatalf("the log does not say the operator's opt-in is on:\n%s", data)
+	}
+}
+
+// A node in a cgroup with a memory limit (a container's) sets Go's soft
+// memory limit to 90% of it, so the collector works harder near the limit
+// instead of the kernel killing the node over it; GOMEMLIMIT in the
+// environment wins. The test makes a cgroup v1 memory group of its own and
+// starts the node in it: it needs root and a writable v1 memory hierarchy
+// (internal/gctune's unit tests cover v2 and the parsing everywhere).
+func TestMemorySoftLimitFromCgroup(t *testing.T) {
+	const mount = "/sys/fs/cgroup/memory"
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a cgroup")
+	}
+	if _, err := os.Stat(filepath.Join(mount, "memory.limit_in_bytes")); err != nil {
+		t.Skipf("no cgroup v1 memory hierarchy at %s: %v", mount, err)
+	}
+	group := filepath.Join(mount, fmt.Sprintf("idem-test-%d", os.Getpid()))
+	if err := os.Mkdir(group, 0o755); err != nil {
+		t.Skipf("cannot make a cgroup here: %v", err)
+	}
+	t.Cleanup(func() {
+		// The group can be removed once the node in it has exited; the
+		// node is killed by startDev's cleanup, which runs first.
+		for range 50 {
+			if os.Remove(group) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	const limit = 1 << 30
+	if err := os.WriteFile(filepath.Join(group, "memory.limit_in_bytes"), []byte(strconv.Itoa(limit)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The shell joins the group, then becomes the node.
+	launcher := []string{"/bin/sh", "-c", `echo $$ > "` + filepath.Join(group, "cgroup.procs") + `" && exec "$@"`, "sh"}
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want float64
+		log  string
+	}{
+		{"from the cgroup", nil, float64(limit / 10 * 9), `memory soft limit set from the cgroup's limit`},
+		{"GOMEMLIMIT wins", []string{"GOMEMLIMIT=300MiB"}, 300 << 20, `memory soft limit left to GOMEMLIMIT from the environment`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			httpAddr, p := startDevVia(t, launcher, tc.env)
+			if got, err := cluster.MetricSum(t.Context(), httpAddr, "go_gc_gomemlimit_bytes"); err != nil || got != tc.want {
+				t.Fatalf("go_gc_gomemlimit_bytes %v (%v), want %v", got, err, tc.want)
+			}
+			if data, _ := os.ReadFile(p.Log); !bytes.Contains(data, []byte(tc.log)) {
+				t.Fatalf("the log lacks %q:\n%s", tc.log, data)
+			}
+			p.Kill()
+		})
 	}
 }
 

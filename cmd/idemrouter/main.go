@@ -27,7 +27,7 @@ import (
 var version = "v0.1.0-dev"
 
 func main() {
-	cli.KeepSysmonAwake() // re-executes once with GODEBUG set; see its doc
+	cli.ReadSysmon() // GODEBUG's schedtrace: an operator's opt-in, logged at start
 	cli.Main("idemrouter", run)
 }
 

@@ -1,13 +1,10 @@
 package cli
 
 import (
-	"fmt"
 	"log/slog"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 )
 
 // Go's system monitor (sysmon, a thread of every Go process) sleeps 20 µs
@@ -36,25 +33,33 @@ import (
 // unrecovered panic, the runtime prints its scheduler's state (Ps, Ms and
 // one line per goroutine) before the usual panic message and stacks.
 // GODEBUG is read once, before main runs, so the setting has to be in the
-// environment the process starts with: KeepSysmonAwake re-executes the
-// program (the same binary, arguments and process id) with it added, once.
+// environment the process starts with. The servers used to re-execute
+// themselves to add it; they no longer do: the gain was measured on one
+// shape on one VM, and a server that re-executes itself to run with a
+// debugging knob changes what a crash prints for every operator. An
+// operator who measured a gain on their own hosts sets it themselves
+// (SysmonSetting, in GODEBUG), and the servers say at start that it is on.
 
-// SysmonSetting is what KeepSysmonAwake adds to GODEBUG.
+// SysmonSetting is the GODEBUG setting that keeps sysmon out of its deep
+// sleep: the opt-in documented in the servers' --help and the README.
 const SysmonSetting = "schedtrace=2147483647"
 
 // SysmonUsage is the paragraph of the servers' --help about it.
-const SysmonUsage = `At start it runs itself again, once, with GODEBUG=schedtrace=2147483647 added
-(same process id), which keeps Go's system monitor from waking every 20 µs
-after each idle spell: less CPU per request, most under light load (README,
-"Go's system monitor"). GODEBUG=schedtrace=0 keeps Go's behaviour.
+const SysmonUsage = `GODEBUG=schedtrace=2147483647 in the environment keeps Go's system monitor
+from waking every 20 µs after each idle spell, which measured less CPU per
+request on some shapes and hosts (README, "Go's system monitor"); off by
+default. With it, a crash also prints the scheduler's state.
 `
 
-// sysmon is what KeepSysmonAwake found at start: a fact about the process,
-// like its environment (zero when main did not call it, as in tests that
-// call a command's run in-process).
+// sysmon is what ReadSysmon found at start.
 var sysmon SysmonState
 
-// LogSysmon logs what KeepSysmonAwake found, once main has a logger.
+// ReadSysmon records whether the environment keeps Go's system monitor out
+// of its deep sleep, for LogSysmon once main has a logger.
+func ReadSysmon() { sysmon = sysmonState(os.Environ()) }
+
+// LogSysmon logs what ReadSysmon found, once main has a logger: one INFO
+// line when GODEBUG sets schedtrace, nothing otherwise.
 func LogSysmon(logger *slog.Logger) { sysmon.Log(logger) }
 
 // SysmonState says whether the process runs with sysmon kept out of its
@@ -64,7 +69,7 @@ type SysmonState struct {
 	Reason string
 }
 
-// Log writes s to logger: one INFO line.
+// Log writes s to logger: one INFO line, none for Go's default.
 func (s SysmonState) Log(logger *slog.Logger) {
 	if s.Reason == "" {
 		return
@@ -76,61 +81,31 @@ func (s SysmonState) Log(logger *slog.Logger) {
 	}
 }
 
-// KeepSysmonAwake re-executes the running program with SysmonSetting
-// added to GODEBUG, unless GODEBUG already sets schedtrace (any value: an
-// operator's choice, schedtrace=0 to keep Go's behaviour), or the program
-// runs on another OS than Linux. When it re-executes it does not return;
-// otherwise it records what it found, for LogSysmon once main has a
-// logger. Call it first thing in main, before any goroutine starts.
-func KeepSysmonAwake() {
-	sysmon = keepSysmonAwake()
-}
-
-func keepSysmonAwake() SysmonState {
-	env, reexec, state := sysmonEnv(os.Environ())
-	if !reexec {
-		return state
-	}
-	if runtime.GOOS != "linux" {
-		return SysmonState{Reason: "not on Linux: left as is"}
-	}
-	// /proc/self/exe is this very binary even if its file was replaced
-	// or removed since it started (an upgrade in place).
-	err := syscall.Exec("/proc/self/exe", os.Args, env)
-	return SysmonState{Reason: fmt.Sprintf("re-executing with GODEBUG=%s failed: %v", SysmonSetting, err)}
-}
-
-// sysmonEnv returns environ with SysmonSetting in GODEBUG and true when the
-// program has to re-execute for it, or environ unchanged, false and what
-// GODEBUG already says.
-func sysmonEnv(environ []string) ([]string, bool, SysmonState) {
-	for i, kv := range environ {
+// sysmonState is what GODEBUG in environ says of schedtrace: nothing
+// (Go's default) when it does not set it.
+func sysmonState(environ []string) SysmonState {
+	for _, kv := range environ {
 		value, ok := strings.CutPrefix(kv, "GODEBUG=")
 		if !ok {
 			continue
 		}
 		// The runtime reads the first GODEBUG of the environment, and
 		// within it the last setting of a key.
-		if v, set := lastSetting(value, "schedtrace"); set {
-			n, err := strconv.ParseInt(v, 10, 32)
-			switch {
-			case err == nil && n == 2147483647:
-				return environ, false, SysmonState{Awake: true, Reason: "GODEBUG has " + SysmonSetting}
-			case err == nil && n > 0:
-				return environ, false, SysmonState{Awake: true, Reason: "GODEBUG sets schedtrace=" + v + " (a SCHED line every " + v + " ms)"}
-			default:
-				return environ, false, SysmonState{Reason: "GODEBUG sets schedtrace=" + v}
-			}
+		v, set := lastSetting(value, "schedtrace")
+		if !set {
+			return SysmonState{}
 		}
-		out := append([]string(nil), environ...)
-		if value == "" {
-			out[i] = "GODEBUG=" + SysmonSetting
-		} else {
-			out[i] = kv + "," + SysmonSetting
+		n, err := strconv.ParseInt(v, 10, 32)
+		switch {
+		case err == nil && n == 2147483647:
+			return SysmonState{Awake: true, Reason: "GODEBUG has " + SysmonSetting}
+		case err == nil && n > 0:
+			return SysmonState{Awake: true, Reason: "GODEBUG sets schedtrace=" + v + " (a SCHED line every " + v + " ms)"}
+		default:
+			return SysmonState{Reason: "GODEBUG sets schedtrace=" + v}
 		}
-		return out, true, SysmonState{}
 	}
-	return append(append([]string(nil), environ...), "GODEBUG="+SysmonSetting), true, SysmonState{}
+	return SysmonState{}
 }
 
 // lastSetting is the value of key's last setting in a GODEBUG value

@@ -8,38 +8,34 @@ import (
 	"testing"
 )
 
-func TestSysmonEnv(t *testing.T) {
+// sysmonState reads GODEBUG as the runtime does and never asks for a
+// change: the servers no longer re-execute themselves.
+func TestSysmonState(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		environ   []string
-		wantEnv   []string // nil: unchanged
-		wantExec  bool
 		wantAwake bool
-		reason    string // a part of the reason
+		reason    string // the reason; "" for Go's default (nothing logged)
 	}{
-		{"no GODEBUG", []string{"HOME=/root"}, []string{"HOME=/root", "GODEBUG=" + SysmonSetting}, true, false, ""},
-		{"empty GODEBUG", []string{"GODEBUG=", "A=1"}, []string{"GODEBUG=" + SysmonSetting, "A=1"}, true, false, ""},
-		{"other settings kept", []string{"GODEBUG=gctrace=1,madvdontneed=1"}, []string{"GODEBUG=gctrace=1,madvdontneed=1," + SysmonSetting}, true, false, ""},
-		{"only the first GODEBUG counts, as for the runtime", []string{"GODEBUG=gctrace=1", "GODEBUG=schedtrace=0"}, []string{"GODEBUG=gctrace=1," + SysmonSetting, "GODEBUG=schedtrace=0"}, true, false, ""},
-		{"after the re-exec", []string{"GODEBUG=gctrace=1," + SysmonSetting}, nil, false, true, "GODEBUG has " + SysmonSetting},
-		{"the operator's opt-out", []string{"GODEBUG=schedtrace=0"}, nil, false, false, "GODEBUG sets schedtrace=0"},
-		{"the operator's own trace", []string{"GODEBUG=schedtrace=1000"}, nil, false, true, "a SCHED line every 1000 ms"},
-		{"the last setting of a key wins", []string{"GODEBUG=schedtrace=1000,schedtrace=0"}, nil, false, false, "schedtrace=0"},
-		{"a value the runtime ignores", []string{"GODEBUG=schedtrace=often"}, nil, false, false, "schedtrace=often"},
-		{"too large for the runtime's int32", []string{"GODEBUG=schedtrace=2147483648"}, nil, false, false, "schedtrace=2147483648"},
+		{"no GODEBUG: Go's default", []string{"HOME=/root"}, false, ""},
+		{"empty GODEBUG", []string{"GODEBUG=", "A=1"}, false, ""},
+		{"other settings only", []string{"GODEBUG=gctrace=1,madvdontneed=1"}, false, ""},
+		{"only the first GODEBUG counts, as for the runtime", []string{"GODEBUG=gctrace=1", "GODEBUG=" + SysmonSetting}, false, ""},
+		{"the operator's opt-in", []string{"GODEBUG=gctrace=1," + SysmonSetting}, true, "GODEBUG has " + SysmonSetting},
+		{"schedtrace=0 is Go's default, said", []string{"GODEBUG=schedtrace=0"}, false, "GODEBUG sets schedtrace=0"},
+		{"the operator's own trace", []string{"GODEBUG=schedtrace=1000"}, true, "GODEBUG sets schedtrace=1000 (a SCHED line every 1000 ms)"},
+		{"the last setting of a key wins", []string{"GODEBUG=schedtrace=1000,schedtrace=0"}, false, "GODEBUG sets schedtrace=0"},
+		{"a value the runtime ignores", []string{"GODEBUG=schedtrace=often"}, false, "GODEBUG sets schedtrace=often"},
+		{"too large for the runtime's int32", []string{"GODEBUG=schedtrace=2147483648"}, false, "GODEBUG sets schedtrace=2147483648"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := slices.Clone(tc.environ)
-			env, reexec, state := sysmonEnv(in)
+			state := sysmonState(in)
 			if !slices.Equal(in, tc.environ) {
 				t.Errorf("the input was changed: %q", in)
 			}
-			want := tc.wantEnv
-			if want == nil {
-				want = tc.environ
-			}
-			if !slices.Equal(env, want) || reexec != tc.wantExec || state.Awake != tc.wantAwake || !strings.Contains(state.Reason, tc.reason) {
-				t.Errorf("sysmonEnv(%q) = %q, %v, %+v; want %q, %v, awake %v, reason with %q", tc.environ, env, reexec, state, want, tc.wantExec, tc.wantAwake, tc.reason)
+			if state.Awake != tc.wantAwake || state.Reason != tc.reason {
+				t.Errorf("sysmonState(%q) = %+v; want awake %v, reason %q", tc.environ, state, tc.wantAwake, tc.reason)
 			}
 		})
 	}
@@ -48,7 +44,7 @@ func TestSysmonEnv(t *testing.T) {
 func TestSysmonStateLog(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, nil))
-	SysmonState{}.Log(logger) // run in-process (tests): nothing to say
+	SysmonState{}.Log(logger) // Go's default: nothing to say
 	if buf.Len() != 0 {
 		t.Fatalf("zero state logged %q", buf.String())
 	}
