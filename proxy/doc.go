@@ -71,7 +71,9 @@
 // methods and key-less requests pass through untouched otherwise: their
 // bodies stream, they have no size bound and no deadline but the caller's,
 // and an Idempotency-Fencing-Token they carry is removed, as on every
-// request (only keyed requests get one: the proxy's own). A keyed request's body is read
+// request, with every variant of its name that differs only in case or by
+// '_' for '-' (only keyed requests get one: the proxy's own, set after
+// hop-by-hop processing, so a Connection header naming it cannot strip it). A keyed request's body is read
 // in full first (its fingerprint covers it): in memory up to
 // SpoolThresholdBytes, in an unlinked temporary file beyond it; the upstream
 // then gets it with a Content-Length.

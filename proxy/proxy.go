@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -51,6 +52,14 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			// ReverseProxy has removed the hop-by-hop headers, including any a
+			// client named in Connection, before this runs: the fencing
+			// token is set here, after them, so no Connection header can
+			// strip it, and no variant of its name survives beside it.
+			httpidem.StripFencingHeaders(pr.Out.Header)
+			if lease, ok := httpidem.LeaseFromContext(pr.In.Context()); ok {
+				pr.Out.Header.Set(httpidem.HeaderFencingToken, strconv.FormatUint(lease.FencingToken, 10))
+			}
 			pr.SetURL(target)
 			if cfg.PreserveHost {
 				pr.Out.Host = pr.In.Host
@@ -84,11 +93,12 @@ func New(cfg Config) (*Proxy, error) {
 
 // ServeHTTP serves one proxied request.
 //
-// A client-sent Idempotency-Fencing-Token is removed from every request
-// first, keyed or not: only the proxy's own (on keyed requests) reaches the
-// upstream, so a caller cannot poison the upstream's fencing guard.
+// A client-sent Idempotency-Fencing-Token (or a variant of its name) never
+// reaches the upstream, keyed or not: the engine removes it from every
+// request, and the request sent upstream gets the proxy's own (on keyed
+// requests) after hop-by-hop processing, so a caller can neither poison the
+// upstream's fencing guard nor strip it with a Connection header.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	r.Header.Del(httpidem.HeaderFencingToken)
 	p.handler.ServeHTTP(w, r)
 }
 

@@ -22,9 +22,17 @@ import (
 // contract's proxy table as a client would.
 func TestProxyModeEndToEnd(t *testing.T) {
 	var executions sync.Map // key -> *atomic.Int32
+	var fencingSeen sync.Map // key -> every header the upstream got that a framework could read as the fencing token
 	release := make(chan struct{})
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := strings.Trim(r.Header.Get("Idempotency-Key"), `"`)
+		var fencing []string
+		for name, values := range r.Header {
+			if strings.EqualFold(strings.ReplaceAll(name, "_", "-"), "Idempotency-Fencing-Token") {
+				fencing = append(fencing, name+": "+strings.Join(values, ","))
+			}
+		}
+		fencingSeen.Store(key, fencing)
 		n, _ := executions.LoadOrStore(key, new(atomic.Int32))
 		count := n.(*atomic.Int32).Add(1)
 		body, _ := io.ReadAll(r.Body)
@@ -170,5 +178,46 @@ func TestProxyModeEndToEnd(t *testing.T) {
 	}
 	if count[201] != 1 || count[409] != 29 || runs("slow-1") != 1 {
 		t.Fatalf("concurrent identical requests: statuses %v, upstream runs %d", count, runs("slow-1"))
+	}
+
+	// The upstream gets exactly one fencing token, the router's, whatever
+	// the client sends: a Connection header naming it cannot strip it
+	// (hop-by-hop processing comes first), and no variant of its name
+	// reaches the upstream beside it.
+	for i, hdr := range [][2]string{
+		{"Connection", "Idempotency-Fencing-Token"},
+		{"Connection", "idempotency-fencing-token, keep-alive"},
+		{"Idempotency_Fencing_Token", "999"},
+		{"IDEMPOTENCY-FENCING-TOKEN", "999"},
+		{"idempotency_fencing-token", "999"},
+	} {
+		key := "fence-" + strconv.Itoa(i)
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+proxyAddr+"/charges", strings.NewReader("1 EUR"))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("X-Api-Key-Id", "tenant-a")
+		req.Header[hdr[0]] = []string{hdr[1]} // as written: no canonicalisation
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := read(resp)
+		v, _ := fencingSeen.Load(key)
+		got, _ := v.([]string)
+		if resp.StatusCode != 201 || len(got) != 1 || !strings.HasPrefix(got[0], "Idempotency-Fencing-Token: ") ||
+			strings.Contains(got[0], "999") || !strings.Contains(body, `"fencing":"`+strings.TrimPrefix(got[0], "Idempotency-Fencing-Token: ")+`"`) {
+			t.Fatalf("client header %s: %s: status %d, the upstream got fencing headers %q (want exactly the router's one)", hdr[0], hdr[1], resp.StatusCode, got)
+		}
+	}
+	// Nor on a request without a key, which gets none at all.
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+proxyAddr+"/charges", nil)
+	req.Header["Idempotency_Fencing_Token"] = []string{"999"}
+	req.Header["Idempotency-Fencing-Token"] = []string{"999"}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read(resp)
+	if v, _ := fencingSeen.Load(""); resp.StatusCode != 201 || len(v.([]string)) != 0 {
+		t.Fatalf("key-less request: status %d, the upstream got fencing headers %q (want none)", resp.StatusCode, v)
 	}
 }

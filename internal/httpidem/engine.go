@@ -110,6 +110,7 @@ func (e *Engine) fail(w http.ResponseWriter, result Result, p Problem) {
 }
 
 func (e *Engine) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	StripFencingHeaders(r.Header) // keyed or not, only the engine sets one
 	if !e.methods[r.Method] {
 		e.observe(Event{Result: ResultPassthrough, StoredBodyBytes: -1})
 		next.ServeHTTP(w, r)

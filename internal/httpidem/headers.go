@@ -151,3 +151,39 @@ func (e *Engine) preferredWait(r *http.Request) time.Duration {
 	}
 	return min(d, e.cfg.MaxWait)
 }
+
+// StripFencingHeaders removes from h every header that a server or framework
+// could read as the fencing token: Idempotency-Fencing-Token in any case, and
+// every variant that differs only by '_' for '-' (Idempotency_Fencing_Token:
+// CGI, WSGI and several frameworks fold both to one character). Only the
+// engine sets the token, after this: a caller can neither forge one nor
+// slip a second beside it.
+func StripFencingHeaders(h http.Header) {
+	for name := range h {
+		if isFencingHeaderName(name) {
+			delete(h, name)
+		}
+	}
+}
+
+func isFencingHeaderName(name string) bool {
+	if len(name) != len(HeaderFencingToken) {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c, want := name[i], HeaderFencingToken[i]
+		if c == '_' {
+			c = '-'
+		}
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if 'A' <= want && want <= 'Z' {
+			want += 'a' - 'A'
+		}
+		if c != want {
+			return false
+		}
+	}
+	return true
+}
