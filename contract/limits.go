@@ -42,6 +42,13 @@ const (
 	MaxHeaderValueBytes  = 8 << 10
 	MaxHeadersTotalBytes = 64 << 10
 
+	// MaxRequestHeaderBytes bounds the headers of one request to an idem
+	// listener: a gRPC request's metadata (advertised as HTTP/2's
+	// SETTINGS_MAX_HEADER_LIST_SIZE and enforced while decoding, so that
+	// HPACK-compressed repeats cannot inflate into memory) and an HTTP
+	// request's header block.
+	MaxRequestHeaderBytes = 64 << 10
+
 	// DefaultMaxResponseBytes is the default largest stored response body
 	// (--max-response-bytes).
 	DefaultMaxResponseBytes = 1 << 20

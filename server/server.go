@@ -8,6 +8,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
@@ -79,12 +80,17 @@ func (s *Server) GRPCService() idemv1.IdempotencyServer { return s.grpcService }
 
 // GRPCServerOptions are the options a gRPC server serving this API needs:
 // a unary interceptor that recovers panics and records request metrics (for
-// every service on the server, Admin included; idem.v1 has no streaming RPCs), and a receive limit that admits a
-// max-size response (Config.GRPCMaxMessageBytes).
+// every service on the server, Admin included; idem.v1 has no streaming RPCs), a receive limit that admits a
+// max-size response (Config.GRPCMaxMessageBytes), and the contract's limit on
+// a request's metadata (contract.MaxRequestHeaderBytes).
 func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.MaxRecvMsgSize(s.cfg.GRPCMaxMessageBytes()),
+		// A request's metadata is decoded before anyone is authenticated:
+		// gRPC-Go's default allows 16 MiB of it per stream, which HPACK lets
+		// a client send as a few bytes of repeats.
+		grpc.MaxHeaderListSize(contract.MaxRequestHeaderBytes),
 		// Streams (each RPC) run on reused goroutines instead of one new
 		// goroutine each, which would grow its stack again on every call.
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),

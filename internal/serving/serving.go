@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+
+	"github.com/idem-dev/idem/contract"
 )
 
 // DrainTimeout bounds a process's drain on SIGTERM (in-flight requests,
@@ -88,7 +90,9 @@ func HTTPWithTimeouts(name string, ln net.Listener, h http.Handler, log *slog.Lo
 	return &httpServer{name: name, ln: ln, srv: &http.Server{
 		Handler: h, ReadHeaderTimeout: min(ReadHeaderTimeout, t.ReadTimeout), ReadTimeout: t.ReadTimeout,
 		WriteTimeout: t.WriteTimeout, IdleTimeout: t.IdleTimeout,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// net/http's default is 1 MiB of header block per request.
+		MaxHeaderBytes: contract.MaxRequestHeaderBytes,
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}}
 }
 
