@@ -124,9 +124,12 @@
 // FAILED_PRECONDITION in its ErrorInfo, which tells it from NOT_OWNER). The
 // principal is "root" for every caller until authentication is wired
 // (principalOf). Each action is logged at info ("operator action", with
-// action, principal, namespace, key, reason, outcome) by the process a
-// client reached, and at debug by the one it was forwarded to, and counted
-// in idem_operator_actions_total{action,outcome}.
+// action, principal, namespace, key, reason, outcome; hops when forwarded)
+// by every process it passes through, and counted there in
+// idem_operator_actions_total{action,outcome,forwarded}. In secure mode a
+// request's idem-hops, idem-leader and forwarded principal are honoured
+// only from node peers (security/auth), so a client cannot pass an action
+// off as forwarded.
 //
 // Waiting (v1.1). A reserve's wait_ms (0..30000) is validated here and
 // travels as fsm.Command.Wait; the backend waits (see backend.Waiters).

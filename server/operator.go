@@ -17,8 +17,8 @@ import (
 // The operator actions (API-v1.md, "Operator actions"): listing keys,
 // force-release and delete, in JSON (this file's handlers) and in the gRPC
 // Admin service (KeysAdmin). Each action that reaches the server first
-// (not a forwarded one) is logged with its principal, key and reason and
-// counted in idem_operator_actions_total.
+// is logged at INFO with its principal, key and reason and counted in
+// idem_operator_actions_total, on every process it passes through.
 
 // Action names, as in logs and the metric's action label.
 const (
@@ -44,14 +44,14 @@ func principalOf(ctx context.Context) string {
 func newOperatorMetric(reg *prometheus.Registry) (*prometheus.CounterVec, error) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_operator_actions_total",
-		Help: "Operator actions served (not counting forwarded ones), by action (list, force_release, delete) and outcome (OK or an error code).",
-	}, []string{"action", "outcome"})
+		Help: "Operator actions served, by action (list, force_release, delete), outcome (OK or an error code) and forwarded (true: another idem process forwarded it here; the actions callers sent are the sum over forwarded=\"false\").",
+	}, []string{"action", "outcome", "forwarded"})
 	c, err := register(reg, c)
 	if err != nil {
 		return nil, err
 	}
 	for _, a := range []string{actionList, actionForceRelease, actionDelete} {
-		c.WithLabelValues(a, outcomeOK)
+		c.WithLabelValues(a, outcomeOK, "false")
 	}
 	return c, nil
 }
@@ -64,9 +64,11 @@ func actionOf(op fsm.Op) string {
 }
 
 // operate runs a force-release or delete for principal and maps its
-// outcome: OK, 404 NOT_FOUND, or 409 FAILED_PRECONDITION. hops > 0 is a
-// request another process forwarded: logged at debug and not counted, as the
-// process it reached first did both.
+// outcome: OK, 404 NOT_FOUND, or 409 FAILED_PRECONDITION. Every process an
+// action passes through logs it at INFO and counts it; hops > 0 (a request
+// another process forwarded: in secure mode only a node peer's hop count is
+// honoured) is counted with forwarded="true", so the actions callers sent
+// are the sum over forwarded="false".
 func (s *Server) operate(ctx context.Context, cmd *fsm.Command, hops int, principal string) (fsm.Result, string, *Error) {
 	res, leader, err := s.backend.ApplyRouted(ctx, cmd, hops)
 	var e *Error
@@ -93,12 +95,12 @@ func (s *Server) operate(ctx context.Context, cmd *fsm.Command, hops int, princi
 	if e == nil && res.PreviousFencingToken != 0 {
 		args = append(args, "previous_fencing_token", res.PreviousFencingToken)
 	}
+	forwarded := "false"
 	if hops > 0 {
-		s.log.Debug("forwarded operator action", append(args, "hops", hops)...)
-	} else {
-		s.log.Info("operator action", args...)
-		s.operatorActions.WithLabelValues(actionOf(cmd.Op), outcome).Inc()
+		args, forwarded = append(args, "hops", hops), "true"
 	}
+	s.log.Info("operator action", args...)
+	s.operatorActions.WithLabelValues(actionOf(cmd.Op), outcome, forwarded).Inc()
 	return res, leader, e
 }
 
@@ -113,7 +115,7 @@ func (s *Server) listKeys(ctx context.Context, q backend.ListQuery, principal st
 	}
 	s.log.Info("operator action", "action", actionList, "principal", principal, "namespace", q.Namespace,
 		"state", stateName(q.State), "older_than", q.OlderThan, "limit", q.Limit, "keys", len(page.Keys), "outcome", outcome)
-	s.operatorActions.WithLabelValues(actionList, outcome).Inc()
+	s.operatorActions.WithLabelValues(actionList, outcome, "false").Inc()
 	return page, e
 }
 

@@ -77,14 +77,14 @@ func TestHTTPForceReleaseAndDelete(t *testing.T) {
 	}
 	metrics := h.do("GET", "/metrics", "").String()
 	for _, want := range []string{
-		`idem_operator_actions_total{action="force_release",outcome="OK"} 1`,
-		`idem_operator_actions_total{action="force_release",outcome="NOT_FOUND"} 1`,
-		`idem_operator_actions_total{action="force_release",outcome="FAILED_PRECONDITION"} 1`,
-		`idem_operator_actions_total{action="delete",outcome="OK"} 1`,
-		`idem_operator_actions_total{action="delete",outcome="NOT_FOUND"} 1`,
-		`idem_operator_actions_total{action="delete",outcome="INVALID_ARGUMENT"} 0`,
+		`idem_operator_actions_total{action="force_release",forwarded="false",outcome="OK"} 1`,
+		`idem_operator_actions_total{action="force_release",forwarded="false",outcome="NOT_FOUND"} 1`,
+		`idem_operator_actions_total{action="force_release",forwarded="false",outcome="FAILED_PRECONDITION"} 1`,
+		`idem_operator_actions_total{action="delete",forwarded="false",outcome="OK"} 1`,
+		`idem_operator_actions_total{action="delete",forwarded="false",outcome="NOT_FOUND"} 1`,
+		`idem_operator_actions_total{action="delete",forwarded="false",outcome="INVALID_ARGUMENT"} 0`,
 	} {
-		if want == `idem_operator_actions_total{action="delete",outcome="INVALID_ARGUMENT"} 0` {
+		if want == `idem_operator_actions_total{action="delete",forwarded="false",outcome="INVALID_ARGUMENT"} 0` {
 			if strings.Contains(metrics, `action="delete",outcome="INVALID_ARGUMENT"`) {
 				t.Errorf("a request rejected before the backend was counted as an action")
 			}

@@ -39,6 +39,46 @@ func CredentialsFromGRPC(ctx context.Context) Credentials {
 	return c
 }
 
+// internalMetadata are the keys of gRPC metadata that only idem's own
+// processes send each other: the hop count (a request carrying one is
+// treated as forwarded: it is not forwarded again past MaxHops), the
+// leader hint and the forwarded principal.
+var internalMetadata = []string{idemv1.HopsHeader, idemv1.LeaderHeader, ForwardedPrincipalMetadata}
+
+// withoutForeignInternalMetadata returns ctx with internalMetadata removed
+// from the incoming metadata unless the RPC came over TLS from a node peer
+// (a verified node certificate): a client cannot claim that its request was
+// forwarded, and so hide an operator action as a forwarded one or steer
+// forwarding. Without TLS (an insecure process: loopback, every caller
+// root) there is no identity to judge by and the metadata is honoured, as
+// the processes of an insecure cluster need it from each other.
+func withoutForeignInternalMetadata(ctx context.Context) context.Context {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return ctx
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || PeerIdentity(&info.State).Kind == pki.KindNode {
+		return ctx
+	}
+	found := false
+	for _, k := range internalMetadata {
+		if len(metadata.ValueFromIncomingContext(ctx, k)) > 0 {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return ctx // the common case: no copy
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	md = md.Copy()
+	for _, k := range internalMetadata {
+		delete(md, k)
+	}
+	return metadata.NewIncomingContext(ctx, md)
+}
+
 // GRPCTargetFunc classifies an RPC; GRPCTarget is the idem.v1 services'.
 // For a stream, req is nil (the namespace of a stream is not known before
 // its first message, so stream RPCs are classified by method).
@@ -60,6 +100,7 @@ func (a *Authorizer) UnaryServerInterceptor(target GRPCTargetFunc) grpc.UnarySer
 		return handler(WithPrincipal(ctx, p), req)
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx = withoutForeignInternalMetadata(ctx)
 		if info.FullMethod != idemv1.Idempotency_Batch_FullMethodName {
 			return authorize(ctx, req, info, handler)
 		}
@@ -86,7 +127,8 @@ func (a *Authorizer) StreamServerInterceptor(target GRPCTargetFunc) grpc.StreamS
 		if err != nil {
 			return err.(*Error).GRPCStatus().Err()
 		}
-		return handler(srv, &principalStream{ServerStream: ss, ctx: WithPrincipal(ss.Context(), p)})
+		ctx := withoutForeignInternalMetadata(ss.Context())
+		return handler(srv, &principalStream{ServerStream: ss, ctx: WithPrincipal(ctx, p)})
 	}
 }
 
