@@ -53,8 +53,14 @@ type peerClock struct {
 // (features.go) needs from its leader.
 type clocks struct {
 	n     *Node
-	bound time.Duration // < 0: off
-	peers []string
+	bound time.Duration // < 0: the leadership/readiness check is off
+	// stampBound is how far the voters' clocks a command is stamped with
+	// may be apart (fsm.QuorumTime): the bound, or DefaultMaxClockOffset
+	// with the check off. Quorum time never depends on the check: with it
+	// off a skewed leader still leads, but its clock alone never reaches
+	// the state.
+	stampBound time.Duration
+	peers      []string
 
 	mu       sync.Mutex
 	readings map[string]peerClock
@@ -69,7 +75,11 @@ type clocks struct {
 }
 
 func newClocks(n *Node) *clocks {
-	c := &clocks{n: n, bound: n.cfg.MaxClockOffset, readings: map[string]peerClock{}, legacy: map[string]bool{},
+	stampBound := n.cfg.MaxClockOffset
+	if stampBound < 0 {
+		stampBound = DefaultMaxClockOffset
+	}
+	c := &clocks{n: n, bound: n.cfg.MaxClockOffset, stampBound: stampBound, readings: map[string]peerClock{}, legacy: map[string]bool{},
 		offsetGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_clock_offset_seconds",
 			Help: "Each peer's clock minus this node's, measured on the Admin.Clock RPC (accurate to half the round trip)."}, []string{"peer"}),
 		skewedGauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_node_clock_skewed",
@@ -241,7 +251,7 @@ func (c *clocks) peerSkewed(peer string) bool {
 // (or too few are known): the command must not be proposed.
 func (c *clocks) stamp(cmd *fsm.Command, voters []string) error {
 	local := c.n.localNow()
-	if !c.enabled() || len(voters) <= 1 {
+	if len(c.peers) == 0 || len(voters) <= 1 {
 		cmd.Now, cmd.ClockReadings, cmd.ClockQuorum, cmd.ClockBound = local, []int64{local}, 1, 0
 		return nil
 	}
@@ -267,7 +277,7 @@ func (c *clocks) stamp(cmd *fsm.Command, voters []string) error {
 	}
 	quorum := len(voters)/2 + 1
 	// A reading is accurate to half its round trip; two readings to the sum.
-	bound := int64(c.bound + worstRTT)
+	bound := int64(c.stampBound + worstRTT)
 	now, ok := fsm.QuorumTime(readings, quorum, bound)
 	if !ok {
 		return fmt.Errorf("%w: %d of %d voters' clocks read, a majority (%d) must agree within %s",
@@ -304,10 +314,10 @@ func (c *clocks) anyLegacy(voters []string) bool {
 }
 
 // now is this node's clock corrected by its measured offset to the median
-// of its peers' (reads judge expiry with it).
+// of its peers' (reads judge expiry with it), whether or not the check is on.
 func (c *clocks) now() int64 {
 	local := c.n.localNow()
-	if !c.enabled() {
+	if len(c.peers) == 0 {
 		return local
 	}
 	off, _ := c.offset()

@@ -97,6 +97,12 @@ type Config struct {
 	// IDEM_ENABLE_FAULT_INJECTION=1); the node logs a warning naming them at
 	// start and every minute. Empty in production.
 	FaultInjection []string
+	// UnsafeSettings names the settings in force that turn a safety check
+	// off, as cmd/idemnode names them (insecure, clock_check_off,
+	// fault_injection); the node warns of them at start and every ten
+	// minutes, lists them in /readyz's body and sets
+	// idem_node_unsafe_settings{setting} to 1 for each. Empty in production.
+	UnsafeSettings []string
 	// TestingRestoreFault injects a crash into snapshot restores (see
 	// statedb.RestoreFault): fault injection for tests only, set by
 	// cmd/idemnode's --testing-crash-during-restore. Nil in production.

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
@@ -57,12 +59,14 @@ type shard struct {
 // server.Backend of its own API (this file); process.go starts and stops it,
 // loops.go runs its background work.
 type Node struct {
-	cfg  Config
-	log  *slog.Logger
-	self topology.Node
-	ring *topology.Ring
-	fwd  *router.Forwarder
-	api  *server.Server
+	cfg Config
+	// unsafeGauge is idem_node_unsafe_settings (safety.go).
+	unsafeGauge *prometheus.GaugeVec
+	log         *slog.Logger
+	self        topology.Node
+	ring        *topology.Ring
+	fwd         *router.Forwarder
+	api         *server.Server
 
 	// Set by Start.
 	host           *raftstore.Host

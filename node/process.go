@@ -59,10 +59,12 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.clocks = newClocks(n)
+	n.unsafeGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_unsafe_settings",
+		Help: "1 for each setting in force that turns a safety check off (insecure: --insecure; clock_check_off: --max-clock-offset 0; fault_injection: a --testing-* flag); absent otherwise."}, []string{"setting"})
 	n.packGate = newPackGate(cfg.NodeID)
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
-		Routing: n.routing,
+		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings,
 	}); err != nil {
 		n.fwd.Close()
 		return nil, err
@@ -103,6 +105,7 @@ func (n *Node) Start() (err error) {
 		start = raftstore.StartRequireState
 	}
 	n.warnFaultInjection()
+	n.warnUnsafeSettings()
 	rcfg := cfg.Raft
 	switch cfg.PackCommands {
 	case PackOff:
@@ -168,6 +171,9 @@ func (n *Node) Start() (err error) {
 	}
 	if err := n.clocks.register(cfg.Registry); err != nil {
 		return err
+	}
+	if err := cfg.Registry.Register(n.unsafeGauge); err != nil {
+		return fmt.Errorf("node: register metrics: %w", err)
 	}
 	disk, err := newDiskSpace(cfg.DataDir, cfg.DiskReserveBytes, cfg.DiskFree)
 	if err != nil {

@@ -15,6 +15,10 @@ import (
 // faultWarnInterval is how often a node running with fault injection says so.
 const faultWarnInterval = time.Minute
 
+// unsafeWarnInterval is how often a node running with a safety check off
+// says so.
+const unsafeWarnInterval = 10 * time.Minute
+
 // startError turns a refusal of the Raft layer at start into the one line
 // an operator acts on: a lost state names the data dir and the way back, a
 // corrupt file is named by raftstore's error.
@@ -66,6 +70,24 @@ func (n *Node) warnFaultInjection() {
 	}
 	warn(context.Background())
 	n.loops = append(n.loops, startLoop("fault injection warning", func(ctx context.Context) { every(ctx, faultWarnInterval, warn) }))
+}
+
+// warnUnsafeSettings logs, at start and then every ten minutes, the
+// settings in force that turn a safety check off (Config.UnsafeSettings),
+// and sets idem_node_unsafe_settings for each.
+func (n *Node) warnUnsafeSettings() {
+	for _, s := range n.cfg.UnsafeSettings {
+		n.unsafeGauge.WithLabelValues(s).Set(1)
+	}
+	if len(n.cfg.UnsafeSettings) == 0 {
+		return
+	}
+	warn := func(context.Context) {
+		n.log.Warn("UNSAFE SETTINGS in force: a safety check is off on this node (see /readyz and idem_node_unsafe_settings)",
+			"settings", strings.Join(n.cfg.UnsafeSettings, ", "))
+	}
+	warn(context.Background())
+	n.loops = append(n.loops, startLoop("unsafe settings warning", func(ctx context.Context) { every(ctx, unsafeWarnInterval, warn) }))
 }
 
 // watchRejoin clears the identity's Rejoining marker once every shard of a

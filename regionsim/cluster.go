@@ -63,8 +63,9 @@ type simNode struct {
 	offset time.Duration
 	// clockChecked keeps the node's --max-clock-offset while it runs with
 	// an offset; otherwise the check is off (--max-clock-offset 0), so a
-	// node seconds off still leads and stamps its own clock, which is what
-	// the fencing part of the clock-skew scenario exercises.
+	// node seconds off still leads (its clock alone never reaches the
+	// state: commands take a majority's time whatever the check), which is
+	// what the leadership flips of the clock-skew scenario exercise.
 	clockChecked bool
 	paused       bool
 	killed       bool // down on purpose (a fault); otherwise a dead process is a crash

@@ -52,6 +52,10 @@ type Config struct {
 	MaxRequestBytes int64
 	// Version is this build's version, reported by /healthz.
 	Version string
+	// UnsafeSettings names the settings in force that turn a safety check
+	// off (--insecure, the clock check off, fault injection); /readyz's body
+	// lists them ("unsafe_settings") so that a probe or a person sees them.
+	UnsafeSettings []string
 	// ReadyTimeout bounds the Backend.Ready call of one /readyz request.
 	// 0 means DefaultReadyTimeout.
 	ReadyTimeout time.Duration

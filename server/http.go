@@ -91,6 +91,10 @@ func (h *httpAPI) serveReady(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	if len(h.s.cfg.UnsafeSettings) > 0 {
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "unsafe_settings": h.s.cfg.UnsafeSettings})
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 

@@ -102,7 +102,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.Int64Var(&o.stateCacheBytes, "state-cache-bytes", 0, "the state engine's block cache in `BYTES`, memtables included: most of the node's resident memory, which it bounds whatever the retained state (0: the default, 256 MiB; at least 64 MiB)")
 	fs.Int64Var(&o.maxStateBytes, "max-state-bytes", 0, "stored state in `BYTES` at which requests that add data (a reserve of a new key, a complete) get 429 RESOURCE_EXHAUSTED until sweeps free space (0: 80% of the data dir's free space at start)")
 	fs.DurationVar(&o.clockSkewMargin, "clock-skew-margin", time.Second, "how long past a lease's end before another caller may reclaim the key")
-	fs.DurationVar(&o.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "largest offset `D` of this node's clock from its peers' (measured on node-to-node gRPC): past it the node leads no shard and is not ready; 0 turns the check off; not used in --dev")
+	fs.DurationVar(&o.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "largest offset `D` of this node's clock from its peers' (measured on node-to-node gRPC): past it the node leads no shard and is not ready; 0 turns that check off (an unsafe setting, warned of; commands are still stamped with a majority's clock, within 500ms); not used in --dev")
 	fs.Uint64Var(&o.diskReserve, "disk-reserve-bytes", 0, "free `BYTES` kept on the data dir's filesystem: below it, writes that add data (a reserve of a new key, a complete) get 429 and resume by themselves when space returns (0: 5% of the filesystem, at most 1 GiB)")
 	fs.Uint64Var(&o.gcHeadroom, "gc-headroom-bytes", defaultGCHeadroom, "let the Go heap grow by at least `BYTES` past what the last garbage collection found live before the next (the node collects at GOGC=50, or later while 50% of the live heap is less than this); 0: GOGC=50 alone. GOGC in the environment replaces both")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
@@ -241,6 +241,18 @@ func nodeConfig(o *options) (node.Config, error) {
 				strings.Join(o.testingFlags, ", "), faultInjectionEnv)
 		}
 		cfg.FaultInjection = o.testingFlags
+	}
+	// Settings that turn a safety check off are warned of at start and every
+	// ten minutes, and shown in /readyz and idem_node_unsafe_settings. --dev
+	// is loopback-only and single-node by design: nothing of it is unsafe.
+	if o.sec.Insecure {
+		cfg.UnsafeSettings = append(cfg.UnsafeSettings, "insecure")
+	}
+	if o.maxClockOffset == 0 && !o.dev {
+		cfg.UnsafeSettings = append(cfg.UnsafeSettings, "clock_check_off")
+	}
+	if len(cfg.FaultInjection) > 0 {
+		cfg.UnsafeSettings = append(cfg.UnsafeSettings, "fault_injection")
 	}
 	if o.snapshotEvery > 0 {
 		cfg.Raft.SnapshotThreshold = o.snapshotEvery

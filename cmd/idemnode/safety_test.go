@@ -21,6 +21,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/internal/testutil"
+	"github.com/idem-dev/idem/node"
 )
 
 // devProcess lays out (does not start) a dev node on free loopback ports.
@@ -579,4 +580,93 @@ func transferLeader(t *testing.T, c *cluster.Cluster, from, shard, target string
 	defer cancel()
 	_, err = idemv1.NewAdminClient(conn).TransferLeader(ctx, &idemv1.TransferLeaderRequest{Shard: shard, TargetNodeId: target})
 	return err
+}
+
+// TestClockCheckOffKeepsQuorumTime: --max-clock-offset 0 on every node
+// switches off only the leadership/readiness check, never quorum time. A
+// node a year ahead is made leader: it leads (nothing stops it with the
+// check off), but its clock alone never reaches the state: records completed
+// before stay COMPLETED through a sweep it runs, and what it stamps is the
+// majority's time. Before, 15 of 20 such completions were swept as expired
+// within 15 s and new leases were stamped a year ahead. The setting is
+// unsafe and said so: a warning, /readyz's body and idem_node_unsafe_settings.
+func TestClockCheckOffKeepsQuorumTime(t *testing.T) {
+	t.Parallel()
+	topo, err := cluster.Topology(cluster.Spec{Cluster: "noclock", NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"], "--max-clock-offset", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	skewed := topo.Nodes()[2].ID
+	p := c.Nodes[skewed]
+	p.Args = append(p.Args, "--testing-clock-offset", "8760h")
+	p.Env = []string{cluster.FaultInjectionEnv}
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	c.StopOnCleanup(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	good := cluster.NewAPI(c.HTTPAddr(topo.Nodes()[0].ID))
+	ok := want(t, 200)
+	const keys = 20
+	for i := range keys {
+		key := fmt.Sprintf("done-%d", i)
+		owner := fmt.Sprintf("owner-token-noclock-%04d", i)
+		ok(good.Reserve(ctx, "payments", key, map[string]any{"owner_token": owner}))
+		ok(good.Complete(ctx, "payments", key, map[string]any{"owner_token": owner, "retention_s": 300,
+			"response": map[string]any{"status": 200, "body": base64.StdEncoding.EncodeToString([]byte("ok"))}}))
+	}
+
+	shard := topo.Shards()[0].ID
+	testutil.Until(t, 30*time.Second, "the year-ahead node to lead the shard", func() bool {
+		leaders, err := c.ShardLeaders(ctx)
+		if err != nil {
+			return false
+		}
+		if leaders[shard] == skewed {
+			return true
+		}
+		if leaders[shard] != "" {
+			transferLeader(t, c, leaders[shard], shard, skewed)
+		}
+		return false
+	})
+	sapi := cluster.NewAPI(c.HTTPAddr(skewed))
+	held := ok(sapi.Reserve(ctx, "payments", "new-while-skewed", map[string]any{"lease_ms": 60000}))
+	g := ok(good.Get(ctx, "payments", "new-while-skewed"))
+	if exp, err := time.Parse(time.RFC3339Nano, g.Str("lease_expires_at")); err != nil || exp.After(time.Now().Add(5*time.Minute)) {
+		t.Fatalf("a lease reserved through the year-ahead leader ends %s (%v): its clock reached the state (%s)", g.Str("lease_expires_at"), err, held)
+	}
+	// A sweep runs every 10 s on the leader: give it one, then every
+	// completion is still there.
+	time.Sleep(node.DefaultSweepInterval + 2*time.Second)
+	if leaders, err := c.ShardLeaders(ctx); err != nil || leaders[shard] != skewed {
+		t.Logf("leaders after the sweep interval: %v (%v)", leaders, err)
+	}
+	for i := range keys {
+		if r := ok(good.Reserve(ctx, "payments", fmt.Sprintf("done-%d", i), nil)); r.Str("outcome") != "COMPLETED" {
+			t.Fatalf("done-%d after the year-ahead node led for a sweep: %s (the work would run twice)", i, r)
+		}
+	}
+
+	r := ok(sapi.Do(ctx, "GET", "/readyz", nil))
+	if !strings.Contains(string(r.Raw), `"unsafe_settings":["clock_check_off","fault_injection"]`) {
+		t.Fatalf("/readyz of a node with the clock check off and fault injection: %s", r.Raw)
+	}
+	m := ok(sapi.Do(ctx, "GET", "/metrics", nil))
+	for _, want := range []string{`idem_node_unsafe_settings{setting="clock_check_off"} 1`, `idem_node_unsafe_settings{setting="fault_injection"} 1`} {
+		if !bytes.Contains(m.Raw, []byte(want)) {
+			t.Fatalf("metrics lack %s:\n%s", want, grepLines(m.Raw, "idem_node_unsafe"))
+		}
+	}
+	if data, _ := os.ReadFile(p.Log); !bytes.Contains(data, []byte(`UNSAFE SETTINGS in force`)) {
+		t.Fatalf("the node did not warn of its unsafe settings:\n%s", data)
+	}
 }
