@@ -245,6 +245,19 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		return nil, shardErr(id, "checking existing state: %w", err)
 	}
 
+	if existing {
+		// Every group that ever held state has a current term of at least 1
+		// in its stable store (the bootstrap writes it; a joiner gets one
+		// from the first leader it hears). Snapshots without it mean the
+		// log and stable store were lost while the snapshot files stayed:
+		// starting would forget the votes this node gave, so it could vote
+		// twice in one term. hashicorp/raft reports an absent key as an
+		// error, so any error reads as no term here.
+		if term, err := store.GetUint64(keyCurrentTerm); err != nil || term == 0 {
+			return nil, shardErr(id, "%w: snapshots remain under %s but the Raft log with its stored term and vote is gone (current term: %d, %v); "+
+				"starting would forget the votes this node gave", ErrStateMissing, h.cfg.DataDir, term, err)
+		}
+	}
 	if err := checkStateNotAhead(sm, logs, snaps); err != nil {
 		return nil, shardErr(id, "%w", err)
 	}
@@ -788,6 +801,11 @@ func catchUpFromSnapshot(f *fsmAdapter, snaps raft.SnapshotStore, logger *slog.L
 
 // checkStateNotAhead refuses a durable state that covers more of the log
 // than this node's Raft log and snapshots hold.
+//
+// keyCurrentTerm is where hashicorp/raft keeps its current term in the
+// stable store (its unexported keyCurrentTerm).
+var keyCurrentTerm = []byte("CurrentTerm")
+
 func checkStateNotAhead(sm StateMachine, logs raft.LogStore, snaps raft.SnapshotStore) error {
 	d, ok := sm.(DurableStateMachine)
 	if !ok || d.AppliedIndex() == 0 {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -668,5 +669,49 @@ func TestClockCheckOffKeepsQuorumTime(t *testing.T) {
 	}
 	if data, _ := os.ReadFile(p.Log); !bytes.Contains(data, []byte(`UNSAFE SETTINGS in force`)) {
 		t.Fatalf("the node did not warn of its unsafe settings:\n%s", data)
+	}
+}
+
+// TestForgottenVoteIsRefused: a node whose Raft log (with the term and vote
+// it stored) was deleted while its snapshots stayed must not start: it
+// would have forgotten the votes it gave and could vote twice in one term.
+// Before, it started ("restarted from existing state") and could lead.
+func TestForgottenVoteIsRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p, api, httpAddr := devProcess(t, dir)
+	startReady(t, p, httpAddr)
+	ok := want(t, 200)
+	for i := range 40 { // every shard of the dev node gets writes
+		ok(api.Reserve(t.Context(), "payments", fmt.Sprintf("vote-%d", i), nil))
+	}
+	grpcAddr := p.Args[slices.Index(p.Args, "--grpc-addr")+1]
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	admin := idemv1.NewAdminClient(conn)
+	st, err := admin.Status(t.Context(), &idemv1.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st.GetShards() {
+		if _, err := admin.Snapshot(t.Context(), &idemv1.SnapshotRequest{Shard: s.GetShard()}); err != nil {
+			t.Fatalf("snapshot of %s: %v", s.GetShard(), err)
+		}
+	}
+	if err := p.Stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := filepath.Join(dir, "data")
+	if err := os.RemoveAll(filepath.Join(dataDir, "raft", "raftlog")); err != nil {
+		t.Fatal(err)
+	}
+	line := lastLine(mustRefuse(t, p))
+	for _, m := range []string{dataDir, "idemctl replace-node"} {
+		if !strings.Contains(line, m) {
+			t.Errorf("last line %q does not mention %q", line, m)
+		}
 	}
 }
