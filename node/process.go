@@ -205,7 +205,7 @@ func (n *Node) Start() (err error) {
 	n.log.Info("admission control", "disk_reserve_bytes", disk.reserve)
 	n.log.Info("command packing", "raft_pack_commands", cfg.PackCommands.String(), "advertises", n.features())
 
-	if n.httpLn, err = cfg.Security.ListenHTTP(cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
+	if n.httpLn, err = cfg.Security.ListenAPI(cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
 		return fmt.Errorf("node: http listener: %w", err)
 	}
 	n.servers = append(n.servers, serving.HTTPWithTimeouts("node: http", n.httpLn, cfg.Security.HTTPHandler(n.api.HTTPHandler()), n.log, cfg.Security.HTTPTimeouts()))

@@ -223,9 +223,12 @@ func (p *Process) Start(ctx context.Context) (err error) {
 }
 
 func (p *Process) listen(name, addr string) (net.Listener, error) {
-	listen := p.cfg.Security.ListenHTTP
-	if name == "grpc" {
+	listen := p.cfg.Security.ListenHTTP // the proxy's callers are not idem principals
+	switch name {
+	case "grpc":
 		listen = p.cfg.Security.ListenGRPC
+	case "http":
+		listen = p.cfg.Security.ListenAPI
 	}
 	ln, err := listen(addr)
 	if err != nil {

@@ -6,7 +6,8 @@
 //	kit, err := secure.New(secure.Config{CertsDir: dir, AuthFile: file, NodeID: id, Logger: log, Registry: reg})
 //	raft:      raftstore.Config.TLS = kit.RaftTLS()            (nil: plaintext)
 //	dialing:   append(router.DefaultDialOptions(), kit.DialOptions()...)
-//	HTTP:      ln, _ := kit.ListenHTTP(addr); handler = kit.HTTPHandler(api)
+//	JSON API:  ln, _ := kit.ListenAPI(addr); handler = kit.HTTPHandler(api); timeouts kit.HTTPTimeouts()
+//	proxy:     ln, _ := kit.ListenHTTP(addr)
 //	gRPC:      ln, _ := kit.ListenGRPC(addr); api.NewGRPCServer(kit.GRPCServerOptions()...)
 //	SIGHUP:    kit.ReloadOnSIGHUP(ctx)
 //
@@ -22,8 +23,11 @@
 // Idem-Forwarded-Principal), honoured there only from a node certificate.
 //
 // The edge limits apply in every mode: a cap on concurrent connections per
-// listener (Limits.MaxConns), and on gRPC a cap on concurrent streams per
-// connection and a keepalive enforcement policy.
+// listener (Limits.MaxConns), a connection to the JSON API or gRPC listener
+// closed once idle for Limits.UnauthenticatedIdle (10 s) without having
+// authenticated a request (conngate.go), and on gRPC a cap on concurrent
+// streams per connection, a 10 s handshake deadline and a keepalive
+// enforcement policy.
 //
 // # Choices (where the contract leaves room)
 //

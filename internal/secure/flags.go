@@ -27,7 +27,7 @@ func (f *Flags) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&f.CertsDir, "certs-dir", "", "secure mode: `DIR` with ca.crt, node.crt and node.key (idemctl cert create-ca / create-node): TLS on every listener, mTLS with node certificates between processes and on the Raft port")
 	fs.StringVar(&f.AuthFile, "auth-file", "", "principals, namespaces, roles and rates (`FILE`, YAML or JSON); without it every caller is root. Reloaded on SIGHUP (with the certificates)")
 	fs.BoolVar(&f.Insecure, "insecure", false, "allow listening beyond loopback without --certs-dir: plaintext and unauthenticated; for trusted networks only")
-	fs.IntVar(&f.MaxConns, "max-conns", DefaultMaxConns, "cap on the connections open at once per listener (JSON, gRPC, proxy); past it new ones wait")
+	fs.IntVar(&f.MaxConns, "max-conns", DefaultMaxConns, "cap on the connections open at once per listener (JSON, gRPC, proxy); past it new ones wait. A JSON or gRPC connection idle 10 s without having authenticated a request is closed")
 	fs.DurationVar(&f.HTTP.ReadTimeout, "http-read-timeout", serving.DefaultReadTimeout, "HTTP listeners: longest time `D` to read one request, body included; a slower client is cut off")
 	fs.DurationVar(&f.HTTP.WriteTimeout, "http-write-timeout", serving.DefaultWriteTimeout, "HTTP listeners: longest time `D` from a request's headers to the end of its answer (the proxy adds --upstream-timeout)")
 	fs.DurationVar(&f.HTTP.IdleTimeout, "http-idle-timeout", serving.DefaultIdleTimeout, "HTTP listeners: keep-alive connections idle for `D` are closed")

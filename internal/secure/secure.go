@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
@@ -46,6 +47,10 @@ type Limits struct {
 	// HTTP are the HTTP servers' read, write and idle timeouts (zero fields:
 	// internal/serving's defaults).
 	HTTP serving.HTTPTimeouts
+	// UnauthenticatedIdle is how long a connection to the JSON API or gRPC
+	// listener may stay idle without having authenticated a request before
+	// it is closed; 0 means DefaultUnauthenticatedIdle.
+	UnauthenticatedIdle time.Duration
 }
 
 // Config configures a Kit.
@@ -72,6 +77,7 @@ type Kit struct {
 	log   *slog.Logger
 	certs *pki.Reloader // nil: insecure
 	auth  *auth.Authorizer
+	gate  *connGate // the JSON API's and gRPC listeners'
 }
 
 // New loads the certs dir (when set) and the auth file; a missing or bad
@@ -86,7 +92,17 @@ func New(cfg Config) (*Kit, error) {
 	if cfg.Limits.MaxConcurrentStreams == 0 {
 		cfg.Limits.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
-	k := &Kit{cfg: cfg, log: cfg.Logger}
+	if cfg.Limits.UnauthenticatedIdle == 0 {
+		cfg.Limits.UnauthenticatedIdle = DefaultUnauthenticatedIdle
+	}
+	closed := prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_unauthenticated_connections_closed_total",
+		Help: "Connections to the JSON API or gRPC listener closed because they stayed idle without authenticating a request (10 s)."})
+	if cfg.Registry != nil {
+		if err := cfg.Registry.Register(closed); err != nil {
+			return nil, fmt.Errorf("secure: register metrics: %w", err)
+		}
+	}
+	k := &Kit{cfg: cfg, log: cfg.Logger, gate: newConnGate(cfg.Limits.UnauthenticatedIdle, closed)}
 	if cfg.CertsDir != "" {
 		r, err := pki.NewReloader(pki.ReloaderConfig{Dir: cfg.CertsDir, NodeID: cfg.NodeID, Logger: cfg.Logger})
 		if err != nil {
@@ -157,8 +173,8 @@ func (k *Kit) listen(addr string) (net.Listener, error) {
 	return ln, nil
 }
 
-// ListenHTTP binds an HTTP listener (JSON API, proxy): capped, and TLS when
-// the Kit has certificates.
+// ListenHTTP binds an HTTP listener whose callers are not idem principals
+// (the proxy's): capped, and TLS when the Kit has certificates.
 func (k *Kit) ListenHTTP(addr string) (net.Listener, error) {
 	ln, err := k.listen(addr)
 	if err != nil || k.certs == nil {
@@ -167,17 +183,69 @@ func (k *Kit) ListenHTTP(addr string) (net.Listener, error) {
 	return tls.NewListener(ln, k.certs.PublicServerTLS()), nil
 }
 
-// HTTPTimeouts are the timeouts of the process's HTTP servers.
-func (k *Kit) HTTPTimeouts() serving.HTTPTimeouts { return k.cfg.Limits.HTTP }
+// ListenAPI binds the JSON API's listener: ListenHTTP, and a connection that
+// stays idle without authenticating a request is closed after
+// Limits.UnauthenticatedIdle. Serve it with HTTPHandler and HTTPTimeouts.
+func (k *Kit) ListenAPI(addr string) (net.Listener, error) {
+	ln, err := k.listen(addr)
+	if err != nil {
+		return nil, err
+	}
+	ln = k.gate.listener(ln)
+	if k.certs == nil {
+		return ln, nil
+	}
+	return tls.NewListener(ln, k.certs.PublicServerTLS()), nil
+}
 
-// ListenGRPC binds a gRPC listener: capped; its TLS is in
-// GRPCServerOptions (gRPC must do the handshake to see the peer).
-func (k *Kit) ListenGRPC(addr string) (net.Listener, error) { return k.listen(addr) }
+// HTTPTimeouts are the timeouts of the process's HTTP servers, with the
+// connection hook ListenAPI's listener needs.
+func (k *Kit) HTTPTimeouts() serving.HTTPTimeouts {
+	t := k.cfg.Limits.HTTP
+	t.ConnState = k.gate.connState
+	return t
+}
+
+// ListenGRPC binds a gRPC listener: capped, closing a connection that stays
+// idle without authenticating an RPC after Limits.UnauthenticatedIdle; its
+// TLS is in GRPCServerOptions (gRPC must do the handshake to see the peer).
+func (k *Kit) ListenGRPC(addr string) (net.Listener, error) {
+	ln, err := k.listen(addr)
+	if err != nil {
+		return nil, err
+	}
+	return k.gate.listener(ln), nil
+}
 
 // HTTPHandler puts the Authorizer in front of the JSON API h (probes and
-// /metrics pass without credentials).
+// /metrics pass without credentials); a request it admits with a principal
+// marks its connection authenticated.
 func (k *Kit) HTTPHandler(h http.Handler) http.Handler {
-	return k.auth.Middleware(h, auth.JSONAPITarget, nil)
+	marked := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := auth.PrincipalFrom(r.Context()); ok {
+			k.gate.markAddr(r.RemoteAddr)
+		}
+		h.ServeHTTP(w, r)
+	})
+	return k.auth.Middleware(marked, auth.JSONAPITarget, nil)
+}
+
+// markUnary and markStream mark the connection of an RPC the Authorizer
+// admitted (they run after its interceptors) as authenticated.
+func (k *Kit) markUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	k.markPeer(ctx)
+	return handler(ctx, req)
+}
+
+func (k *Kit) markStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	k.markPeer(ss.Context())
+	return handler(srv, ss)
+}
+
+func (k *Kit) markPeer(ctx context.Context) {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		k.gate.markAddr(p.Addr.String())
+	}
 }
 
 // GRPCServerOptions are the options of a gRPC server of the Idempotency and
@@ -185,8 +253,11 @@ func (k *Kit) HTTPHandler(h http.Handler) http.Handler {
 // cap and the keepalive enforcement policy.
 func (k *Kit) GRPCServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(k.auth.UnaryServerInterceptor(nil)),
-		grpc.ChainStreamInterceptor(k.auth.StreamServerInterceptor(nil)),
+		grpc.ChainUnaryInterceptor(k.auth.UnaryServerInterceptor(nil), k.markUnary),
+		grpc.ChainStreamInterceptor(k.auth.StreamServerInterceptor(nil), k.markStream),
+		// A client must finish its TLS handshake (or, in plaintext, send
+		// HTTP/2's preface) within this.
+		grpc.ConnectionTimeout(DefaultUnauthenticatedIdle),
 		grpc.MaxConcurrentStreams(k.cfg.Limits.MaxConcurrentStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: DefaultKeepaliveMinTime, PermitWithoutStream: true}),
 		// Idle connections are closed so that a client cannot hold its

@@ -62,6 +62,8 @@ const (
 // (net/http's fields of the same names); zero takes the default above.
 type HTTPTimeouts struct {
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// ConnState, if set, is the server's http.Server.ConnState hook.
+	ConnState func(net.Conn, http.ConnState)
 }
 
 func (t HTTPTimeouts) withDefaults() HTTPTimeouts {
@@ -92,6 +94,7 @@ func HTTPWithTimeouts(name string, ln net.Listener, h http.Handler, log *slog.Lo
 		WriteTimeout: t.WriteTimeout, IdleTimeout: t.IdleTimeout,
 		// net/http's default is 1 MiB of header block per request.
 		MaxHeaderBytes: contract.MaxRequestHeaderBytes,
+		ConnState:      t.ConnState,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}}
 }
