@@ -18,7 +18,9 @@ import (
 
 // Defaults of the Config fields whose zero value means "the default".
 const (
-	DefaultSweepInterval         = 10 * time.Second
+	DefaultSweepInterval = 10 * time.Second
+	// DefaultMaxWaiters is the contract's --max-waiters default.
+	DefaultMaxWaiters            = 10000
 	DefaultMaxSweep              = 10000
 	DefaultAbandonAfter          = 7 * 24 * time.Hour
 	DefaultLeaderBalanceInterval = 5 * time.Second
@@ -97,6 +99,11 @@ type Config struct {
 	// IDEM_ENABLE_FAULT_INJECTION=1); the node logs a warning naming them at
 	// start and every minute. Empty in production.
 	FaultInjection []string
+	// MaxWaiters bounds the reserves with a wait (wait_ms) this node serves
+	// at once, waiting here or forwarded to the key's leader; past it a
+	// reserve is answered at once, as with wait_ms 0. 0 means
+	// DefaultMaxWaiters.
+	MaxWaiters int
 	// UnsafeSettings names the settings in force that turn a safety check
 	// off, as cmd/idemnode names them (insecure, clock_check_off,
 	// fault_injection); the node warns of them at start and every ten
@@ -150,6 +157,9 @@ func (c Config) Validate() error {
 	if c.StateCacheBytes < 0 {
 		bad("state cache bytes %d is negative", c.StateCacheBytes)
 	}
+	if c.MaxWaiters < 0 {
+		bad("max waiters %d is negative", c.MaxWaiters)
+	}
 	if c.MaxStateBytes < 0 {
 		bad("max state bytes %d is negative", c.MaxStateBytes)
 	}
@@ -174,6 +184,7 @@ func (c Config) withDefaults() Config {
 	c.LeaderBalanceInterval = cmp.Or(c.LeaderBalanceInterval, DefaultLeaderBalanceInterval)
 	c.MaxSweep = cmp.Or(c.MaxSweep, DefaultMaxSweep)
 	c.MaxClockOffset = cmp.Or(c.MaxClockOffset, DefaultMaxClockOffset)
+	c.MaxWaiters = cmp.Or(c.MaxWaiters, DefaultMaxWaiters)
 	c.AbandonAfter = cmp.Or(c.AbandonAfter, DefaultAbandonAfter)
 	if reflect.ValueOf(c.Raft).IsZero() { // not ==: the config holds a callback
 		c.Raft = raftstore.DefaultConfig()

@@ -62,11 +62,15 @@ type Node struct {
 	cfg Config
 	// unsafeGauge is idem_node_unsafe_settings (safety.go).
 	unsafeGauge *prometheus.GaugeVec
-	log         *slog.Logger
-	self        topology.Node
-	ring        *topology.Ring
-	fwd         *router.Forwarder
-	api         *server.Server
+	// waiting counts the reserves with a wait in ApplyRouted (bounded by
+	// Config.MaxWaiters); waitRefusals counts those answered without one.
+	waiting      atomic.Int64
+	waitRefusals prometheus.Counter
+	log          *slog.Logger
+	self         topology.Node
+	ring         *topology.Ring
+	fwd          *router.Forwarder
+	api          *server.Server
 
 	// Set by Start.
 	host           *raftstore.Host
@@ -118,6 +122,18 @@ func (n *Node) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) 
 // (other nodes' and routers' forwarders learn leaders from it).
 func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res fsm.Result, leader string, err error) {
 	info := n.ring.Locate(cmd.Namespace, cmd.Key)
+	if cmd.Op == fsm.OpReserve && cmd.Wait > 0 {
+		// A waiting reserve holds a goroutine and a stream for up to 30 s:
+		// past --max-waiters on this node it is answered at once, as with
+		// wait_ms 0.
+		if n.waiting.Add(1) > int64(n.cfg.MaxWaiters) {
+			n.waitRefusals.Inc()
+			noWait := *cmd
+			noWait.Wait = 0
+			cmd = &noWait
+		}
+		defer n.waiting.Add(-1)
+	}
 	prefer := ""
 	if s := n.shards[info.ID]; s != nil {
 		var done bool

@@ -59,6 +59,8 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.clocks = newClocks(n)
+	n.waitRefusals = prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_node_wait_refusals_total",
+		Help: "Reserves with a wait answered at once because --max-waiters reserves were already waiting on this node."})
 	n.unsafeGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_unsafe_settings",
 		Help: "1 for each setting in force that turns a safety check off (insecure: --insecure; clock_check_off: --max-clock-offset 0; fault_injection: a --testing-* flag); absent otherwise."}, []string{"setting"})
 	n.packGate = newPackGate(cfg.NodeID)
@@ -173,6 +175,9 @@ func (n *Node) Start() (err error) {
 		return err
 	}
 	if err := cfg.Registry.Register(n.unsafeGauge); err != nil {
+		return fmt.Errorf("node: register metrics: %w", err)
+	}
+	if err := cfg.Registry.Register(n.waitRefusals); err != nil {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
 	disk, err := newDiskSpace(cfg.DataDir, cfg.DiskReserveBytes, cfg.DiskFree)

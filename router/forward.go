@@ -85,9 +85,13 @@ type Forwarder struct {
 	log   *slog.Logger
 	nodes map[string]topology.Node
 
-	mu      sync.Mutex
-	conns   map[string]*grpc.ClientConn
-	leaders map[string]string // shard id -> node id
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+	// waitConns are second connections to the nodes, for reserves with a
+	// wait only: a wait holds its stream for up to 30 s, and a thousand of
+	// them on conns would take every stream ordinary forwarded calls need.
+	waitConns map[string]*grpc.ClientConn
+	leaders   map[string]string // shard id -> node id
 	// stubs are the nodes' Idempotency stubs (node id -> stub), which
 	// coalesce concurrent forwarded calls into Batch RPCs; batchers holds
 	// one Batcher per node, principal and outgoing metadata (the hop
@@ -118,13 +122,14 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	f := &Forwarder{
-		cfg:      cfg,
-		log:      log,
-		nodes:    map[string]topology.Node{},
-		conns:    map[string]*grpc.ClientConn{},
-		leaders:  map[string]string{},
-		stubs:    map[string]*rpcbatch.Stub{},
-		batchers: map[string]*rpcbatch.Batcher{},
+		cfg:       cfg,
+		log:       log,
+		nodes:     map[string]topology.Node{},
+		conns:     map[string]*grpc.ClientConn{},
+		waitConns: map[string]*grpc.ClientConn{},
+		leaders:   map[string]string{},
+		stubs:     map[string]*rpcbatch.Stub{},
+		batchers:  map[string]*rpcbatch.Batcher{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_forward_requests_total",
 			Help: "Requests forwarded to another node, by destination region and outcome (ok, not_found, not_owner, unavailable, error).",
@@ -157,9 +162,11 @@ func (f *Forwarder) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var errs []error
-	for id, c := range f.conns {
-		errs = append(errs, c.Close())
-		delete(f.conns, id)
+	for _, conns := range []map[string]*grpc.ClientConn{f.conns, f.waitConns} {
+		for id, c := range conns {
+			errs = append(errs, c.Close())
+			delete(conns, id)
+		}
 	}
 	clear(f.stubs)
 	clear(f.batchers)
@@ -288,9 +295,25 @@ func (c *batchContext) Value(key any) any {
 
 // Conn returns the (shared, lazily dialled) gRPC connection to nodeID.
 func (f *Forwarder) Conn(nodeID string) (*grpc.ClientConn, error) {
+	return f.dial(f.conns, nodeID)
+}
+
+// waitClient is the client of nodeID for reserves with a wait: on a
+// connection of their own, and never batched (a batch would hold its other
+// calls until the wait ends).
+func (f *Forwarder) waitClient(nodeID string) (nodeClient, error) {
+	c, err := f.dial(f.waitConns, nodeID)
+	if err != nil {
+		return nodeClient{}, err
+	}
+	return nodeClient{idemv1.NewIdempotencyClient(c), idemv1.NewAdminClient(c)}, nil
+}
+
+// dial returns conns[nodeID], dialling it lazily.
+func (f *Forwarder) dial(conns map[string]*grpc.ClientConn, nodeID string) (*grpc.ClientConn, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if c, ok := f.conns[nodeID]; ok {
+	if c, ok := conns[nodeID]; ok {
 		return c, nil
 	}
 	n, ok := f.nodes[nodeID]
@@ -302,7 +325,7 @@ func (f *Forwarder) Conn(nodeID string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: dial %s (%s): %w", nodeID, n.GRPCAddr, err)
 	}
-	f.conns[nodeID] = c
+	conns[nodeID] = c
 	return c, nil
 }
 
@@ -364,7 +387,12 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 		if target != cached || i > 0 {
 			f.cacheMisses.Inc()
 		}
-		client, err := f.conn(target)
+		var client nodeClient
+		if wait > 0 {
+			client, err = f.waitClient(target)
+		} else {
+			client, err = f.conn(target)
+		}
 		if err != nil {
 			lastErr = err
 			continue

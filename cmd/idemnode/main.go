@@ -56,6 +56,7 @@ type options struct {
 	snapshotInterval time.Duration
 	trailingLogs     uint64
 	maxClockOffset   time.Duration
+	maxWaiters       int
 	diskReserve      uint64
 	gcHeadroom       uint64
 	testClockOffset  time.Duration
@@ -102,6 +103,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	fs.Int64Var(&o.stateCacheBytes, "state-cache-bytes", 0, "the state engine's block cache in `BYTES`, memtables included: most of the node's resident memory, which it bounds whatever the retained state (0: the default, 256 MiB; at least 64 MiB)")
 	fs.Int64Var(&o.maxStateBytes, "max-state-bytes", 0, "stored state in `BYTES` at which requests that add data (a reserve of a new key, a complete) get 429 RESOURCE_EXHAUSTED until sweeps free space (0: 80% of the data dir's free space at start)")
 	fs.DurationVar(&o.clockSkewMargin, "clock-skew-margin", time.Second, "how long past a lease's end before another caller may reclaim the key")
+	fs.IntVar(&o.maxWaiters, "max-waiters", node.DefaultMaxWaiters, "most reserves with a wait (wait_ms) this node serves at once, waiting or forwarded; past it a reserve is answered at once, as with wait_ms 0 (idem_node_wait_refusals_total)")
 	fs.DurationVar(&o.maxClockOffset, "max-clock-offset", node.DefaultMaxClockOffset, "largest offset `D` of this node's clock from its peers' (measured on node-to-node gRPC): past it the node leads no shard and is not ready; 0 turns that check off (an unsafe setting, warned of; commands are still stamped with a majority's clock, within 500ms); not used in --dev")
 	fs.Uint64Var(&o.diskReserve, "disk-reserve-bytes", 0, "free `BYTES` kept on the data dir's filesystem: below it, writes that add data (a reserve of a new key, a complete) get 429 and resume by themselves when space returns (0: 5% of the filesystem, at most 1 GiB)")
 	fs.Uint64Var(&o.gcHeadroom, "gc-headroom-bytes", defaultGCHeadroom, "let the Go heap grow by at least `BYTES` past what the last garbage collection found live before the next (the node collects at GOGC=50, or later while 50% of the live heap is less than this); 0: GOGC=50 alone. GOGC in the environment replaces both")
@@ -222,6 +224,7 @@ func nodeConfig(o *options) (node.Config, error) {
 		ClockSkewMargin:  o.clockSkewMargin,
 		ClockOffset:      o.testClockOffset,
 		MaxClockOffset:   o.maxClockOffset,
+		MaxWaiters:       o.maxWaiters,
 		DiskReserveBytes: o.diskReserve,
 		Version:          version,
 		Raft:             raftstore.DefaultConfig(),
@@ -274,6 +277,9 @@ func nodeConfig(o *options) (node.Config, error) {
 	}
 	if o.maxResponseBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-response-bytes must be positive, got %d", o.maxResponseBytes))
+	}
+	if o.maxWaiters <= 0 {
+		errs = append(errs, fmt.Errorf("--max-waiters must be positive, got %d", o.maxWaiters))
 	}
 	if o.maxClockOffset < 0 {
 		errs = append(errs, fmt.Errorf("--max-clock-offset must not be negative, got %s", o.maxClockOffset))
