@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -433,4 +434,95 @@ func pollLog(t *testing.T, p *cluster.Process, text string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("%s's log never said %q", p.Name, text)
+}
+
+// TestSecureRouterWithoutAuthFile: secure nodes with an auth file behind a
+// secure router started without one. Anonymous callers get 401 at the
+// router (reserve, GET and DELETE alike), and nothing reaches the nodes;
+// a caller with a client certificate of the CA is forwarded as its name,
+// which the nodes judge with their auth file. Before, the router made every
+// caller root: an anonymous DELETE answered 200.
+func TestSecureRouterWithoutAuthFile(t *testing.T) {
+	topo, err := cluster.Topology(cluster.Spec{Cluster: "noauth", NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	authFile := filepath.Join(dir, "auth.yaml")
+	if err := os.WriteFile(authFile, []byte("principals:\n  - {name: root, namespaces: [\"*\"], role: admin}\n  - {name: bob, namespaces: [bob], role: writer}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Secure(authFile, "root", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.NewRouter(binaries["idemrouter"], "edge", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The router without --auth-file.
+	if i := slices.Index(r.Process.Args, "--auth-file"); i >= 0 {
+		r.Process.Args = slices.Delete(r.Process.Args, i, i+2)
+	}
+	c.StopOnCleanup(t)
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	root, err := c.API(r.HTTPAddr, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := root.Reserve(ctx, "pay", "k1", nil); err != nil || res.Str("outcome") != "ACQUIRED" {
+		t.Fatalf("reserve with root's certificate: %v %v", res, err)
+	}
+	anon, err := c.API(r.HTTPAddr, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ method, path string }{
+		{"POST", cluster.KeyPath("pay", "k2") + ":reserve"},
+		{"GET", cluster.KeyPath("pay", "k1")},
+		{"DELETE", cluster.KeyPath("pay", "k1")},
+	} {
+		var body any
+		if tc.method != "GET" {
+			body = map[string]any{}
+			if tc.method == "DELETE" {
+				body = map[string]any{"reason": "anonymous"}
+			}
+		}
+		res, err := anon.Do(ctx, tc.method, tc.path, body)
+		if err != nil || res.Status != 401 {
+			t.Fatalf("anonymous %s %s through a router without an auth file: %v %v, want 401", tc.method, tc.path, res, err)
+		}
+	}
+	// bob's certificate is forwarded as bob: the nodes' auth file lets him
+	// write his namespace and nothing else.
+	bob, err := c.API(r.HTTPAddr, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := bob.Reserve(ctx, "bob", "k1", nil); err != nil || res.Str("outcome") != "ACQUIRED" {
+		t.Fatalf("bob reserving in his namespace: %v %v", res, err)
+	}
+	if res, err := bob.Do(ctx, "DELETE", cluster.KeyPath("pay", "k1"), map[string]any{"reason": "bob"}); err != nil || res.Status != 403 {
+		t.Fatalf("bob deleting in pay through the router: %v %v, want 403 from the nodes", res, err)
+	}
+	if g, err := root.Get(ctx, "pay", "k1"); err != nil || g.Str("state") != "IN_PROGRESS" {
+		t.Fatalf("pay/k1 after the refused deletes: %v %v", g, err)
+	}
 }

@@ -110,7 +110,8 @@ func New(cfg Config) (*Kit, error) {
 		}
 		k.certs = r
 	}
-	a, err := auth.New(auth.Config{File: cfg.AuthFile, Logger: cfg.Logger, Registry: cfg.Registry})
+	a, err := auth.New(auth.Config{File: cfg.AuthFile, Logger: cfg.Logger, Registry: cfg.Registry,
+		RequireCertificate: cfg.CertsDir != "" && cfg.AuthFile == ""})
 	if err != nil {
 		return nil, fmt.Errorf("--auth-file %s: %w", cfg.AuthFile, err)
 	}

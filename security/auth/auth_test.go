@@ -220,6 +220,40 @@ func TestNoAuthFileEveryoneIsRoot(t *testing.T) {
 	}
 }
 
+// TestSecureWithoutAuthFile: a secure process without an auth file accepts
+// only client certificates of the CA (as their name, admin on "*") and node
+// peers (with the principal they forward, or as themselves); an anonymous
+// caller or a bearer token gets 401, so a router without an auth file can
+// no longer make its callers root at the nodes.
+func TestSecureWithoutAuthFile(t *testing.T) {
+	a, err := New(Config{RequireCertificate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		c        Credentials
+		want     string // principal, "" for 401
+		internal bool
+	}{
+		{Credentials{}, "", false},
+		{bearer("anything"), "", false},
+		{cert("alice"), "alice", false},
+		{node("edge-1", "alice"), "alice", false},
+		{node("edge-1", ""), "node:edge-1", true},
+	} {
+		p, err := a.Authorize(tc.c, Target{Namespace: "pay", Verb: VerbDelete})
+		switch {
+		case tc.want == "":
+			var e *Error
+			if !errors.As(err, &e) || e.Code != CodeUnauthenticated {
+				t.Errorf("%+v: got %v, %v; want 401", tc.c, p, err)
+			}
+		case err != nil || p.Name != tc.want || p.Internal != tc.internal:
+			t.Errorf("%+v: got %+v, %v; want %s", tc.c, p, err, tc.want)
+		}
+	}
+}
+
 func TestReload(t *testing.T) {
 	a, _, path := newTestAuthorizer(t, testFile())
 	if _, err := a.Authorize(bearer("tok-billing"), Target{"shop", VerbGet}); !errors.Is(err, ErrPermissionDenied) {

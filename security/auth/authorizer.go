@@ -21,10 +21,17 @@ import (
 
 // Config configures an Authorizer.
 type Config struct {
-	// File is the auth file (--auth-file). Empty means no authentication:
-	// every caller is the principal root (admin on "*"), as the contract says
-	// of a process without --auth-file.
+	// File is the auth file (--auth-file). Empty means no auth file: every
+	// caller is the principal root (admin on "*"), as the contract says of
+	// a process without --auth-file, unless RequireCertificate.
 	File string
+	// RequireCertificate, without an auth file (a secure process started
+	// without --auth-file), accepts only callers that present a client
+	// certificate of the CA (the principal its name, admin on "*") or a node
+	// certificate (with the principal it forwards, or as itself); every
+	// other caller gets 401. It keeps a secure router without an auth file
+	// from making anonymous callers root at the nodes.
+	RequireCertificate bool
 	// Logger receives reload events; nil discards them.
 	Logger *slog.Logger
 	// Registry receives idem_auth_* metrics; nil means none (Stats works).
@@ -169,7 +176,19 @@ func (a *Authorizer) Authenticate(c Credentials) (*Principal, error) {
 // which the rate limit exempts (the process the caller sent it to charged it).
 func (a *Authorizer) authenticate(st *state, c Credentials) (*Principal, bool, error) {
 	if st.policy == nil {
-		return root, false, nil
+		if !a.cfg.RequireCertificate {
+			return root, false, nil
+		}
+		switch c.Peer.Kind {
+		case pki.KindNode:
+			if c.Forwarded == "" {
+				return &Principal{Name: "node:" + c.Peer.Name, Role: RoleAdmin, Namespaces: []string{"*"}, Internal: true}, true, nil
+			}
+			return &Principal{Name: c.Forwarded, Role: RoleAdmin, Namespaces: []string{"*"}}, true, nil
+		case pki.KindClient:
+			return &Principal{Name: c.Peer.Name, Role: RoleAdmin, Namespaces: []string{"*"}}, false, nil
+		}
+		return nil, false, unauthenticated("credentials required: this process has no --auth-file, so it accepts only clients presenting a certificate signed by the cluster CA (idemctl cert create-client)")
 	}
 	if c.Peer.Kind == pki.KindNode {
 		if c.Forwarded == "" {
