@@ -38,10 +38,11 @@ func TestComposeSmoke(t *testing.T) {
 		"IDEM_SMOKE_PROJECT="+project,
 		"IDEM_SMOKE_TIMEOUT="+strconv.Itoa(int(smokeTimeout.Seconds())),
 	)
-	ports := freePorts(t, 8)
+	ports := freePorts(t, 9)
 	for i, name := range []string{
 		"IDEM_NODE1_HTTP_PORT", "IDEM_NODE2_HTTP_PORT", "IDEM_NODE3_HTTP_PORT", "IDEM_ROUTER_HTTP_PORT",
 		"IDEM_NODE1_GRPC_PORT", "IDEM_NODE2_GRPC_PORT", "IDEM_NODE3_GRPC_PORT", "IDEM_ROUTER_GRPC_PORT",
+		"IDEM_DEFAULT_HTTP_PORT",
 	} {
 		env = append(env, name+"="+strconv.Itoa(ports[i]))
 	}

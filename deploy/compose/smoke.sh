@@ -247,5 +247,33 @@ for svc in idem-1 idem-2 idem-3 router; do
   echo "$svc exited 0"
 done
 
+step "the image's default command listens on the container's loopback only"
+default_name="$project-default"
+default_port=${IDEM_DEFAULT_HTTP_PORT:-8109}
+docker rm -f "$default_name" >/dev/null 2>&1 || true
+docker run -d --name "$default_name" -p "127.0.0.1:$default_port:8080" idem:dev >/dev/null
+default_ok=
+for _ in $(seq 100); do
+  # idemctl exits 1 for a key with no record: that answer is the point.
+  out=$(docker exec "$default_name" idemctl get --addr 127.0.0.1:7070 smoke absent 2>&1 || true)
+  if grep -q "no record" <<<"$out"; then
+    default_ok=1
+    break
+  fi
+  sleep 0.2
+done
+if [ -z "$default_ok" ]; then
+  docker logs --tail 20 "$default_name" >&2 || true
+  docker rm -f "$default_name" >/dev/null 2>&1 || true
+  fail "the default container does not answer on its own loopback"
+fi
+echo "default container answers inside, on 127.0.0.1:7070"
+if curl -s -m 3 "http://127.0.0.1:$default_port/healthz" >/dev/null 2>&1; then
+  docker rm -f "$default_name" >/dev/null 2>&1 || true
+  fail "the default container answered on its published port: it listens beyond loopback without --insecure or certificates"
+fi
+echo "and nothing on its published port $default_port"
+docker rm -f "$default_name" >/dev/null
+
 echo
 echo "smoke: PASS"
