@@ -59,18 +59,18 @@ type shard struct {
 // server.Backend of its own API (this file); process.go starts and stops it,
 // loops.go runs its background work.
 type Node struct {
-	cfg Config
+	cfg  Config
+	log  *slog.Logger
+	self topology.Node
+	ring *topology.Ring
+	fwd  *router.Forwarder
+	api  *server.Server
 	// unsafeGauge is idem_node_unsafe_settings (safety.go).
 	unsafeGauge *prometheus.GaugeVec
 	// waiting counts the reserves with a wait in ApplyRouted (bounded by
 	// Config.MaxWaiters); waitRefusals counts those answered without one.
 	waiting      atomic.Int64
 	waitRefusals prometheus.Counter
-	log          *slog.Logger
-	self         topology.Node
-	ring         *topology.Ring
-	fwd          *router.Forwarder
-	api          *server.Server
 
 	// Set by Start.
 	host           *raftstore.Host
