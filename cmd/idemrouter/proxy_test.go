@@ -21,7 +21,7 @@ import (
 // upstream HTTP server, over a real three-node region, and walks the
 // contract's proxy table as a client would.
 func TestProxyModeEndToEnd(t *testing.T) {
-	var executions sync.Map // key -> *atomic.Int32
+	var executions sync.Map  // key -> *atomic.Int32
 	var fencingSeen sync.Map // key -> every header the upstream got that a framework could read as the fencing token
 	release := make(chan struct{})
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
