@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
 	"testing"
 	"time"
 
@@ -28,7 +27,7 @@ import (
 func TestIdleUnauthenticatedConnectionsHoldNoSlot(t *testing.T) {
 	const slots = 8
 	httpAddr, p := startDev(t, nil, "--max-conns", fmt.Sprint(slots))
-	grpcAddr := p.Args[slices.Index(p.Args, "--grpc-addr")+1]
+	grpcAddr := flagValue(p, "--grpc-addr")
 
 	var held []net.Conn
 	defer func() {

@@ -28,7 +28,7 @@ import (
 // 478 MiB of RSS (gRPC-Go's default is 16 MiB of metadata per stream).
 func TestMetadataFloodBeforeAuthentication(t *testing.T) {
 	httpAddr, p := startDev(t, nil)
-	grpcAddr := p.Args[slices.Index(p.Args, "--grpc-addr")+1]
+	grpcAddr := flagValue(p, "--grpc-addr")
 	before := rssOf(t, p.Pid())
 
 	const streams, repeats = 32, 5000
@@ -104,6 +104,15 @@ func TestMetadataFloodBeforeAuthentication(t *testing.T) {
 	if r, err := cluster.NewAPI(httpAddr).Reserve(t.Context(), "flood", "k1", nil); err != nil || r.Str("outcome") != "ACQUIRED" {
 		t.Fatalf("reserve after the flood: %v %v", r, err)
 	}
+}
+
+// flagValue is the value p was started with for flag ("--name value").
+func flagValue(p *cluster.Process, flag string) string {
+	i := slices.Index(p.Args, flag)
+	if i < 0 || i+1 >= len(p.Args) {
+		panic("flagValue: " + p.Name + " was started without " + flag)
+	}
+	return p.Args[i+1]
 }
 
 // rssOf is process pid's resident set in bytes.

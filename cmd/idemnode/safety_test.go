@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -685,7 +684,7 @@ func TestForgottenVoteIsRefused(t *testing.T) {
 	for i := range 40 { // every shard of the dev node gets writes
 		ok(api.Reserve(t.Context(), "payments", fmt.Sprintf("vote-%d", i), nil))
 	}
-	grpcAddr := p.Args[slices.Index(p.Args, "--grpc-addr")+1]
+	grpcAddr := flagValue(p, "--grpc-addr")
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

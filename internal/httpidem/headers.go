@@ -167,23 +167,5 @@ func StripFencingHeaders(h http.Header) {
 }
 
 func isFencingHeaderName(name string) bool {
-	if len(name) != len(HeaderFencingToken) {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c, want := name[i], HeaderFencingToken[i]
-		if c == '_' {
-			c = '-'
-		}
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if 'A' <= want && want <= 'Z' {
-			want += 'a' - 'A'
-		}
-		if c != want {
-			return false
-		}
-	}
-	return true
+	return len(name) == len(HeaderFencingToken) && strings.EqualFold(strings.ReplaceAll(name, "_", "-"), HeaderFencingToken)
 }

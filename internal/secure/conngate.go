@@ -30,7 +30,7 @@ type connGate struct {
 	timeout time.Duration
 	closed  prometheus.Counter
 
-	mu    sync.Mutex
+	mu    sync.RWMutex // markAddr, on every admitted request, only reads
 	conns map[string]*gateConn
 }
 
@@ -103,9 +103,9 @@ func (c *gateConn) Close() error {
 
 // markAddr marks the connection from remote address addr as authenticated.
 func (g *connGate) markAddr(addr string) {
-	g.mu.Lock()
+	g.mu.RLock()
 	c := g.conns[addr]
-	g.mu.Unlock()
+	g.mu.RUnlock()
 	if c != nil && !c.authed.Swap(true) {
 		c.stopTimer()
 	}
