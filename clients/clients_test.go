@@ -1,0 +1,116 @@
+package clients
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// suiteTimeout bounds one language's whole test suite.
+const suiteTimeout = 10 * time.Minute
+
+// debianNodePath is where Debian's node-* packages (node-express) live; a
+// Node.js built elsewhere does not search it on its own.
+const debianNodePath = "/usr/share/nodejs"
+
+var (
+	buildOnce sync.Once
+	nodeBin   string
+	buildErr  error
+	buildOut  []byte
+)
+
+// idemnode builds cmd/idemnode once per test binary.
+func idemnode(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "idem-clients-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		nodeBin = filepath.Join(dir, "idemnode")
+		cmd := exec.Command("go", "build", "-o", nodeBin, "github.com/idem-dev/idem/cmd/idemnode")
+		buildOut, buildErr = cmd.CombinedOutput()
+	})
+	if buildErr != nil {
+		t.Fatalf("go build idemnode: %v\n%s", buildErr, buildOut)
+	}
+	return nodeBin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if nodeBin != "" {
+		os.RemoveAll(filepath.Dir(nodeBin))
+	}
+	os.Exit(code)
+}
+
+// need fails the test under CI=true and skips it elsewhere when a check of
+// the machine fails.
+func need(t *testing.T, what, install string, check *exec.Cmd) {
+	t.Helper()
+	out, err := check.CombinedOutput()
+	if err == nil {
+		return
+	}
+	why := strings.TrimSpace(string(out))
+	if why == "" {
+		why = err.Error()
+	}
+	msg := what + " is missing (" + why + "): " + install
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// runSuite runs a language's test suite in dir with IDEM_NODE_BIN set,
+// logging its output; a failing suite fails the test.
+func runSuite(t *testing.T, dir string, env []string, name string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), suiteTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), append(env, "IDEM_NODE_BIN="+idemnode(t))...)
+	cmd.WaitDelay = 10 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	err := cmd.Run()
+	t.Logf("%s %s (in %s):\n%s", name, strings.Join(args, " "), dir, out.String())
+	if ctx.Err() != nil {
+		t.Fatalf("the suite did not finish within %v", suiteTimeout)
+	}
+	if err != nil {
+		t.Fatalf("the suite failed: %v", err)
+	}
+}
+
+func withNodePath() string {
+	if p := os.Getenv("NODE_PATH"); p != "" {
+		return "NODE_PATH=" + p + string(os.PathListSeparator) + debianNodePath
+	}
+	return "NODE_PATH=" + debianNodePath
+}
+
+// TestTypeScript runs @idem/client's suite (node --test) against real dev
+// nodes: every call, run/once, the Express middleware, the declarations.
+func TestTypeScript(t *testing.T) {
+	nodePath := withNodePath()
+	need(t, "Node.js 20+", "apt-get install nodejs", exec.Command("node", "-e",
+		`if (Number(process.versions.node.split(".")[0]) < 20) { console.log("node " + process.versions.node + " is older than 20"); process.exit(1) }`))
+	check := exec.Command("node", "-e", `require("express")`)
+	check.Env = append(os.Environ(), nodePath)
+	need(t, "express", "apt-get install node-express", check)
+	need(t, "tsc", "apt-get install node-typescript", exec.Command("tsc", "--version"))
+	runSuite(t, "typescript", []string{nodePath}, "node", "--test")
+}

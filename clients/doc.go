@@ -1,0 +1,14 @@
+// Package clients holds idem's clients for other languages and the Go test
+// that runs their test suites against a real node:
+//
+//   - typescript: @idem/client, the JSON API client, run/once and Express
+//     middleware (tests: node --test);
+//   - python: idem-client, the same for Python with asyncio and ASGI
+//     middleware (tests: pytest).
+//
+// The test builds cmd/idemnode into a temporary directory and hands its path
+// to each suite in IDEM_NODE_BIN; each suite starts its own `idemnode --dev`
+// on free loopback ports. Under CI=true a missing runtime or test dependency
+// fails the test; elsewhere it is skipped with the command that installs it.
+// It has no Go API.
+package clients
