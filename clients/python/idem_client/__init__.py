@@ -1,0 +1,19 @@
+"""idem-client: a client of idem's JSON API with run/once helpers
+(synchronous: Client; asyncio: AsyncClient) and ASGI middleware
+(idem_client.asgi.IdempotencyMiddleware). Standard library only."""
+
+from ._core import Checkpoint, KeyEntry, KeyPage, Record, Reservation, Response, RunResult, new_owner_token
+from .aio import AsyncClient
+from .client import Client, Lease
+from .errors import (ExpiredError, FailedPreconditionError, FingerprintMismatchError, GoneError, IdemError,
+                     InProgressError, InternalError, InvalidArgumentError, LeaseLostError, NotFoundError, NotOwnerError,
+                     PayloadTooLargeError, PermanentError, PermissionDeniedError, ResourceExhaustedError,
+                     UnauthenticatedError, UnavailableError)
+
+__all__ = [
+    "AsyncClient", "Checkpoint", "Client", "ExpiredError", "FailedPreconditionError", "FingerprintMismatchError",
+    "GoneError", "IdemError", "InProgressError", "InternalError", "InvalidArgumentError", "KeyEntry", "KeyPage", "Lease",
+    "LeaseLostError", "NotFoundError", "NotOwnerError", "PayloadTooLargeError", "PermanentError", "PermissionDeniedError",
+    "Record", "Reservation", "ResourceExhaustedError", "Response", "RunResult", "UnauthenticatedError",
+    "UnavailableError", "new_owner_token",
+]
