@@ -114,3 +114,17 @@ func TestTypeScript(t *testing.T) {
 	need(t, "tsc", "apt-get install node-typescript", exec.Command("tsc", "--version"))
 	runSuite(t, "typescript", []string{nodePath}, "node", "--test")
 }
+
+// python is Debian's interpreter, which sees Debian's python3-* packages
+// (pytest, starlette, fastapi, httpx).
+const python = "/usr/bin/python3"
+
+// TestPython runs idem-client's suite (pytest) against a real dev node:
+// every call, the sync and asyncio run/once, the ASGI middleware under
+// Starlette and FastAPI.
+func TestPython(t *testing.T) {
+	need(t, "python3 with pytest, starlette, fastapi and httpx",
+		"apt-get install python3-pytest python3-starlette python3-fastapi python3-httpx",
+		exec.Command(python, "-c", "import pytest, starlette, fastapi, httpx"))
+	runSuite(t, "python", []string{"PYTHONDONTWRITEBYTECODE=1"}, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests")
+}
