@@ -21,34 +21,37 @@ const debianNodePath = "/usr/share/nodejs"
 
 var (
 	buildOnce sync.Once
-	nodeBin   string
+	binDir    string
 	buildErr  error
 	buildOut  []byte
 )
 
-// idemnode builds cmd/idemnode once per test binary.
-func idemnode(t *testing.T) string {
+// binaries builds cmd/idemnode and cmd/idemctl once per test binary and
+// returns the environment that hands them to a suite.
+func binaries(t *testing.T) []string {
 	t.Helper()
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "idem-clients-")
-		if err != nil {
-			buildErr = err
+		binDir, buildErr = os.MkdirTemp("", "idem-clients-")
+		if buildErr != nil {
 			return
 		}
-		nodeBin = filepath.Join(dir, "idemnode")
-		cmd := exec.Command("go", "build", "-o", nodeBin, "github.com/idem-dev/idem/cmd/idemnode")
+		cmd := exec.Command("go", "build", "-o", binDir+string(os.PathSeparator),
+			"github.com/idem-dev/idem/cmd/idemnode", "github.com/idem-dev/idem/cmd/idemctl")
 		buildOut, buildErr = cmd.CombinedOutput()
 	})
 	if buildErr != nil {
-		t.Fatalf("go build idemnode: %v\n%s", buildErr, buildOut)
+		t.Fatalf("go build idemnode idemctl: %v\n%s", buildErr, buildOut)
 	}
-	return nodeBin
+	return []string{
+		"IDEM_NODE_BIN=" + filepath.Join(binDir, "idemnode"),
+		"IDEM_CTL_BIN=" + filepath.Join(binDir, "idemctl"),
+	}
 }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if nodeBin != "" {
-		os.RemoveAll(filepath.Dir(nodeBin))
+	if binDir != "" {
+		os.RemoveAll(binDir)
 	}
 	os.Exit(code)
 }
@@ -72,7 +75,8 @@ func need(t *testing.T, what, install string, check *exec.Cmd) {
 	t.Skip(msg)
 }
 
-// runSuite runs a language's test suite in dir with IDEM_NODE_BIN set,
+// runSuite runs a language's test suite in dir with IDEM_NODE_BIN and
+// IDEM_CTL_BIN set,
 // logging its output; a failing suite fails the test.
 func runSuite(t *testing.T, dir string, env []string, name string, args ...string) {
 	t.Helper()
@@ -80,7 +84,7 @@ func runSuite(t *testing.T, dir string, env []string, name string, args ...strin
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), append(env, "IDEM_NODE_BIN="+idemnode(t))...)
+	cmd.Env = append(append(os.Environ(), env...), binaries(t)...)
 	cmd.WaitDelay = 10 * time.Second
 	var out bytes.Buffer
 	cmd.Stdout = &out

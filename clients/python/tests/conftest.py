@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -34,27 +36,48 @@ class DevNode:
         self.log = log
 
 
-@pytest.fixture(scope="session")
-def node():
-    tmp = Path(tempfile.mkdtemp(prefix="idem-py-"))
-    binary = os.environ.get("IDEM_NODE_BIN")
-    if not binary:
-        binary = str(tmp / "idemnode")
-        subprocess.run(["go", "build", "-o", binary, "./cmd/idemnode"], cwd=REPO, check=True)
+def _binary(tmp: Path, env: str, pkg: str, name: str) -> str:
+    if os.environ.get(env):
+        return os.environ[env]
+    out = str(tmp / name)
+    subprocess.run(["go", "build", "-o", out, pkg], cwd=REPO, check=True)
+    return out
+
+
+def make_certs(tmp: Path, client: str) -> Path:
+    """A CA, a node certificate for 127.0.0.1 and a client certificate for
+    ``client``, made with idemctl (IDEM_CTL_BIN, else built), in tmp/certs."""
+    ctl = _binary(tmp, "IDEM_CTL_BIN", "./cmd/idemctl", "idemctl")
+    certs = tmp / "certs"
+    subprocess.run([ctl, "cert", "create-ca", "--certs-dir", str(certs)], check=True, capture_output=True)
+    subprocess.run([ctl, "cert", "create-node", "--certs-dir", str(certs), "--id", "dev", "127.0.0.1"], check=True, capture_output=True)
+    subprocess.run([ctl, "cert", "create-client", "--certs-dir", str(certs), client], check=True, capture_output=True)
+    return certs
+
+
+def start_node(tmp: Path, certs: Optional[Path] = None, auth_file: Optional[Path] = None) -> DevNode:
+    """Starts idemnode --dev on free loopback ports with a 100 ms clock-skew
+    margin and waits up to 60 s for /readyz 200; with certs, TLS."""
+    binary = _binary(tmp, "IDEM_NODE_BIN", "./cmd/idemnode", "idemnode")
     http, grpc, raft = free_port(), free_port(), free_port()
     log = tmp / "node.log"
+    args = [binary, "--dev", "--http-addr", f"127.0.0.1:{http}", "--grpc-addr", f"127.0.0.1:{grpc}",
+            "--raft-addr", f"127.0.0.1:{raft}", "--data-dir", str(tmp / "data"), "--clock-skew-margin", "100ms", "--log-level", "warn"]
+    if certs:
+        args += ["--certs-dir", str(certs)]
+    if auth_file:
+        args += ["--auth-file", str(auth_file)]
     with open(log, "wb") as out:
-        proc = subprocess.Popen([binary, "--dev", "--http-addr", f"127.0.0.1:{http}", "--grpc-addr", f"127.0.0.1:{grpc}",
-                                 "--raft-addr", f"127.0.0.1:{raft}", "--data-dir", str(tmp / "data"),
-                                 "--clock-skew-margin", "100ms", "--log-level", "warn"], stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{http}"
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    url = f"{'https' if certs else 'http'}://127.0.0.1:{http}"
+    ctx = ssl.create_default_context(cafile=str(certs / "ca.crt")) if certs else None
     deadline = time.monotonic() + 60
     last = "no answer yet"
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"idemnode exited {proc.returncode} before it was ready:\n{log.read_text()}")
         try:
-            with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
+            with urllib.request.urlopen(url + "/readyz", timeout=2, context=ctx) as r:
                 if r.status == 200:
                     break
         except OSError as e:
@@ -63,13 +86,24 @@ def node():
             proc.kill()
             raise RuntimeError(f"idemnode not ready within 60 s (last: {last}):\n{log.read_text()}")
         time.sleep(0.1)
-    yield DevNode(url, proc, log)
-    proc.terminate()
+    return DevNode(url, proc, log)
+
+
+def stop_node(n: DevNode) -> None:
+    n.proc.terminate()
     try:
-        proc.wait(10)
+        n.proc.wait(10)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        n.proc.kill()
+        n.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def node():
+    tmp = Path(tempfile.mkdtemp(prefix="idem-py-"))
+    n = start_node(tmp)
+    yield n
+    stop_node(n)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -4,7 +4,8 @@
 
 import { spawn, execFileSync } from 'node:child_process';
 import { createServer } from 'node:net';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, readFileSync } from 'node:fs';
+import { get as httpsGet } from 'node:https';
 import { tmpdir } from 'node:os';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -45,39 +46,77 @@ export function freePort() {
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-function nodeBinary(dir) {
-  if (process.env.IDEM_NODE_BIN) return process.env.IDEM_NODE_BIN;
-  const out = join(dir, 'idemnode');
-  execFileSync('go', ['build', '-o', out, './cmd/idemnode'], { cwd: repoRoot, stdio: 'inherit' });
+function binary(dir, env, pkg, name) {
+  if (process.env[env]) return process.env[env];
+  const out = join(dir, name);
+  execFileSync('go', ['build', '-o', out, pkg], { cwd: repoRoot, stdio: 'inherit' });
   return out;
+}
+
+/** GET url with the given TLS options (a private CA): {status, text}. */
+function getTLS(url, tls) {
+  return new Promise((resolve, reject) => {
+    const req = httpsGet(url, { ...tls, timeout: 2000 }, (res) => {
+      let text = '';
+      res.on('data', (c) => { text += c; });
+      res.on('end', () => resolve({ status: res.statusCode, text }));
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', reject);
+  });
+}
+
+/**
+ * Makes a CA, a node certificate for 127.0.0.1 and a client certificate
+ * for `client` with idemctl (IDEM_CTL_BIN, else built), in a new dir.
+ * Returns {dir, ca, cert, key} (file contents for the client's tls option).
+ */
+export function makeCerts(client) {
+  const dir = mkdtempSync(join(tmpdir(), 'idem-ts-certs-'));
+  const ctl = binary(dir, 'IDEM_CTL_BIN', './cmd/idemctl', 'idemctl');
+  const certs = join(dir, 'certs');
+  execFileSync(ctl, ['cert', 'create-ca', '--certs-dir', certs]);
+  execFileSync(ctl, ['cert', 'create-node', '--certs-dir', certs, '--id', 'dev', '127.0.0.1']);
+  execFileSync(ctl, ['cert', 'create-client', '--certs-dir', certs, client]);
+  return {
+    dir: certs,
+    ca: readFileSync(join(certs, 'ca.crt')),
+    cert: readFileSync(join(certs, `client.${client}.crt`)),
+    key: readFileSync(join(certs, `client.${client}.key`)),
+  };
 }
 
 /**
  * Starts `idemnode --dev` on free loopback ports with a 100 ms clock-skew
  * margin (a lease can be reclaimed 100 ms after it ends) and waits up to 60 s
- * for /readyz 200. Returns {url, stop, log}.
+ * for /readyz 200. options.certs (makeCerts) serves TLS with that CA;
+ * options.authFile names an auth file. Returns {url, stop, log}.
  */
-export async function startNode() {
+export async function startNode(options = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'idem-ts-'));
-  const bin = nodeBinary(dir);
+  const bin = binary(dir, 'IDEM_NODE_BIN', './cmd/idemnode', 'idemnode');
   const [http, grpc, raft] = [await freePort(), await freePort(), await freePort()];
   const args = ['--dev', '--http-addr', `127.0.0.1:${http}`, '--grpc-addr', `127.0.0.1:${grpc}`,
     '--raft-addr', `127.0.0.1:${raft}`, '--data-dir', join(dir, 'data'), '--clock-skew-margin', '100ms', '--log-level', 'warn'];
+  if (options.certs) args.push('--certs-dir', options.certs.dir);
+  if (options.authFile) args.push('--auth-file', options.authFile);
   const child = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
   child.stdout.on('data', (c) => { log += c; });
   child.stderr.on('data', (c) => { log += c; });
   let exited = null;
   const exit = new Promise((resolve) => child.on('exit', (code, signal) => { exited = { code, signal }; resolve(); }));
-  const url = `http://127.0.0.1:${http}`;
+  const url = `${options.certs ? 'https' : 'http'}://127.0.0.1:${http}`;
   const deadline = Date.now() + 60_000;
   let last = 'no answer yet';
   for (;;) {
     if (exited) throw new Error(`idemnode exited (${JSON.stringify(exited)}) before it was ready:\n${log}`);
     try {
-      const r = await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(2000) });
+      const r = options.certs
+        ? await getTLS(`${url}/readyz`, { ca: options.certs.ca })
+        : await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(2000) }).then(async (x) => ({ status: x.status, text: await x.text() }));
       if (r.status === 200) break;
-      last = `readyz ${r.status}: ${await r.text()}`;
+      last = `readyz ${r.status}: ${r.text}`;
     } catch (err) {
       last = String(err);
     }
