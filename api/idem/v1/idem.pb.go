@@ -36,6 +36,9 @@ const (
 	Outcome_IN_PROGRESS          Outcome = 3
 	Outcome_COMPLETED            Outcome = 4
 	Outcome_FINGERPRINT_MISMATCH Outcome = 5
+	// v1.2: the key's response is past retention and only its tombstone is
+	// left: the work was done and its response is gone.
+	Outcome_EXPIRED Outcome = 6
 )
 
 // Enum value maps for Outcome.
@@ -47,6 +50,7 @@ var (
 		3: "IN_PROGRESS",
 		4: "COMPLETED",
 		5: "FINGERPRINT_MISMATCH",
+		6: "EXPIRED",
 	}
 	Outcome_value = map[string]int32{
 		"OUTCOME_UNSPECIFIED":  0,
@@ -55,6 +59,7 @@ var (
 		"IN_PROGRESS":          3,
 		"COMPLETED":            4,
 		"FINGERPRINT_MISMATCH": 5,
+		"EXPIRED":              6,
 	}
 )
 
@@ -91,6 +96,9 @@ const (
 	State_STATE_UNSPECIFIED State = 0
 	State_STATE_IN_PROGRESS State = 1
 	State_STATE_COMPLETED   State = 2
+	// v1.2: a tombstone (fingerprint, fencing token, completed_at,
+	// expired_at; no response).
+	State_STATE_EXPIRED State = 3
 )
 
 // Enum value maps for State.
@@ -99,11 +107,13 @@ var (
 		0: "STATE_UNSPECIFIED",
 		1: "STATE_IN_PROGRESS",
 		2: "STATE_COMPLETED",
+		3: "STATE_EXPIRED",
 	}
 	State_value = map[string]int32{
 		"STATE_UNSPECIFIED": 0,
 		"STATE_IN_PROGRESS": 1,
 		"STATE_COMPLETED":   2,
+		"STATE_EXPIRED":     3,
 	}
 )
 
@@ -204,7 +214,10 @@ type ReserveRequest struct {
 	OwnerToken  string                 `protobuf:"bytes,5,opt,name=owner_token,json=ownerToken,proto3" json:"owner_token,omitempty"`
 	// v1.1: wait up to this long (0..30000 ms) for an IN_PROGRESS key to stop
 	// being in progress, then decide as usual.
-	WaitMs        int64 `protobuf:"varint,6,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	WaitMs int64 `protobuf:"varint,6,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	// v1.2: "acquire" takes a key whose response expired (a tombstone) as
+	// ACQUIRED instead of answering EXPIRED; empty answers EXPIRED.
+	IfExpired     string `protobuf:"bytes,7,opt,name=if_expired,json=ifExpired,proto3" json:"if_expired,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -281,6 +294,13 @@ func (x *ReserveRequest) GetWaitMs() int64 {
 	return 0
 }
 
+func (x *ReserveRequest) GetIfExpired() string {
+	if x != nil {
+		return x.IfExpired
+	}
+	return ""
+}
+
 type ReserveResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Outcome Outcome                `protobuf:"varint,1,opt,name=outcome,proto3,enum=idem.v1.Outcome" json:"outcome,omitempty"`
@@ -295,9 +315,14 @@ type ReserveResponse struct {
 	// IN_PROGRESS.
 	RetryAfterMs int64 `protobuf:"varint,6,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// COMPLETED.
-	Response      *StoredResponse        `protobuf:"bytes,7,opt,name=response,proto3" json:"response,omitempty"`
-	CompletedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	Response    *StoredResponse        `protobuf:"bytes,7,opt,name=response,proto3" json:"response,omitempty"`
+	CompletedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	ExpiresAt   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// v1.2, EXPIRED: when the response's retention ended (completed_at and
+	// fencing_token are set too).
+	ExpiredAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=expired_at,json=expiredAt,proto3" json:"expired_at,omitempty"`
+	// v1.2, RECLAIMED: the last checkpoint of an earlier attempt, if any.
+	Checkpoint    *KeyCheckpoint `protobuf:"bytes,11,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -391,6 +416,20 @@ func (x *ReserveResponse) GetCompletedAt() *timestamppb.Timestamp {
 func (x *ReserveResponse) GetExpiresAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetExpiredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiredAt
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetCheckpoint() *KeyCheckpoint {
+	if x != nil {
+		return x.Checkpoint
 	}
 	return nil
 }
@@ -792,8 +831,12 @@ type GetResponse struct {
 	CompletedAt    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
 	ExpiresAt      *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	Response       *StoredResponse        `protobuf:"bytes,7,opt,name=response,proto3" json:"response,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// v1.2: STATE_EXPIRED.
+	ExpiredAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expired_at,json=expiredAt,proto3" json:"expired_at,omitempty"`
+	// v1.2: STATE_IN_PROGRESS with a checkpoint.
+	Checkpoint    *KeyCheckpoint `protobuf:"bytes,9,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetResponse) Reset() {
@@ -871,6 +914,20 @@ func (x *GetResponse) GetExpiresAt() *timestamppb.Timestamp {
 func (x *GetResponse) GetResponse() *StoredResponse {
 	if x != nil {
 		return x.Response
+	}
+	return nil
+}
+
+func (x *GetResponse) GetExpiredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiredAt
+	}
+	return nil
+}
+
+func (x *GetResponse) GetCheckpoint() *KeyCheckpoint {
+	if x != nil {
+		return x.Checkpoint
 	}
 	return nil
 }
@@ -2886,6 +2943,558 @@ func (x *ListShardResponse) GetDone() bool {
 	return false
 }
 
+// KeyCheckpoint is the last recovery point an attempt stored for its key.
+type KeyCheckpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1-64 chars of [A-Za-z0-9_.-].
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// At most 64 KiB.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// The fencing token of the attempt that wrote it.
+	FencingToken   uint64                 `protobuf:"varint,3,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	CheckpointedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=checkpointed_at,json=checkpointedAt,proto3" json:"checkpointed_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *KeyCheckpoint) Reset() {
+	*x = KeyCheckpoint{}
+	mi := &file_idem_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyCheckpoint) ProtoMessage() {}
+
+func (x *KeyCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyCheckpoint.ProtoReflect.Descriptor instead.
+func (*KeyCheckpoint) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *KeyCheckpoint) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *KeyCheckpoint) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *KeyCheckpoint) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *KeyCheckpoint) GetCheckpointedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CheckpointedAt
+	}
+	return nil
+}
+
+type CheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	OwnerToken    string                 `protobuf:"bytes,3,opt,name=owner_token,json=ownerToken,proto3" json:"owner_token,omitempty"`
+	Name          string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Data          []byte                 `protobuf:"bytes,5,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointRequest) Reset() {
+	*x = CheckpointRequest{}
+	mi := &file_idem_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointRequest) ProtoMessage() {}
+
+func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *CheckpointRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *CheckpointRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CheckpointRequest) GetOwnerToken() string {
+	if x != nil {
+		return x.OwnerToken
+	}
+	return ""
+}
+
+func (x *CheckpointRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CheckpointRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type CheckpointResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	CheckpointedAt *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=checkpointed_at,json=checkpointedAt,proto3" json:"checkpointed_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CheckpointResponse) Reset() {
+	*x = CheckpointResponse{}
+	mi := &file_idem_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointResponse) ProtoMessage() {}
+
+func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
+func (*CheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *CheckpointResponse) GetCheckpointedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CheckpointedAt
+	}
+	return nil
+}
+
+// NamespacePolicy holds a namespace's settings. In a SetPolicyRequest an
+// absent field keeps the built-in default; in an answer every field is set
+// (the value in force).
+type NamespacePolicy struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	DefaultLeaseMs    *int64                 `protobuf:"varint,1,opt,name=default_lease_ms,json=defaultLeaseMs,proto3,oneof" json:"default_lease_ms,omitempty"`
+	MaxLeaseMs        *int64                 `protobuf:"varint,2,opt,name=max_lease_ms,json=maxLeaseMs,proto3,oneof" json:"max_lease_ms,omitempty"`
+	DefaultRetentionS *int64                 `protobuf:"varint,3,opt,name=default_retention_s,json=defaultRetentionS,proto3,oneof" json:"default_retention_s,omitempty"`
+	MaxRetentionS     *int64                 `protobuf:"varint,4,opt,name=max_retention_s,json=maxRetentionS,proto3,oneof" json:"max_retention_s,omitempty"`
+	// How long a tombstone outlives the response; 0 keeps none.
+	TombstoneS    *int64 `protobuf:"varint,5,opt,name=tombstone_s,json=tombstoneS,proto3,oneof" json:"tombstone_s,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NamespacePolicy) Reset() {
+	*x = NamespacePolicy{}
+	mi := &file_idem_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NamespacePolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NamespacePolicy) ProtoMessage() {}
+
+func (x *NamespacePolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NamespacePolicy.ProtoReflect.Descriptor instead.
+func (*NamespacePolicy) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *NamespacePolicy) GetDefaultLeaseMs() int64 {
+	if x != nil && x.DefaultLeaseMs != nil {
+		return *x.DefaultLeaseMs
+	}
+	return 0
+}
+
+func (x *NamespacePolicy) GetMaxLeaseMs() int64 {
+	if x != nil && x.MaxLeaseMs != nil {
+		return *x.MaxLeaseMs
+	}
+	return 0
+}
+
+func (x *NamespacePolicy) GetDefaultRetentionS() int64 {
+	if x != nil && x.DefaultRetentionS != nil {
+		return *x.DefaultRetentionS
+	}
+	return 0
+}
+
+func (x *NamespacePolicy) GetMaxRetentionS() int64 {
+	if x != nil && x.MaxRetentionS != nil {
+		return *x.MaxRetentionS
+	}
+	return 0
+}
+
+func (x *NamespacePolicy) GetTombstoneS() int64 {
+	if x != nil && x.TombstoneS != nil {
+		return *x.TombstoneS
+	}
+	return 0
+}
+
+type SetPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Policy        *NamespacePolicy       `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPolicyRequest) Reset() {
+	*x = SetPolicyRequest{}
+	mi := &file_idem_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPolicyRequest) ProtoMessage() {}
+
+func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
+func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *SetPolicyRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *SetPolicyRequest) GetPolicy() *NamespacePolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type SetPolicyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policy        *NamespacePolicy       `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPolicyResponse) Reset() {
+	*x = SetPolicyResponse{}
+	mi := &file_idem_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPolicyResponse) ProtoMessage() {}
+
+func (x *SetPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPolicyResponse.ProtoReflect.Descriptor instead.
+func (*SetPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *SetPolicyResponse) GetPolicy() *NamespacePolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type GetPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPolicyRequest) Reset() {
+	*x = GetPolicyRequest{}
+	mi := &file_idem_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPolicyRequest) ProtoMessage() {}
+
+func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPolicyRequest.ProtoReflect.Descriptor instead.
+func (*GetPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *GetPolicyRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+type GetPolicyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policy        *NamespacePolicy       `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPolicyResponse) Reset() {
+	*x = GetPolicyResponse{}
+	mi := &file_idem_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPolicyResponse) ProtoMessage() {}
+
+func (x *GetPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPolicyResponse.ProtoReflect.Descriptor instead.
+func (*GetPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *GetPolicyResponse) GetPolicy() *NamespacePolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type SetShardPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	Namespace     string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Policy        *NamespacePolicy       `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetShardPolicyRequest) Reset() {
+	*x = SetShardPolicyRequest{}
+	mi := &file_idem_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetShardPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetShardPolicyRequest) ProtoMessage() {}
+
+func (x *SetShardPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetShardPolicyRequest.ProtoReflect.Descriptor instead.
+func (*SetShardPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *SetShardPolicyRequest) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+func (x *SetShardPolicyRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *SetShardPolicyRequest) GetPolicy() *NamespacePolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type SetShardPolicyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetShardPolicyResponse) Reset() {
+	*x = SetShardPolicyResponse{}
+	mi := &file_idem_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetShardPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetShardPolicyResponse) ProtoMessage() {}
+
+func (x *SetShardPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetShardPolicyResponse.ProtoReflect.Descriptor instead.
+func (*SetShardPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{50}
+}
+
 var File_idem_proto protoreflect.FileDescriptor
 
 const file_idem_proto_rawDesc = "" +
@@ -2898,7 +3507,7 @@ const file_idem_proto_rawDesc = "" +
 	"\x04body\x18\x03 \x01(\fR\x04body\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb7\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd6\x01\n" +
 	"\x0eReserveRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12 \n" +
@@ -2906,7 +3515,9 @@ const file_idem_proto_rawDesc = "" +
 	"\blease_ms\x18\x04 \x01(\x03R\aleaseMs\x12\x1f\n" +
 	"\vowner_token\x18\x05 \x01(\tR\n" +
 	"ownerToken\x12\x17\n" +
-	"\await_ms\x18\x06 \x01(\x03R\x06waitMs\"\xd4\x03\n" +
+	"\await_ms\x18\x06 \x01(\x03R\x06waitMs\x12\x1d\n" +
+	"\n" +
+	"if_expired\x18\a \x01(\tR\tifExpired\"\xc7\x04\n" +
 	"\x0fReserveResponse\x12*\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x10.idem.v1.OutcomeR\aoutcome\x12\x1f\n" +
 	"\vowner_token\x18\x02 \x01(\tR\n" +
@@ -2918,7 +3529,13 @@ const file_idem_proto_rawDesc = "" +
 	"\bresponse\x18\a \x01(\v2\x17.idem.v1.StoredResponseR\bresponse\x12=\n" +
 	"\fcompleted_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x129\n" +
 	"\n" +
-	"expires_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"~\n" +
+	"expires_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x129\n" +
+	"\n" +
+	"expired_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\texpiredAt\x126\n" +
+	"\n" +
+	"checkpoint\x18\v \x01(\v2\x16.idem.v1.KeyCheckpointR\n" +
+	"checkpoint\"~\n" +
 	"\x10HeartbeatRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1f\n" +
@@ -2948,7 +3565,7 @@ const file_idem_proto_rawDesc = "" +
 	"\n" +
 	"GetRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\xef\x02\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\xe2\x03\n" +
 	"\vGetResponse\x12$\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x0e.idem.v1.StateR\x05state\x12 \n" +
 	"\vfingerprint\x18\x02 \x01(\tR\vfingerprint\x12#\n" +
@@ -2957,7 +3574,12 @@ const file_idem_proto_rawDesc = "" +
 	"\fcompleted_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x129\n" +
 	"\n" +
 	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x123\n" +
-	"\bresponse\x18\a \x01(\v2\x17.idem.v1.StoredResponseR\bresponse\"\x95\x02\n" +
+	"\bresponse\x18\a \x01(\v2\x17.idem.v1.StoredResponseR\bresponse\x129\n" +
+	"\n" +
+	"expired_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\texpiredAt\x126\n" +
+	"\n" +
+	"checkpoint\x18\t \x01(\v2\x16.idem.v1.KeyCheckpointR\n" +
+	"checkpoint\"\x95\x02\n" +
 	"\aBatchOp\x123\n" +
 	"\areserve\x18\x01 \x01(\v2\x17.idem.v1.ReserveRequestH\x00R\areserve\x129\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x19.idem.v1.HeartbeatRequestH\x00R\theartbeat\x126\n" +
@@ -3097,18 +3719,61 @@ const file_idem_proto_rawDesc = "" +
 	"\x11ListShardResponse\x12$\n" +
 	"\x04keys\x18\x01 \x03(\v2\x10.idem.v1.KeyInfoR\x04keys\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\tR\x04last\x12\x12\n" +
-	"\x04done\x18\x03 \x01(\bR\x04done*y\n" +
+	"\x04done\x18\x03 \x01(\bR\x04done\"\xa1\x01\n" +
+	"\rKeyCheckpoint\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12#\n" +
+	"\rfencing_token\x18\x03 \x01(\x04R\ffencingToken\x12C\n" +
+	"\x0fcheckpointed_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0echeckpointedAt\"\x8c\x01\n" +
+	"\x11CheckpointRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1f\n" +
+	"\vowner_token\x18\x03 \x01(\tR\n" +
+	"ownerToken\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x12\n" +
+	"\x04data\x18\x05 \x01(\fR\x04data\"Y\n" +
+	"\x12CheckpointResponse\x12C\n" +
+	"\x0fcheckpointed_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0echeckpointedAt\"\xd1\x02\n" +
+	"\x0fNamespacePolicy\x12-\n" +
+	"\x10default_lease_ms\x18\x01 \x01(\x03H\x00R\x0edefaultLeaseMs\x88\x01\x01\x12%\n" +
+	"\fmax_lease_ms\x18\x02 \x01(\x03H\x01R\n" +
+	"maxLeaseMs\x88\x01\x01\x123\n" +
+	"\x13default_retention_s\x18\x03 \x01(\x03H\x02R\x11defaultRetentionS\x88\x01\x01\x12+\n" +
+	"\x0fmax_retention_s\x18\x04 \x01(\x03H\x03R\rmaxRetentionS\x88\x01\x01\x12$\n" +
+	"\vtombstone_s\x18\x05 \x01(\x03H\x04R\n" +
+	"tombstoneS\x88\x01\x01B\x13\n" +
+	"\x11_default_lease_msB\x0f\n" +
+	"\r_max_lease_msB\x16\n" +
+	"\x14_default_retention_sB\x12\n" +
+	"\x10_max_retention_sB\x0e\n" +
+	"\f_tombstone_s\"b\n" +
+	"\x10SetPolicyRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x120\n" +
+	"\x06policy\x18\x02 \x01(\v2\x18.idem.v1.NamespacePolicyR\x06policy\"E\n" +
+	"\x11SetPolicyResponse\x120\n" +
+	"\x06policy\x18\x01 \x01(\v2\x18.idem.v1.NamespacePolicyR\x06policy\"0\n" +
+	"\x10GetPolicyRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"E\n" +
+	"\x11GetPolicyResponse\x120\n" +
+	"\x06policy\x18\x01 \x01(\v2\x18.idem.v1.NamespacePolicyR\x06policy\"}\n" +
+	"\x15SetShardPolicyRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x120\n" +
+	"\x06policy\x18\x03 \x01(\v2\x18.idem.v1.NamespacePolicyR\x06policy\"\x18\n" +
+	"\x16SetShardPolicyResponse*\x86\x01\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACQUIRED\x10\x01\x12\r\n" +
 	"\tRECLAIMED\x10\x02\x12\x0f\n" +
 	"\vIN_PROGRESS\x10\x03\x12\r\n" +
 	"\tCOMPLETED\x10\x04\x12\x18\n" +
-	"\x14FINGERPRINT_MISMATCH\x10\x05*J\n" +
+	"\x14FINGERPRINT_MISMATCH\x10\x05\x12\v\n" +
+	"\aEXPIRED\x10\x06*]\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11STATE_IN_PROGRESS\x10\x01\x12\x13\n" +
-	"\x0fSTATE_COMPLETED\x10\x022\xb6\x03\n" +
+	"\x0fSTATE_COMPLETED\x10\x02\x12\x11\n" +
+	"\rSTATE_EXPIRED\x10\x032\xfd\x03\n" +
 	"\vIdempotency\x12<\n" +
 	"\aReserve\x12\x17.idem.v1.ReserveRequest\x1a\x18.idem.v1.ReserveResponse\x12B\n" +
 	"\tHeartbeat\x12\x19.idem.v1.HeartbeatRequest\x1a\x1a.idem.v1.HeartbeatResponse\x12?\n" +
@@ -3116,7 +3781,9 @@ const file_idem_proto_rawDesc = "" +
 	"\aRelease\x12\x17.idem.v1.ReleaseRequest\x1a\x18.idem.v1.ReleaseResponse\x120\n" +
 	"\x03Get\x12\x13.idem.v1.GetRequest\x1a\x14.idem.v1.GetResponse\x12<\n" +
 	"\aRouting\x12\x17.idem.v1.RoutingRequest\x1a\x18.idem.v1.RoutingResponse\x126\n" +
-	"\x05Batch\x12\x15.idem.v1.BatchRequest\x1a\x16.idem.v1.BatchResponse2\xf1\x04\n" +
+	"\x05Batch\x12\x15.idem.v1.BatchRequest\x1a\x16.idem.v1.BatchResponse\x12E\n" +
+	"\n" +
+	"Checkpoint\x12\x1a.idem.v1.CheckpointRequest\x1a\x1b.idem.v1.CheckpointResponse2\xcc\x06\n" +
 	"\x05Admin\x129\n" +
 	"\x06Status\x12\x16.idem.v1.StatusRequest\x1a\x17.idem.v1.StatusResponse\x12Q\n" +
 	"\x0eTransferLeader\x12\x1e.idem.v1.TransferLeaderRequest\x1a\x1f.idem.v1.TransferLeaderResponse\x12?\n" +
@@ -3126,7 +3793,10 @@ const file_idem_proto_rawDesc = "" +
 	"\bListKeys\x12\x18.idem.v1.ListKeysRequest\x1a\x19.idem.v1.ListKeysResponse\x12K\n" +
 	"\fForceRelease\x12\x1c.idem.v1.ForceReleaseRequest\x1a\x1d.idem.v1.ForceReleaseResponse\x12B\n" +
 	"\tDeleteKey\x12\x19.idem.v1.DeleteKeyRequest\x1a\x1a.idem.v1.DeleteKeyResponse\x12B\n" +
-	"\tListShard\x12\x19.idem.v1.ListShardRequest\x1a\x1a.idem.v1.ListShardResponseB-Z+github.com/idem-dev/idem/api/idem/v1;idemv1b\x06proto3"
+	"\tListShard\x12\x19.idem.v1.ListShardRequest\x1a\x1a.idem.v1.ListShardResponse\x12B\n" +
+	"\tSetPolicy\x12\x19.idem.v1.SetPolicyRequest\x1a\x1a.idem.v1.SetPolicyResponse\x12B\n" +
+	"\tGetPolicy\x12\x19.idem.v1.GetPolicyRequest\x1a\x1a.idem.v1.GetPolicyResponse\x12Q\n" +
+	"\x0eSetShardPolicy\x12\x1e.idem.v1.SetShardPolicyRequest\x1a\x1f.idem.v1.SetShardPolicyResponseB-Z+github.com/idem-dev/idem/api/idem/v1;idemv1b\x06proto3"
 
 var (
 	file_idem_proto_rawDescOnce sync.Once
@@ -3141,7 +3811,7 @@ func file_idem_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_idem_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: idem.v1.Outcome
 	(State)(0),                     // 1: idem.v1.State
@@ -3186,90 +3856,118 @@ var file_idem_proto_goTypes = []any{
 	(*DeleteKeyResponse)(nil),      // 40: idem.v1.DeleteKeyResponse
 	(*ListShardRequest)(nil),       // 41: idem.v1.ListShardRequest
 	(*ListShardResponse)(nil),      // 42: idem.v1.ListShardResponse
-	nil,                            // 43: idem.v1.StoredResponse.HeadersEntry
-	(*timestamppb.Timestamp)(nil),  // 44: google.protobuf.Timestamp
-	(*anypb.Any)(nil),              // 45: google.protobuf.Any
+	(*KeyCheckpoint)(nil),          // 43: idem.v1.KeyCheckpoint
+	(*CheckpointRequest)(nil),      // 44: idem.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),     // 45: idem.v1.CheckpointResponse
+	(*NamespacePolicy)(nil),        // 46: idem.v1.NamespacePolicy
+	(*SetPolicyRequest)(nil),       // 47: idem.v1.SetPolicyRequest
+	(*SetPolicyResponse)(nil),      // 48: idem.v1.SetPolicyResponse
+	(*GetPolicyRequest)(nil),       // 49: idem.v1.GetPolicyRequest
+	(*GetPolicyResponse)(nil),      // 50: idem.v1.GetPolicyResponse
+	(*SetShardPolicyRequest)(nil),  // 51: idem.v1.SetShardPolicyRequest
+	(*SetShardPolicyResponse)(nil), // 52: idem.v1.SetShardPolicyResponse
+	nil,                            // 53: idem.v1.StoredResponse.HeadersEntry
+	(*timestamppb.Timestamp)(nil),  // 54: google.protobuf.Timestamp
+	(*anypb.Any)(nil),              // 55: google.protobuf.Any
 }
 var file_idem_proto_depIdxs = []int32{
-	43, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
+	53, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
 	0,  // 1: idem.v1.ReserveResponse.outcome:type_name -> idem.v1.Outcome
-	44, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	54, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 3: idem.v1.ReserveResponse.response:type_name -> idem.v1.StoredResponse
-	44, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
-	44, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	44, // 6: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	2,  // 7: idem.v1.CompleteRequest.response:type_name -> idem.v1.StoredResponse
-	44, // 8: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	44, // 9: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
-	1,  // 10: idem.v1.GetResponse.state:type_name -> idem.v1.State
-	44, // 11: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	44, // 12: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
-	44, // 13: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
-	2,  // 14: idem.v1.GetResponse.response:type_name -> idem.v1.StoredResponse
-	3,  // 15: idem.v1.BatchOp.reserve:type_name -> idem.v1.ReserveRequest
-	5,  // 16: idem.v1.BatchOp.heartbeat:type_name -> idem.v1.HeartbeatRequest
-	7,  // 17: idem.v1.BatchOp.complete:type_name -> idem.v1.CompleteRequest
-	9,  // 18: idem.v1.BatchOp.release:type_name -> idem.v1.ReleaseRequest
-	11, // 19: idem.v1.BatchOp.get:type_name -> idem.v1.GetRequest
-	13, // 20: idem.v1.BatchRequest.ops:type_name -> idem.v1.BatchOp
-	45, // 21: idem.v1.BatchError.details:type_name -> google.protobuf.Any
-	4,  // 22: idem.v1.BatchResult.reserve:type_name -> idem.v1.ReserveResponse
-	6,  // 23: idem.v1.BatchResult.heartbeat:type_name -> idem.v1.HeartbeatResponse
-	8,  // 24: idem.v1.BatchResult.complete:type_name -> idem.v1.CompleteResponse
-	10, // 25: idem.v1.BatchResult.release:type_name -> idem.v1.ReleaseResponse
-	12, // 26: idem.v1.BatchResult.get:type_name -> idem.v1.GetResponse
-	15, // 27: idem.v1.BatchResult.error:type_name -> idem.v1.BatchError
-	16, // 28: idem.v1.BatchResponse.results:type_name -> idem.v1.BatchResult
-	19, // 29: idem.v1.RoutingResponse.ring:type_name -> idem.v1.RingParams
-	20, // 30: idem.v1.RoutingResponse.shards:type_name -> idem.v1.RoutingShard
-	21, // 31: idem.v1.RoutingResponse.nodes:type_name -> idem.v1.RoutingNode
-	24, // 32: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
-	1,  // 33: idem.v1.KeyInfo.state:type_name -> idem.v1.State
-	44, // 34: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
-	44, // 35: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
-	44, // 36: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
-	44, // 37: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
-	1,  // 38: idem.v1.ListKeysRequest.state:type_name -> idem.v1.State
-	34, // 39: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
-	1,  // 40: idem.v1.ListShardRequest.state:type_name -> idem.v1.State
-	34, // 41: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
-	3,  // 42: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
-	5,  // 43: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
-	7,  // 44: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
-	9,  // 45: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
-	11, // 46: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
-	18, // 47: idem.v1.Idempotency.Routing:input_type -> idem.v1.RoutingRequest
-	14, // 48: idem.v1.Idempotency.Batch:input_type -> idem.v1.BatchRequest
-	23, // 49: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
-	26, // 50: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
-	28, // 51: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
-	30, // 52: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
-	32, // 53: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
-	35, // 54: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
-	37, // 55: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
-	39, // 56: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
-	41, // 57: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
-	4,  // 58: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
-	6,  // 59: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
-	8,  // 60: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
-	10, // 61: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
-	12, // 62: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
-	22, // 63: idem.v1.Idempotency.Routing:output_type -> idem.v1.RoutingResponse
-	17, // 64: idem.v1.Idempotency.Batch:output_type -> idem.v1.BatchResponse
-	25, // 65: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
-	27, // 66: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
-	29, // 67: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
-	31, // 68: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
-	33, // 69: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
-	36, // 70: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
-	38, // 71: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
-	40, // 72: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
-	42, // 73: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
-	58, // [58:74] is the sub-list for method output_type
-	42, // [42:58] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	54, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
+	54, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	54, // 6: idem.v1.ReserveResponse.expired_at:type_name -> google.protobuf.Timestamp
+	43, // 7: idem.v1.ReserveResponse.checkpoint:type_name -> idem.v1.KeyCheckpoint
+	54, // 8: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	2,  // 9: idem.v1.CompleteRequest.response:type_name -> idem.v1.StoredResponse
+	54, // 10: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	54, // 11: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 12: idem.v1.GetResponse.state:type_name -> idem.v1.State
+	54, // 13: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	54, // 14: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
+	54, // 15: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
+	2,  // 16: idem.v1.GetResponse.response:type_name -> idem.v1.StoredResponse
+	54, // 17: idem.v1.GetResponse.expired_at:type_name -> google.protobuf.Timestamp
+	43, // 18: idem.v1.GetResponse.checkpoint:type_name -> idem.v1.KeyCheckpoint
+	3,  // 19: idem.v1.BatchOp.reserve:type_name -> idem.v1.ReserveRequest
+	5,  // 20: idem.v1.BatchOp.heartbeat:type_name -> idem.v1.HeartbeatRequest
+	7,  // 21: idem.v1.BatchOp.complete:type_name -> idem.v1.CompleteRequest
+	9,  // 22: idem.v1.BatchOp.release:type_name -> idem.v1.ReleaseRequest
+	11, // 23: idem.v1.BatchOp.get:type_name -> idem.v1.GetRequest
+	13, // 24: idem.v1.BatchRequest.ops:type_name -> idem.v1.BatchOp
+	55, // 25: idem.v1.BatchError.details:type_name -> google.protobuf.Any
+	4,  // 26: idem.v1.BatchResult.reserve:type_name -> idem.v1.ReserveResponse
+	6,  // 27: idem.v1.BatchResult.heartbeat:type_name -> idem.v1.HeartbeatResponse
+	8,  // 28: idem.v1.BatchResult.complete:type_name -> idem.v1.CompleteResponse
+	10, // 29: idem.v1.BatchResult.release:type_name -> idem.v1.ReleaseResponse
+	12, // 30: idem.v1.BatchResult.get:type_name -> idem.v1.GetResponse
+	15, // 31: idem.v1.BatchResult.error:type_name -> idem.v1.BatchError
+	16, // 32: idem.v1.BatchResponse.results:type_name -> idem.v1.BatchResult
+	19, // 33: idem.v1.RoutingResponse.ring:type_name -> idem.v1.RingParams
+	20, // 34: idem.v1.RoutingResponse.shards:type_name -> idem.v1.RoutingShard
+	21, // 35: idem.v1.RoutingResponse.nodes:type_name -> idem.v1.RoutingNode
+	24, // 36: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
+	1,  // 37: idem.v1.KeyInfo.state:type_name -> idem.v1.State
+	54, // 38: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
+	54, // 39: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
+	54, // 40: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
+	54, // 41: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 42: idem.v1.ListKeysRequest.state:type_name -> idem.v1.State
+	34, // 43: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
+	1,  // 44: idem.v1.ListShardRequest.state:type_name -> idem.v1.State
+	34, // 45: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
+	54, // 46: idem.v1.KeyCheckpoint.checkpointed_at:type_name -> google.protobuf.Timestamp
+	54, // 47: idem.v1.CheckpointResponse.checkpointed_at:type_name -> google.protobuf.Timestamp
+	46, // 48: idem.v1.SetPolicyRequest.policy:type_name -> idem.v1.NamespacePolicy
+	46, // 49: idem.v1.SetPolicyResponse.policy:type_name -> idem.v1.NamespacePolicy
+	46, // 50: idem.v1.GetPolicyResponse.policy:type_name -> idem.v1.NamespacePolicy
+	46, // 51: idem.v1.SetShardPolicyRequest.policy:type_name -> idem.v1.NamespacePolicy
+	3,  // 52: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
+	5,  // 53: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
+	7,  // 54: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
+	9,  // 55: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
+	11, // 56: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
+	18, // 57: idem.v1.Idempotency.Routing:input_type -> idem.v1.RoutingRequest
+	14, // 58: idem.v1.Idempotency.Batch:input_type -> idem.v1.BatchRequest
+	44, // 59: idem.v1.Idempotency.Checkpoint:input_type -> idem.v1.CheckpointRequest
+	23, // 60: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
+	26, // 61: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
+	28, // 62: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
+	30, // 63: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
+	32, // 64: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
+	35, // 65: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
+	37, // 66: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
+	39, // 67: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
+	41, // 68: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
+	47, // 69: idem.v1.Admin.SetPolicy:input_type -> idem.v1.SetPolicyRequest
+	49, // 70: idem.v1.Admin.GetPolicy:input_type -> idem.v1.GetPolicyRequest
+	51, // 71: idem.v1.Admin.SetShardPolicy:input_type -> idem.v1.SetShardPolicyRequest
+	4,  // 72: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
+	6,  // 73: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
+	8,  // 74: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
+	10, // 75: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
+	12, // 76: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
+	22, // 77: idem.v1.Idempotency.Routing:output_type -> idem.v1.RoutingResponse
+	17, // 78: idem.v1.Idempotency.Batch:output_type -> idem.v1.BatchResponse
+	45, // 79: idem.v1.Idempotency.Checkpoint:output_type -> idem.v1.CheckpointResponse
+	25, // 80: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
+	27, // 81: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
+	29, // 82: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
+	31, // 83: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
+	33, // 84: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
+	36, // 85: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
+	38, // 86: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
+	40, // 87: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
+	42, // 88: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
+	48, // 89: idem.v1.Admin.SetPolicy:output_type -> idem.v1.SetPolicyResponse
+	50, // 90: idem.v1.Admin.GetPolicy:output_type -> idem.v1.GetPolicyResponse
+	52, // 91: idem.v1.Admin.SetShardPolicy:output_type -> idem.v1.SetShardPolicyResponse
+	72, // [72:92] is the sub-list for method output_type
+	52, // [52:72] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_idem_proto_init() }
@@ -3292,13 +3990,14 @@ func file_idem_proto_init() {
 		(*BatchResult_Get)(nil),
 		(*BatchResult_Error)(nil),
 	}
+	file_idem_proto_msgTypes[44].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_proto_rawDesc), len(file_idem_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   42,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

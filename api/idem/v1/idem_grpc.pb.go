@@ -23,13 +23,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Idempotency_Reserve_FullMethodName   = "/idem.v1.Idempotency/Reserve"
-	Idempotency_Heartbeat_FullMethodName = "/idem.v1.Idempotency/Heartbeat"
-	Idempotency_Complete_FullMethodName  = "/idem.v1.Idempotency/Complete"
-	Idempotency_Release_FullMethodName   = "/idem.v1.Idempotency/Release"
-	Idempotency_Get_FullMethodName       = "/idem.v1.Idempotency/Get"
-	Idempotency_Routing_FullMethodName   = "/idem.v1.Idempotency/Routing"
-	Idempotency_Batch_FullMethodName     = "/idem.v1.Idempotency/Batch"
+	Idempotency_Reserve_FullMethodName    = "/idem.v1.Idempotency/Reserve"
+	Idempotency_Heartbeat_FullMethodName  = "/idem.v1.Idempotency/Heartbeat"
+	Idempotency_Complete_FullMethodName   = "/idem.v1.Idempotency/Complete"
+	Idempotency_Release_FullMethodName    = "/idem.v1.Idempotency/Release"
+	Idempotency_Get_FullMethodName        = "/idem.v1.Idempotency/Get"
+	Idempotency_Routing_FullMethodName    = "/idem.v1.Idempotency/Routing"
+	Idempotency_Batch_FullMethodName      = "/idem.v1.Idempotency/Batch"
+	Idempotency_Checkpoint_FullMethodName = "/idem.v1.Idempotency/Checkpoint"
 )
 
 // IdempotencyClient is the client API for Idempotency service.
@@ -63,6 +64,10 @@ type IdempotencyClient interface {
 	// than 4 MiB encoded with RESOURCE_EXHAUSTED (PAYLOAD_TOO_LARGE). Nodes
 	// older than v1.2 answer UNIMPLEMENTED: send the operations one by one.
 	Batch(ctx context.Context, in *BatchRequest, opts ...grpc.CallOption) (*BatchResponse, error)
+	// v1.2: Checkpoint stores a recovery point of the caller's attempt while
+	// it owns the key; a RECLAIMED reserve and Get of an IN_PROGRESS key
+	// return the last one.
+	Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointResponse, error)
 }
 
 type idempotencyClient struct {
@@ -143,6 +148,16 @@ func (c *idempotencyClient) Batch(ctx context.Context, in *BatchRequest, opts ..
 	return out, nil
 }
 
+func (c *idempotencyClient) Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckpointResponse)
+	err := c.cc.Invoke(ctx, Idempotency_Checkpoint_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IdempotencyServer is the server API for Idempotency service.
 // All implementations must embed UnimplementedIdempotencyServer
 // for forward compatibility.
@@ -174,6 +189,10 @@ type IdempotencyServer interface {
 	// than 4 MiB encoded with RESOURCE_EXHAUSTED (PAYLOAD_TOO_LARGE). Nodes
 	// older than v1.2 answer UNIMPLEMENTED: send the operations one by one.
 	Batch(context.Context, *BatchRequest) (*BatchResponse, error)
+	// v1.2: Checkpoint stores a recovery point of the caller's attempt while
+	// it owns the key; a RECLAIMED reserve and Get of an IN_PROGRESS key
+	// return the last one.
+	Checkpoint(context.Context, *CheckpointRequest) (*CheckpointResponse, error)
 	mustEmbedUnimplementedIdempotencyServer()
 }
 
@@ -204,6 +223,9 @@ func (UnimplementedIdempotencyServer) Routing(context.Context, *RoutingRequest) 
 }
 func (UnimplementedIdempotencyServer) Batch(context.Context, *BatchRequest) (*BatchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Batch not implemented")
+}
+func (UnimplementedIdempotencyServer) Checkpoint(context.Context, *CheckpointRequest) (*CheckpointResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Checkpoint not implemented")
 }
 func (UnimplementedIdempotencyServer) mustEmbedUnimplementedIdempotencyServer() {}
 func (UnimplementedIdempotencyServer) testEmbeddedByValue()                     {}
@@ -352,6 +374,24 @@ func _Idempotency_Batch_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Idempotency_Checkpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckpointRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IdempotencyServer).Checkpoint(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Idempotency_Checkpoint_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IdempotencyServer).Checkpoint(ctx, req.(*CheckpointRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Idempotency_ServiceDesc is the grpc.ServiceDesc for Idempotency service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -387,6 +427,10 @@ var Idempotency_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Batch",
 			Handler:    _Idempotency_Batch_Handler,
 		},
+		{
+			MethodName: "Checkpoint",
+			Handler:    _Idempotency_Checkpoint_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "idem.proto",
@@ -402,6 +446,9 @@ const (
 	Admin_ForceRelease_FullMethodName   = "/idem.v1.Admin/ForceRelease"
 	Admin_DeleteKey_FullMethodName      = "/idem.v1.Admin/DeleteKey"
 	Admin_ListShard_FullMethodName      = "/idem.v1.Admin/ListShard"
+	Admin_SetPolicy_FullMethodName      = "/idem.v1.Admin/SetPolicy"
+	Admin_GetPolicy_FullMethodName      = "/idem.v1.Admin/GetPolicy"
+	Admin_SetShardPolicy_FullMethodName = "/idem.v1.Admin/SetShardPolicy"
 )
 
 // AdminClient is the client API for Admin service.
@@ -439,6 +486,15 @@ type AdminClient interface {
 	// shard's leader (forwarded there like any request). Nodes and routers
 	// call it; clients use ListKeys.
 	ListShard(ctx context.Context, in *ListShardRequest, opts ...grpc.CallOption) (*ListShardResponse, error)
+	// v1.2 namespace policies (API-v1.md, "Tombstones, retention and
+	// namespace policies"). SetPolicy (role admin) returns once every shard
+	// group applied the policy; GetPolicy (role reader) answers the policy in
+	// force, built-in defaults filled in.
+	SetPolicy(ctx context.Context, in *SetPolicyRequest, opts ...grpc.CallOption) (*SetPolicyResponse, error)
+	GetPolicy(ctx context.Context, in *GetPolicyRequest, opts ...grpc.CallOption) (*GetPolicyResponse, error)
+	// SetShardPolicy is one shard's part of a SetPolicy, answered by the
+	// shard's leader once the shard applied it. Nodes and routers call it.
+	SetShardPolicy(ctx context.Context, in *SetShardPolicyRequest, opts ...grpc.CallOption) (*SetShardPolicyResponse, error)
 }
 
 type adminClient struct {
@@ -539,6 +595,36 @@ func (c *adminClient) ListShard(ctx context.Context, in *ListShardRequest, opts 
 	return out, nil
 }
 
+func (c *adminClient) SetPolicy(ctx context.Context, in *SetPolicyRequest, opts ...grpc.CallOption) (*SetPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetPolicyResponse)
+	err := c.cc.Invoke(ctx, Admin_SetPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) GetPolicy(ctx context.Context, in *GetPolicyRequest, opts ...grpc.CallOption) (*GetPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetPolicyResponse)
+	err := c.cc.Invoke(ctx, Admin_GetPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) SetShardPolicy(ctx context.Context, in *SetShardPolicyRequest, opts ...grpc.CallOption) (*SetShardPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetShardPolicyResponse)
+	err := c.cc.Invoke(ctx, Admin_SetShardPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -574,6 +660,15 @@ type AdminServer interface {
 	// shard's leader (forwarded there like any request). Nodes and routers
 	// call it; clients use ListKeys.
 	ListShard(context.Context, *ListShardRequest) (*ListShardResponse, error)
+	// v1.2 namespace policies (API-v1.md, "Tombstones, retention and
+	// namespace policies"). SetPolicy (role admin) returns once every shard
+	// group applied the policy; GetPolicy (role reader) answers the policy in
+	// force, built-in defaults filled in.
+	SetPolicy(context.Context, *SetPolicyRequest) (*SetPolicyResponse, error)
+	GetPolicy(context.Context, *GetPolicyRequest) (*GetPolicyResponse, error)
+	// SetShardPolicy is one shard's part of a SetPolicy, answered by the
+	// shard's leader once the shard applied it. Nodes and routers call it.
+	SetShardPolicy(context.Context, *SetShardPolicyRequest) (*SetShardPolicyResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -610,6 +705,15 @@ func (UnimplementedAdminServer) DeleteKey(context.Context, *DeleteKeyRequest) (*
 }
 func (UnimplementedAdminServer) ListShard(context.Context, *ListShardRequest) (*ListShardResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListShard not implemented")
+}
+func (UnimplementedAdminServer) SetPolicy(context.Context, *SetPolicyRequest) (*SetPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetPolicy not implemented")
+}
+func (UnimplementedAdminServer) GetPolicy(context.Context, *GetPolicyRequest) (*GetPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPolicy not implemented")
+}
+func (UnimplementedAdminServer) SetShardPolicy(context.Context, *SetShardPolicyRequest) (*SetShardPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetShardPolicy not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -794,6 +898,60 @@ func _Admin_ListShard_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_SetPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetPolicy(ctx, req.(*SetPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_GetPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).GetPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_GetPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).GetPolicy(ctx, req.(*GetPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_SetShardPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetShardPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetShardPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetShardPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetShardPolicy(ctx, req.(*SetShardPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -836,6 +994,18 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListShard",
 			Handler:    _Admin_ListShard_Handler,
+		},
+		{
+			MethodName: "SetPolicy",
+			Handler:    _Admin_SetPolicy_Handler,
+		},
+		{
+			MethodName: "GetPolicy",
+			Handler:    _Admin_GetPolicy_Handler,
+		},
+		{
+			MethodName: "SetShardPolicy",
+			Handler:    _Admin_SetShardPolicy_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
