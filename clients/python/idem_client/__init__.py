@@ -2,7 +2,7 @@
 (synchronous: Client; asyncio: AsyncClient) and ASGI middleware
 (idem_client.asgi.IdempotencyMiddleware). Standard library only."""
 
-from ._core import Checkpoint, KeyEntry, KeyPage, Record, Reservation, Response, RunResult, new_owner_token
+from ._core import BatchError, Checkpoint, KeyEntry, KeyPage, Policy, Record, Reservation, Response, RunResult, new_owner_token
 from .aio import AsyncClient
 from .client import Client, Lease
 from .errors import (ExpiredError, FailedPreconditionError, FingerprintMismatchError, GoneError, IdemError,
@@ -11,9 +11,9 @@ from .errors import (ExpiredError, FailedPreconditionError, FingerprintMismatchE
                      UnauthenticatedError, UnavailableError)
 
 __all__ = [
-    "AsyncClient", "Checkpoint", "Client", "ExpiredError", "FailedPreconditionError", "FingerprintMismatchError",
+    "AsyncClient", "BatchError", "Checkpoint", "Client", "ExpiredError", "FailedPreconditionError", "FingerprintMismatchError",
     "GoneError", "IdemError", "InProgressError", "InternalError", "InvalidArgumentError", "KeyEntry", "KeyPage", "Lease",
-    "LeaseLostError", "NotFoundError", "NotOwnerError", "PayloadTooLargeError", "PermanentError", "PermissionDeniedError",
+    "LeaseLostError", "NotFoundError", "NotOwnerError", "PayloadTooLargeError", "PermanentError", "PermissionDeniedError", "Policy",
     "Record", "Reservation", "ResourceExhaustedError", "Response", "RunResult", "UnauthenticatedError",
     "UnavailableError", "new_owner_token",
 ]

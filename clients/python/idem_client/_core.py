@@ -207,6 +207,64 @@ class KeyPage:
 
 
 @dataclass
+class Policy:
+    """A namespace's policy (v1.2); None is the built-in default."""
+
+    default_lease_ms: Optional[int] = None
+    max_lease_ms: Optional[int] = None
+    default_retention_s: Optional[int] = None
+    max_retention_s: Optional[int] = None
+    #: How long a tombstone outlives a completed record's retention (default 604800; 0 keeps none).
+    tombstone_s: Optional[int] = None
+
+    FIELDS = ("default_lease_ms", "max_lease_ms", "default_retention_s", "max_retention_s", "tombstone_s")
+
+    def to_json(self) -> Dict[str, Any]:
+        return {f: getattr(self, f) for f in self.FIELDS if getattr(self, f) is not None}
+
+    @classmethod
+    def from_json(cls, a: Dict[str, Any]) -> "Policy":
+        return cls(**{f: a.get(f) for f in cls.FIELDS})
+
+
+@dataclass
+class BatchError:
+    """One item's failure in a batch call (v1.2): the error the single call would have raised."""
+
+    error: IdemError
+
+
+def batch_reserve_body(items: List[Dict[str, Any]]) -> Dict[str, Any]:
+    out = []
+    for it in items:
+        o: Dict[str, Any] = {"key": it["key"], "owner_token": it.get("owner_token") or new_owner_token()}
+        if it.get("fingerprint") is not None:
+            o["fingerprint"] = it["fingerprint"]
+        if it.get("lease_ms"):
+            o["lease_ms"] = int(it["lease_ms"])
+        out.append(o)
+    return {"items": out}
+
+
+def batch_complete_body(items: List[Dict[str, Any]]) -> Dict[str, Any]:
+    out = []
+    for it in items:
+        o: Dict[str, Any] = {"key": it["key"], "owner_token": it["owner_token"], "response": as_response(it["response"]).to_json()}
+        if it.get("retention_s"):
+            o["retention_s"] = int(it["retention_s"])
+        out.append(o)
+    return {"items": out}
+
+
+def batch_results(a: Dict[str, Any], decode: Any) -> List[Any]:
+    return [BatchError(error_from_answer(0, r, 0.0)) if "error" in r else decode(r) for r in a.get("results") or []]
+
+
+def ns_path(ns: str, rest: str) -> str:
+    return f"/v1/namespaces/{quote(ns, safe='')}/{rest}"
+
+
+@dataclass
 class RunResult:
     """The response of a key that run() completed or replayed."""
 

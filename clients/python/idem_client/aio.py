@@ -10,10 +10,12 @@ import random
 import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Dict, Optional
+from datetime import datetime
+from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 from . import _core
-from ._core import KeyPage, Record, Reservation, Response, RunResult, as_response, key_path, list_path, new_owner_token, reserve_body, retry_wait
+from ._core import (KeyPage, Policy, Record, Reservation, Response, RunResult, as_response, batch_complete_body, batch_reserve_body,
+                    batch_results, key_path, list_path, new_owner_token, ns_path, reserve_body, retry_wait)
 from .client import ONCE_DONE, ONCE_FAILED, Lease, _decide, _once_result
 from .errors import (IdemError, InProgressError, InvalidArgumentError, LeaseLostError, NotFoundError, NotOwnerError,
                      PayloadTooLargeError, PermanentError)
@@ -106,6 +108,35 @@ class AsyncClient:
     async def delete_key(self, ns: str, key: str, reason: str) -> None:
         await self.call("DELETE", key_path(ns, key), {"reason": reason})
 
+    # -- v1.2 -----------------------------------------------------------
+
+    async def batch_reserve(self, ns: str, items: List[Dict[str, Any]]) -> List[Any]:
+        """Reserves up to 1000 keys in one call (v1.2). items: dicts with key,
+        fingerprint, owner_token, lease_ms. Per item, in order, a Reservation
+        or a BatchError."""
+        return batch_results(await self.call("POST", ns_path(ns, "keys:batch-reserve"), batch_reserve_body(items)), Reservation.from_json)
+
+    async def batch_complete(self, ns: str, items: List[Dict[str, Any]]) -> List[Any]:
+        """Completes up to 1000 keys in one call (v1.2). items: dicts with key,
+        owner_token, response, retention_s. Per item (completed_at,
+        expires_at) or a BatchError."""
+        return batch_results(await self.call("POST", ns_path(ns, "keys:batch-complete"), batch_complete_body(items)),
+                             lambda r: (_core._time(r.get("completed_at")), _core._time(r.get("expires_at"))))
+
+    async def checkpoint(self, ns: str, key: str, owner_token: str, name: str, data: Any) -> Optional[datetime]:
+        """Records a recovery point of the running attempt (v1.2); a RECLAIMED
+        answer carries the last one. Returns checkpointed_at."""
+        body = {"owner_token": owner_token, "name": name, "data": _core.encode_body(data)}
+        return _core._time((await self.call("POST", key_path(ns, key) + ":checkpoint", body)).get("checkpointed_at"))
+
+    async def get_policy(self, ns: str) -> Policy:
+        """The namespace's policy in force (v1.2)."""
+        return Policy.from_json(await self.call("GET", ns_path(ns, "policy")))
+
+    async def set_policy(self, ns: str, policy: Policy) -> Policy:
+        """Sets the namespace's policy (v1.2, admin); None fields keep the built-in defaults."""
+        return Policy.from_json(await self.call("PUT", ns_path(ns, "policy"), policy.to_json()))
+
     async def run(self, ns: str, key: str, fn: Callable[[Lease], Awaitable[Any]], fingerprint: Optional[str] = None,
                   lease_ms: int = _core.DEFAULT_LEASE_MS, retention_s: Optional[int] = None,
                   max_wait: float = _core.DEFAULT_MAX_WAIT, if_expired: Optional[str] = None) -> RunResult:
@@ -141,7 +172,8 @@ class AsyncClient:
                         lease_ms: int, retention_s: Optional[int], heartbeat_s: Optional[float] = None) -> RunResult:
         """Runs fn holding a reservation already made (also the ASGI middleware's path)."""
         lease = Lease(res.fencing_token or 0, res.outcome == "RECLAIMED", res.previous_fencing_token, res.owner_token or "",
-                      res.lease_expires_at, res.checkpoint, asyncio.Event())
+                      res.lease_expires_at, res.checkpoint, asyncio.Event(),
+                      lambda name, data: self.checkpoint(ns, key, res.owner_token or "", name, data))
         work = asyncio.ensure_future(fn(lease))
         hb = asyncio.ensure_future(self.keep_lease(ns, key, lease, lease_ms, sent_at + lease_ms / 1000, work, heartbeat_s))
         try:

@@ -9,11 +9,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from . import _core
-from ._core import (Checkpoint, KeyPage, Record, Reservation, Response, RunResult, as_response, key_path, list_path,
-                    new_owner_token, reserve_body, retry_wait)
+from ._core import (Checkpoint, KeyPage, Policy, Record, Reservation, Response, RunResult, as_response, batch_complete_body,
+                    batch_reserve_body, batch_results, key_path, list_path, new_owner_token, ns_path, reserve_body, retry_wait)
 from .errors import (ExpiredError, FingerprintMismatchError, IdemError, InProgressError, InvalidArgumentError,
                      LeaseLostError, NotFoundError, NotOwnerError, PayloadTooLargeError, PermanentError)
 
@@ -39,6 +39,14 @@ class Lease:
     checkpoint: Optional[Checkpoint] = None
     #: Set when the lease is lost (threading.Event for Client, asyncio.Event for AsyncClient).
     lost: Any = field(default_factory=threading.Event)
+    _save: Any = field(default=None, repr=False)
+
+    def save_checkpoint(self, name: str, data: Any) -> Any:
+        """Records a recovery point (v1.2); a later RECLAIMED attempt finds it in
+        lease.checkpoint. With AsyncClient, await the result."""
+        if self._save is None:
+            raise InvalidArgumentError("INVALID_ARGUMENT", "idem: this lease cannot checkpoint (it is not run()'s)")
+        return self._save(name, data)
 
     def check(self) -> None:
         """Raises LeaseLostError once the lease is lost: call it between steps of fn."""
@@ -133,6 +141,35 @@ class Client:
         """Deletes a key's record (admin)."""
         self.call("DELETE", key_path(ns, key), {"reason": reason})
 
+    # -- v1.2 -----------------------------------------------------------
+
+    def batch_reserve(self, ns: str, items: List[Dict[str, Any]]) -> List[Any]:
+        """Reserves up to 1000 keys in one call (v1.2). items: dicts with key,
+        fingerprint, owner_token, lease_ms. Per item, in order, a Reservation
+        or a BatchError."""
+        return batch_results(self.call("POST", ns_path(ns, "keys:batch-reserve"), batch_reserve_body(items)), Reservation.from_json)
+
+    def batch_complete(self, ns: str, items: List[Dict[str, Any]]) -> List[Any]:
+        """Completes up to 1000 keys in one call (v1.2). items: dicts with key,
+        owner_token, response, retention_s. Per item (completed_at,
+        expires_at) or a BatchError."""
+        return batch_results(self.call("POST", ns_path(ns, "keys:batch-complete"), batch_complete_body(items)),
+                             lambda r: (_core._time(r.get("completed_at")), _core._time(r.get("expires_at"))))
+
+    def checkpoint(self, ns: str, key: str, owner_token: str, name: str, data: Any) -> Optional[datetime]:
+        """Records a recovery point of the running attempt (v1.2); a RECLAIMED
+        answer carries the last one. Returns checkpointed_at."""
+        body = {"owner_token": owner_token, "name": name, "data": _core.encode_body(data)}
+        return _core._time((self.call("POST", key_path(ns, key) + ":checkpoint", body)).get("checkpointed_at"))
+
+    def get_policy(self, ns: str) -> Policy:
+        """The namespace's policy in force (v1.2)."""
+        return Policy.from_json(self.call("GET", ns_path(ns, "policy")))
+
+    def set_policy(self, ns: str, policy: Policy) -> Policy:
+        """Sets the namespace's policy (v1.2, admin); None fields keep the built-in defaults."""
+        return Policy.from_json(self.call("PUT", ns_path(ns, "policy"), policy.to_json()))
+
     # -- run and once ---------------------------------------------------
 
     def run(self, ns: str, key: str, fn: Callable[[Lease], Any], fingerprint: Optional[str] = None,
@@ -180,7 +217,8 @@ class Client:
     def _run_owned(self, ns: str, key: str, res: Reservation, sent_at: float, fn: Callable[[Lease], Any],
                    lease_ms: int, retention_s: Optional[int]) -> RunResult:
         lease = Lease(res.fencing_token or 0, res.outcome == "RECLAIMED", res.previous_fencing_token, res.owner_token or "",
-                      res.lease_expires_at, res.checkpoint, threading.Event())
+                      res.lease_expires_at, res.checkpoint, threading.Event(),
+                      lambda name, data: self.checkpoint(ns, key, res.owner_token or "", name, data))
         stop = threading.Event()
         hb = threading.Thread(target=self._keep_lease, args=(ns, key, lease, lease_ms, sent_at + lease_ms / 1000, stop),
                               name=f"idem-heartbeat-{key[:32]}", daemon=True)

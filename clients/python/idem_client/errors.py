@@ -90,6 +90,8 @@ def error_from_answer(status: int, body: Any, retry_after: float) -> IdemError:
     if not isinstance(message, str):
         message = f"HTTP {status}"
     cls = _BY_CODE.get(code, IdemError)
+    if not status:  # a batch item's error: the code's status
+        status = next((s for s, c in _BY_STATUS.items() if c == code), 409 if code == "FAILED_PRECONDITION" else 500)
     return cls(code, f"idem: {code}: {message}", status=status, retry_after=retry_after)
 
 

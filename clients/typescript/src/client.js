@@ -96,6 +96,17 @@ function decodeRecord(a) {
   return out;
 }
 
+const policyFields = [
+  ['default_lease_ms', 'defaultLeaseMs'], ['max_lease_ms', 'maxLeaseMs'], ['default_retention_s', 'defaultRetentionS'],
+  ['max_retention_s', 'maxRetentionS'], ['tombstone_s', 'tombstoneS'],
+];
+
+function decodePolicy(a) {
+  const out = {};
+  for (const [field, name] of policyFields) if (a[field] !== undefined) out[name] = a[field];
+  return out;
+}
+
 function parseRetryAfter(v) {
   if (!v) return 0;
   const secs = Number(v);
@@ -279,6 +290,62 @@ export class IdemClient {
     await this.call('DELETE', this.keyPath(ns, key), { reason: opts.reason }, { signal: opts.signal });
   }
 
+  // -- v1.2 --------------------------------------------------------------
+
+  /**
+   * Reserves up to 1000 keys of one namespace in one call (v1.2). Each result
+   * is what the single reserve would have answered, in item order: a
+   * reservation, or {error} (an IdemError) for that item alone.
+   */
+  async batchReserve(ns, items, opts = {}) {
+    const body = {
+      items: items.map((it) => {
+        const out = { key: it.key, owner_token: it.ownerToken || newOwnerToken() };
+        if (it.fingerprint !== undefined) out.fingerprint = it.fingerprint;
+        if (it.leaseMs) out.lease_ms = it.leaseMs;
+        return out;
+      }),
+    };
+    const a = await this.call('POST', `v1/namespaces/${encodeURIComponent(ns)}/keys:batch-reserve`, body, { signal: opts.signal });
+    return (a.results ?? []).map((r) => (r.error ? { error: errorFromAnswer(0, r, 0) } : decodeReservation(r)));
+  }
+
+  /** Completes up to 1000 keys of one namespace in one call (v1.2); results as batchReserve's. */
+  async batchComplete(ns, items, opts = {}) {
+    const body = {
+      items: items.map((it) => {
+        const out = { key: it.key, owner_token: it.ownerToken, response: encodeResponse(it.response) };
+        if (it.retentionS) out.retention_s = it.retentionS;
+        return out;
+      }),
+    };
+    const a = await this.call('POST', `v1/namespaces/${encodeURIComponent(ns)}/keys:batch-complete`, body, { signal: opts.signal });
+    return (a.results ?? []).map((r) => (r.error ? { error: errorFromAnswer(0, r, 0) } : { completedAt: toDate(r.completed_at), expiresAt: toDate(r.expires_at) }));
+  }
+
+  /**
+   * Records a recovery point of the running attempt (v1.2): name 1-64 chars
+   * of [A-Za-z0-9_.-], data at most 64 KiB. A RECLAIMED answer carries the
+   * last one, so a retry resumes instead of starting over.
+   */
+  async checkpoint(ns, key, opts) {
+    const body = { owner_token: opts.ownerToken, name: opts.name, data: encodeBody(opts.data) };
+    const a = await this.call('POST', `${this.keyPath(ns, key)}:checkpoint`, body, { signal: opts.signal });
+    return { checkpointedAt: toDate(a.checkpointed_at) };
+  }
+
+  /** The namespace's policy in force (v1.2; reader role). */
+  async getPolicy(ns, opts = {}) {
+    return decodePolicy(await this.call('GET', `v1/namespaces/${encodeURIComponent(ns)}/policy`, undefined, { signal: opts.signal }));
+  }
+
+  /** Sets the namespace's policy (v1.2; admin); absent fields keep the built-in defaults. */
+  async setPolicy(ns, policy, opts = {}) {
+    const body = {};
+    for (const [field, name] of policyFields) if (policy[name] !== undefined) body[field] = policy[name];
+    return decodePolicy(await this.call('PUT', `v1/namespaces/${encodeURIComponent(ns)}/policy`, body, { signal: opts.signal }));
+  }
+
   /**
    * Runs fn at most once to completion for (ns, key), across every process and
    * retry using the key (the Go client's Do). See index.d.ts.
@@ -343,6 +410,7 @@ export class IdemClient {
       expiresAt: res.leaseExpiresAt,
       checkpoint: res.checkpoint,
       signal: controller.signal,
+      saveCheckpoint: (name, data) => this.checkpoint(ns, key, { ownerToken: res.ownerToken, name, data }),
     };
     let response;
     let fnErr;

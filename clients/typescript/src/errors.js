@@ -54,7 +54,9 @@ export function errorFromAnswer(status, body, retryAfterMs) {
   if (typeof code !== 'string') code = byStatus[status] ?? (status >= 500 ? 'INTERNAL' : 'INVALID_ARGUMENT');
   if (typeof message !== 'string') message = `HTTP ${status}`;
   const Cls = byCode[code] ?? (code === 'GONE' ? GoneError : IdemError);
-  const err = new Cls(code, `idem: ${code}: ${message}`, { status, retryAfterMs });
+  // A batch item's error has no HTTP status of its own: the code's.
+  const st = status || Number(Object.entries(byStatus).find(([, c]) => c === code)?.[0] ?? (code === 'FAILED_PRECONDITION' ? 409 : 500));
+  const err = new Cls(code, `idem: ${code}: ${message}`, { status: st, retryAfterMs });
   err.name = Cls.name;
   return err;
 }

@@ -152,6 +152,18 @@ export interface Lease {
   checkpoint?: Checkpoint;
   /** Aborted (reason: LeaseLostError) when the lease is lost, or when run's signal aborts. */
   signal: AbortSignal;
+  /** v1.2: record a recovery point; a later RECLAIMED attempt finds it in lease.checkpoint. */
+  saveCheckpoint(name: string, data: string | Uint8Array): Promise<{ checkpointedAt: Date }>;
+}
+
+/** v1.2 namespace policy; an absent field is the built-in default. */
+export interface NamespacePolicy {
+  defaultLeaseMs?: number;
+  maxLeaseMs?: number;
+  defaultRetentionS?: number;
+  maxRetentionS?: number;
+  /** How long a tombstone outlives a completed record's retention (default 604800; 0 keeps none). */
+  tombstoneS?: number;
 }
 
 export interface RunOptions extends CallOptions {
@@ -194,6 +206,16 @@ export declare class IdemClient {
   listKeys(ns: string, options?: CallOptions & { state?: 'IN_PROGRESS' | 'COMPLETED'; olderThanS?: number; limit?: number; pageToken?: string }): Promise<{ keys: KeyListEntry[]; nextPageToken?: string }>;
   forceRelease(ns: string, key: string, options: CallOptions & { reason: string }): Promise<{ previousFencingToken: bigint }>;
   deleteKey(ns: string, key: string, options: CallOptions & { reason: string }): Promise<void>;
+  /** v1.2: reserve up to 1000 keys in one call; per item a reservation or {error}. */
+  batchReserve(ns: string, items: Array<{ key: string; fingerprint?: string; ownerToken?: string; leaseMs?: number }>, options?: CallOptions): Promise<Array<Reservation | { error: IdemError }>>;
+  /** v1.2: complete up to 1000 keys in one call; per item the times or {error}. */
+  batchComplete(ns: string, items: Array<{ key: string; ownerToken: string; response: ResponseInput; retentionS?: number }>, options?: CallOptions): Promise<Array<{ completedAt: Date; expiresAt: Date } | { error: IdemError }>>;
+  /** v1.2: record a recovery point of the running attempt. */
+  checkpoint(ns: string, key: string, options: CallOptions & { ownerToken: string; name: string; data: string | Uint8Array }): Promise<{ checkpointedAt: Date }>;
+  /** v1.2: the namespace's policy in force. */
+  getPolicy(ns: string, options?: CallOptions): Promise<NamespacePolicy>;
+  /** v1.2: set the namespace's policy (admin). */
+  setPolicy(ns: string, policy: NamespacePolicy, options?: CallOptions): Promise<NamespacePolicy>;
   /**
    * Runs fn at most once to completion for (ns, key): reserve; replay a
    * completed key; wait for a running owner (maxWaitMs); else run fn,

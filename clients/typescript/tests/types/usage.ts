@@ -35,6 +35,21 @@ async function usage(): Promise<void> {
     if (err instanceof NotOwnerError) void err.code;
     if (err instanceof LeaseLostError) void err.message;
   }
+  const results = await client.batchReserve('billing', [{ key: 'a' }, { key: 'b', fingerprint: 'f' }]);
+  for (const r2 of results) {
+    if ('error' in r2) void r2.error.code;
+    else if (r2.outcome === 'ACQUIRED') await client.checkpoint('billing', 'a', { ownerToken: r2.ownerToken, name: 'step-1', data: 'x' });
+  }
+  const done = await client.batchComplete('billing', [{ key: 'a', ownerToken: 't', response: { status: 200 } }]);
+  void done;
+  const policy = await client.setPolicy('billing', { tombstoneS: 60, maxLeaseMs: 60_000 });
+  const t2: number | undefined = policy.tombstoneS;
+  void t2; void (await client.getPolicy('billing'));
+  await client.run('billing', 'k2', async (lease) => {
+    if (lease.checkpoint) void lease.checkpoint.data;
+    await lease.saveCheckpoint('charged', new Uint8Array([1]));
+    return { status: 200 };
+  }, { ifExpired: 'acquire' });
   const mw = idempotency(client, { requireKey: true, namespaceHeader: 'X-Tenant', leaseMs: 10_000 });
   void mw; void replayed; void ran;
 }
