@@ -209,7 +209,9 @@ def test_large_body_streams_and_replay_is_marked_omitted(node):
             key = new_key()
             a = await c.post("/payments", content=b"1", headers={"Idempotency-Key": key})
             assert a.content == big
-            b = await c.post("/payments", content=b"1", headers={"Idempotency-Key": key})
+            # The first caller may hold the whole body before the key is
+            # completed (it streamed): the retry waits for the completion.
+            b = await c.post("/payments", content=b"1", headers={"Idempotency-Key": key, "Prefer": "wait=10"})
             assert b.status_code == 200 and b.headers["idempotent-body-omitted"] == "true" and b.content == b""
 
     run(main())
@@ -221,14 +223,14 @@ def test_heartbeats_keep_a_long_handlers_short_lease(node):
 
         async def pay(request):
             runs.append(request.state.idempotency)
-            await asyncio.sleep(2.5)
+            await asyncio.sleep(4.0)  # well over two 1.5 s leases
             return JSONResponse({"done": True}, status_code=201)
 
-        async with AsyncClient(node.url) as idem, http(starlette_app(idem, pay, lease_ms=500)) as c:
+        async with AsyncClient(node.url) as idem, http(starlette_app(idem, pay, lease_ms=1500)) as c:
             key = new_key()
             first = asyncio.ensure_future(c.post("/payments", json={"a": 1}, headers={"Idempotency-Key": key}))
-            for i in range(4):
-                await asyncio.sleep(0.5)
+            for i in range(5):
+                await asyncio.sleep(0.7)  # without heartbeats the key could be reclaimed from 1.6 s on
                 assert (await c.post("/payments", json={"a": 1}, headers={"Idempotency-Key": key})).status_code == 409, f"probe {i}"
             assert (await first).status_code == 201
             assert len(runs) == 1 and not runs[0].lost.is_set()

@@ -189,13 +189,13 @@ def test_run_heartbeats_keep_a_short_lease(client):
 
     def long(lease):
         seen["lease"] = lease
-        time.sleep(2.5)  # five 500 ms leases
+        time.sleep(4.0)  # well over two 1.5 s leases
         return (200, {}, b"long")
 
     with ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(client.run, NS, key, long, lease_ms=500)
-        for i in range(4):
-            time.sleep(0.5)
+        fut = pool.submit(client.run, NS, key, long, lease_ms=1500)
+        for i in range(5):
+            time.sleep(0.7)  # without heartbeats the key could be reclaimed from 1.6 s on
             assert client.reserve(NS, key).outcome == "IN_PROGRESS", f"probe {i}"
         assert not fut.result().replayed
     assert not seen["lease"].lost.is_set()
@@ -305,12 +305,12 @@ def test_async_heartbeats_and_lost_lease_cancels_fn(node):
             key = new_key()
 
             async def long(lease):
-                await asyncio.sleep(2.5)
+                await asyncio.sleep(4.0)  # well over two 1.5 s leases
                 return Response(200)
 
-            task = asyncio.ensure_future(c.run(NS, key, long, lease_ms=500))
-            for i in range(4):
-                await asyncio.sleep(0.5)
+            task = asyncio.ensure_future(c.run(NS, key, long, lease_ms=1500))
+            for i in range(5):
+                await asyncio.sleep(0.7)
                 assert (await c.reserve(NS, key)).outcome == "IN_PROGRESS", f"probe {i}"
             assert not (await task).replayed
 

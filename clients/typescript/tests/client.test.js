@@ -199,11 +199,11 @@ test('run: heartbeats keep a long fn\'s short lease', async () => {
   let signal;
   const long = client.run(ns, key, async (lease) => {
     signal = lease.signal;
-    await sleep(2500); // five 500 ms leases
+    await sleep(4000); // well over two 1.5 s leases
     return { status: 200, body: 'long' };
-  }, { leaseMs: 500 });
-  for (let i = 0; i < 4; i++) {
-    await sleep(500);
+  }, { leaseMs: 1500 });
+  for (let i = 0; i < 5; i++) {
+    await sleep(700); // without heartbeats the key could be reclaimed from 1.6 s on
     const probe = await client.reserve(ns, key);
     assert.equal(probe.outcome, 'IN_PROGRESS', `probe ${i}: the lease must still be held`);
   }

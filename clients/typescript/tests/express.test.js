@@ -222,7 +222,9 @@ test('a body larger than maxStoredBodyBytes reaches the caller and replays are m
   const key = newKey();
   const a = await post(`${url}/payments`, key, { a: 1 });
   assert.equal(await a.text(), big);
-  const b = await post(`${url}/payments`, key, { a: 1 });
+  // The first caller may hold the whole body before the key is completed
+  // (it streamed): the retry waits for the completion.
+  const b = await post(`${url}/payments`, key, { a: 1 }, { Prefer: 'wait=10' });
   assert.equal(b.status, 200);
   assert.equal(b.headers.get('idempotent-body-omitted'), 'true');
   assert.equal(await b.text(), '');
@@ -231,16 +233,16 @@ test('a body larger than maxStoredBodyBytes reaches the caller and replays are m
 test('heartbeats keep a long handler\'s short lease: duplicates meanwhile get 409', async () => {
   let runs = 0;
   let signal;
-  const { url } = await paymentsApp({ leaseMs: 500 }, async (req, res) => {
+  const { url } = await paymentsApp({ leaseMs: 1500 }, async (req, res) => {
     runs++;
     signal = req.idempotency.signal;
-    await sleep(2500);
+    await sleep(4000); // well over two 1.5 s leases
     res.status(201).json({ done: true });
   });
   const key = newKey();
   const first = post(`${url}/payments`, key, { a: 1 });
-  for (let i = 0; i < 4; i++) {
-    await sleep(500);
+  for (let i = 0; i < 5; i++) {
+    await sleep(700); // without heartbeats the key could be reclaimed from 1.6 s on
     assert.equal((await post(`${url}/payments`, key, { a: 1 })).status, 409, `probe ${i}`);
   }
   assert.equal((await first).status, 201);
