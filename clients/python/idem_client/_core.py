@@ -224,6 +224,10 @@ class Policy:
 
     @classmethod
     def from_json(cls, a: Dict[str, Any]) -> "Policy":
+        # The contract answers the policy's fields; accept them wrapped in
+        # {"policy": ...} as well, the shape of the gRPC answer.
+        if isinstance(a.get("policy"), dict):
+            a = a["policy"]
         return cls(**{f: a.get(f) for f in cls.FIELDS})
 
 

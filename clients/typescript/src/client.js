@@ -101,7 +101,10 @@ const policyFields = [
   ['max_retention_s', 'maxRetentionS'], ['tombstone_s', 'tombstoneS'],
 ];
 
-function decodePolicy(a) {
+function decodePolicy(answer) {
+  // The contract answers the policy's fields; accept them wrapped in
+  // {"policy": ...} as well, the shape of the gRPC answer.
+  const a = answer.policy && typeof answer.policy === 'object' ? answer.policy : answer;
   const out = {};
   for (const [field, name] of policyFields) if (a[field] !== undefined) out[name] = a[field];
   return out;
