@@ -77,6 +77,7 @@ type Ring struct {
 	byID        map[string]int
 	partitions  []uint32 // partition -> index into shards
 	fingerprint string
+	layout      string // LayoutFingerprint
 }
 
 // shardMember is a consistent.Member named by the shard id.
@@ -183,7 +184,26 @@ func buildRing(cluster string, cfg RingConfig, shards []Shard) (*Ring, error) {
 		r.partitions[p] = uint32(idx)
 	}
 	r.fingerprint = fingerprintOf(cluster, cfg, shards)
+	r.layout = layoutFingerprintOf(cluster, cfg, shards)
 	return r, nil
+}
+
+// WithVoters returns a ring that places keys exactly as r does (same
+// partitions, same shards) but whose shards carry the voters voters gives
+// for each shard id (r's voters where voters has none). It shares r's
+// partition table, so it costs a copy of the shard list, not a rebuild: a
+// membership change alters who votes in a shard, never where a key lives.
+func (r *Ring) WithVoters(voters map[string][]string) *Ring {
+	c := *r
+	c.shards = make([]Shard, len(r.shards))
+	for i, s := range r.shards {
+		if v, ok := voters[s.ID]; ok && len(v) > 0 {
+			s.Voters = slices.Clone(v)
+		}
+		c.shards[i] = s
+	}
+	c.fingerprint = fingerprintOf(c.cluster, c.config, c.shards)
+	return &c
 }
 
 // newConsistent builds the library's ring, turning its panics (a nil hasher,
@@ -285,15 +305,36 @@ func (r *Ring) PartitionCounts() map[string]int {
 // serve under a different one.
 func (r *Ring) Fingerprint() string { return r.fingerprint }
 
+// LayoutFingerprint is Fingerprint without the voters: a stable hex SHA-256
+// of what decides which shard a key lives in (hashing scheme, cluster name,
+// ring parameters, every shard id with its home region, in ring order). A
+// membership change (nodes joining or leaving, replicas, survival) keeps
+// it; a change of the shard set or the ring section changes it. Data dirs
+// pin it.
+func (r *Ring) LayoutFingerprint() string { return r.layout }
+
+func layoutFingerprintOf(cluster string, cfg RingConfig, shards []Shard) string {
+	return ringHash(" layout", cluster, cfg, shards, false)
+}
+
 func fingerprintOf(cluster string, cfg RingConfig, shards []Shard) string {
+	return ringHash("", cluster, cfg, shards, true)
+}
+
+// ringHash hashes the ring's description, with or without the voters.
+func ringHash(kind, cluster string, cfg RingConfig, shards []Shard, voters bool) string {
 	var b strings.Builder
-	b.WriteString(ringFormat + "\n")
+	b.WriteString(ringFormat + kind + "\n")
 	b.WriteString("cluster " + cluster + "\n")
 	b.WriteString("partitions " + strconv.Itoa(cfg.PartitionCount) + "\n")
 	b.WriteString("vnodes " + strconv.Itoa(cfg.ReplicationFactor) + "\n")
 	b.WriteString("load " + strconv.FormatFloat(cfg.Load, 'g', -1, 64) + "\n")
 	for _, s := range shards {
-		b.WriteString("shard " + s.ID + " home " + s.HomeRegion + " voters " + strings.Join(s.Voters, ",") + "\n")
+		b.WriteString("shard " + s.ID + " home " + s.HomeRegion)
+		if voters {
+			b.WriteString(" voters " + strings.Join(s.Voters, ","))
+		}
+		b.WriteString("\n")
 	}
 	sum := sha256.Sum256([]byte(b.String()))
 	return hex.EncodeToString(sum[:])

@@ -57,6 +57,10 @@ type Topology struct {
 	// [a-z0-9][a-z0-9._-]{0,62} and is part of the ring fingerprint, so two
 	// clusters never mistake each other's data dirs.
 	Cluster string `yaml:"cluster" json:"cluster"`
+	// Version numbers the file's successive shapes: 1 (or absent) for a
+	// new cluster, the active version + 1 for a change applied online
+	// (idemctl topology apply). 0 reads as 1.
+	Version int `yaml:"version,omitempty" json:"version,omitempty"`
 	// ShardsPerRegion is the number of Raft groups homed in each region,
 	// 1..MaxShardsPerRegion.
 	ShardsPerRegion int `yaml:"shards_per_region" json:"shards_per_region"`
@@ -263,6 +267,9 @@ func (t *Topology) Validate() error {
 	survivalOK := survival == SurvivalZone || survival == SurvivalRegion
 	if !survivalOK {
 		c.add("survival", "%q is not %q or %q", t.Survival, SurvivalZone, SurvivalRegion)
+	}
+	if t.Version < 0 {
+		c.add("version", "%d is negative: versions count from 1 (absent means 1)", t.Version)
 	}
 	if t.WANRTTMs < 0 || t.WANRTTMs > MaxWANRTTMs {
 		c.add("wan_rtt_ms", "%d is out of range 0..%d (0 means one LAN)", t.WANRTTMs, MaxWANRTTMs)
@@ -506,6 +513,9 @@ func (t *Topology) Nodes() []Node {
 	}
 	return out
 }
+
+// EffectiveVersion is t.Version, with 0 (absent) read as 1.
+func (t *Topology) EffectiveVersion() int { return max(t.Version, 1) }
 
 // Clone returns a deep copy of t.
 func (t *Topology) Clone() *Topology {

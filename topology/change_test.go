@@ -1,0 +1,184 @@
+package topology
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// withNode returns t at the next version with node id added to region.
+func withNode(t *Topology, region, id string, port int) *Topology {
+	c := t.Clone()
+	c.Version = t.EffectiveVersion() + 1
+	for i := range c.Regions {
+		if c.Regions[i].Name == region {
+			c.Regions[i].Nodes = append(c.Regions[i].Nodes, Node{ID: id, Region: region,
+				RaftAddr: "127.0.0.1:" + itoa(port), GRPCAddr: "127.0.0.1:" + itoa(port+1), HTTPAddr: "127.0.0.1:" + itoa(port+2)})
+		}
+	}
+	return c
+}
+
+// without returns t at the next version without node id.
+func without(t *Topology, id string) *Topology {
+	c := t.Clone()
+	c.Version = t.EffectiveVersion() + 1
+	for i := range c.Regions {
+		c.Regions[i].Nodes = slices.DeleteFunc(c.Regions[i].Nodes, func(n Node) bool { return n.ID == id })
+	}
+	return c
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestPlanAddAndRemoveNode(t *testing.T) {
+	base := loadTestdata(t, "three-node.yaml")
+	grown := withNode(base, "us-east", "us-east-4", 17000)
+	c, err := Plan(base, grown)
+	if err != nil {
+		t.Fatalf("Plan(add a node): %v", err)
+	}
+	if c.From != 1 || c.To != 2 || !slices.Equal(c.Joining, []string{"us-east-4"}) || len(c.Leaving) != 0 {
+		t.Fatalf("change %+v", c)
+	}
+	if c.SeatsMoved == 0 || c.SeatsMoved < c.MinSeatsMoved {
+		t.Fatalf("seats moved %d, lower bound %d", c.SeatsMoved, c.MinSeatsMoved)
+	}
+	added := 0
+	for _, s := range c.Shards {
+		if len(s.Add) != len(s.Remove) {
+			t.Errorf("shard %s: adds %v removes %v: replicas unchanged, so every added seat replaces one", s.ID, s.Add, s.Remove)
+		}
+		added += len(s.Add)
+		ring, _ := NewRing(grown)
+		got, _ := ring.ShardByID(s.ID)
+		if !slices.Equal(got.Voters, s.Voters) {
+			t.Errorf("shard %s: plan voters %v, placement %v", s.ID, s.Voters, got.Voters)
+		}
+	}
+	if added != c.SeatsMoved {
+		t.Fatalf("seats moved %d, per-shard adds %d", c.SeatsMoved, added)
+	}
+	// Membership changes keep where every key lives.
+	r1, _ := NewRing(base)
+	r2, _ := NewRing(grown)
+	if r1.LayoutFingerprint() != r2.LayoutFingerprint() {
+		t.Fatal("adding a node changed the layout fingerprint")
+	}
+	if r1.Fingerprint() == r2.Fingerprint() {
+		t.Fatal("adding a node kept the voter fingerprint")
+	}
+	if c.KeysMovedShare != 0 {
+		t.Fatalf("keys moved %v", c.KeysMovedShare)
+	}
+
+	shrunk := without(grown, "us-east-1")
+	c, err = Plan(grown, shrunk)
+	if err != nil {
+		t.Fatalf("Plan(remove a node): %v", err)
+	}
+	if !slices.Equal(c.Leaving, []string{"us-east-1"}) || c.To != 3 {
+		t.Fatalf("change %+v", c)
+	}
+	for _, s := range c.Shards {
+		if slices.Contains(s.Voters, "us-east-1") {
+			t.Fatalf("shard %s keeps the leaving node: %v", s.ID, s.Voters)
+		}
+	}
+	// The same file again is no change at the next version.
+	if _, err := Plan(grown, grown); err == nil {
+		t.Fatal("Plan accepted the active version as the next one")
+	}
+}
+
+func TestPlanRefusesWithEveryReason(t *testing.T) {
+	base := loadTestdata(t, "three-node.yaml")
+	bad := base.Clone()
+	bad.Version = 5
+	bad.Cluster = "other"
+	bad.Ring.PartitionCount = 1031
+	bad.ShardsPerRegion = 2
+	_, err := Plan(base, bad)
+	var pe *PlanError
+	if !errors.As(err, &pe) {
+		t.Fatalf("Plan: %v, want a *PlanError", err)
+	}
+	for _, want := range []string{"cluster:", "ring:", "version: 5", "shards_per_region: 2"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	three := loadTestdata(t, "three-region.yaml")
+	moved := three.Clone()
+	moved.Version = 2
+	moved.Regions = moved.Regions[:2]
+	if _, err := Plan(three, moved); err == nil || !strings.Contains(err.Error(), "regions:") {
+		t.Fatalf("removing a region: %v", err)
+	}
+}
+
+// The figure the plan command prints for the target shape: a 3-region,
+// 9-node cluster adding one node moves the seats placement gives the new
+// node, and how that compares with the lower bound.
+func TestPlanThreeRegionsAddOneNode(t *testing.T) {
+	three := loadTestdata(t, "three-region.yaml")
+	c, err := Plan(three, withNode(three, "eu-west", "eu-west-4", 17100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("3 regions x 3 nodes, survival region, 12 shards x 3 replicas: adding eu-west-4 moves %d seats (lower bound %d) in %d shards",
+		c.SeatsMoved, c.MinSeatsMoved, len(c.Shards))
+	if c.SeatsMoved < c.MinSeatsMoved || c.MinSeatsMoved == 0 {
+		t.Fatalf("seats moved %d, lower bound %d", c.SeatsMoved, c.MinSeatsMoved)
+	}
+	// Survival region: only the region that gains a node changes seats.
+	for _, s := range c.Shards {
+		for _, id := range append(slices.Clone(s.Add), s.Remove...) {
+			if r, _ := three.RegionOf(id); id != "eu-west-4" && r != "eu-west" {
+				t.Errorf("shard %s moves a seat of %s in region %s", s.ID, id, r)
+			}
+		}
+	}
+}
+
+func TestMetaMembers(t *testing.T) {
+	three := loadTestdata(t, "three-region.yaml")
+	v, nv := three.MetaMembers()
+	if len(v) != 5 || len(nv) != 4 {
+		t.Fatalf("voters %v nonvoters %v", v, nv)
+	}
+	regions := map[string]int{}
+	for _, id := range v {
+		r, _ := three.RegionOf(id)
+		regions[r]++
+	}
+	if len(regions) != 3 {
+		t.Fatalf("meta voters %v cover regions %v, want all three", v, regions)
+	}
+	one := loadTestdata(t, "three-node.yaml")
+	v, nv = one.MetaMembers()
+	if len(v) != 3 || len(nv) != 0 {
+		t.Fatalf("three nodes: voters %v nonvoters %v", v, nv)
+	}
+	four := withNode(one, "us-east", "us-east-4", 17000)
+	v, nv = four.MetaMembers()
+	if len(v) != 3 || len(nv) != 1 {
+		t.Fatalf("four nodes: voters %v nonvoters %v, want 3 and 1 (an even count adds nothing)", v, nv)
+	}
+}
+
+func TestSameShapeIgnoresOrder(t *testing.T) {
+	a := loadTestdata(t, "three-region.yaml")
+	b := a.Clone()
+	slices.Reverse(b.Regions)
+	slices.Reverse(b.Regions[0].Nodes)
+	if !SameShape(a, b) {
+		t.Fatal("reordered file has another shape")
+	}
+	b.Replicas = 5
+	if SameShape(a, b) {
+		t.Fatal("replicas change kept the shape")
+	}
+}
