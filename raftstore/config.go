@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -350,6 +351,15 @@ type GroupConfig struct {
 	// view, so a node's topology file decides the route to each peer.
 	Voters []Peer
 
+	// Learners are initial non-voting members, written with Voters when a
+	// brand-new group bootstraps (this node may be one of them). They get
+	// the log and vote nowhere.
+	Learners []Peer
+
+	// NoPacking keeps Config.Packer's proposal buffer off for this group:
+	// its state machine reads its own commands, not packed entries.
+	NoPacking bool
+
 	// Timing overrides the host's Raft timeouts for this group; zero fields
 	// keep the host's. Shards whose voters span regions need WAN-sized
 	// timeouts (see WANTiming).
@@ -420,7 +430,7 @@ func (gc GroupConfig) validate(self string) error {
 	seenID := map[string]bool{}
 	seenAddr := map[string]bool{}
 	hasSelf := false
-	for i, p := range gc.Voters {
+	for i, p := range append(slices.Clip(gc.Voters), gc.Learners...) {
 		switch {
 		case p.ID == "":
 			bad("voter %d has no ID", i)
@@ -439,7 +449,7 @@ func (gc GroupConfig) validate(self string) error {
 		}
 	}
 	if len(gc.Voters) > 0 && !hasSelf {
-		bad("this node (%q) is not among its voters", self)
+		bad("this node (%q) is not among its members", self)
 	}
 	return errors.Join(errs...)
 }

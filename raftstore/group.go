@@ -17,7 +17,7 @@ import (
 type Group struct {
 	id       string
 	host     *Host
-	peers    peerAddrs // this node's view of the voters' addresses
+	peers    *peerBook // this node's view of the peers' addresses (the host's)
 	logger   *slog.Logger
 	raft     *raft.Raft
 	fsm      *fsmAdapter
@@ -439,6 +439,13 @@ func (g *Group) transferLeadership(ctx context.Context, targetID string) error {
 // While id is out, the group runs on the other voters: a three-voter group
 // needs both others up for the removal and the re-add to commit.
 func (g *Group) ReplaceVoter(ctx context.Context, id string) error {
+	return g.ReplaceMember(ctx, id, true)
+}
+
+// ReplaceMember is ReplaceVoter for a member that votes (voter) or is a
+// non-voting member (a learner, as most nodes are in the meta group): it
+// is added back as what it was.
+func (g *Group) ReplaceMember(ctx context.Context, id string, voter bool) error {
 	if g.closed.Load() {
 		return shardErr(g.id, "%w", ErrShutdown)
 	}
@@ -487,6 +494,9 @@ func (g *Group) ReplaceVoter(ctx context.Context, id string) error {
 		}
 	}
 	if err := change("adding it back", func(d time.Duration) raft.IndexFuture {
+		if !voter {
+			return g.raft.AddNonvoter(raft.ServerID(id), addr, 0, d)
+		}
 		return g.raft.AddVoter(raft.ServerID(id), addr, 0, d)
 	}); err != nil {
 		return err
@@ -513,8 +523,7 @@ func (g *Group) IsMember() bool {
 
 // peerAddr returns this node's address of peer id (from GroupConfig.Voters).
 func (g *Group) peerAddr(id string) (raft.ServerAddress, bool) {
-	a, ok := g.peers[raft.ServerID(id)]
-	return a, ok
+	return g.peers.get(id)
 }
 
 // Snapshot forces a snapshot now and returns the Raft index and term it

@@ -57,6 +57,8 @@ type Host struct {
 
 	handOvers atomic.Uint64 // successful leadership hand-overs on Shutdown
 
+	book peerBook // every peer's Raft address, in this node's view
+
 	// stateFailure is the first storage failure reported (a host log's
 	// or a durable state machine's), wrapping ErrStorageFailed.
 	stateFailure atomic.Pointer[error]
@@ -200,10 +202,10 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		return nil, err
 	}
 	cleanup = append(cleanup, func() { stream.Close() })
-	addrs := peerAddrs{}
-	for _, p := range gc.Voters {
-		addrs[raft.ServerID(p.ID)] = raft.ServerAddress(p.Addr)
+	for _, p := range append(slices.Clip(gc.Voters), gc.Learners...) {
+		h.book.set(p.ID, p.Addr)
 	}
+	addrs := &h.book
 	trans := &gatedTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  stream,
 		MaxPool: transportMaxPool,
@@ -276,6 +278,9 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		for _, p := range gc.Voters {
 			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
 		}
+		for _, p := range gc.Learners {
+			servers = append(servers, raft.Server{Suffrage: raft.Nonvoter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+		}
 		if err := raft.BootstrapCluster(rc, logs, store, snaps, trans, raft.Configuration{Servers: servers}); err != nil {
 			return nil, shardErr(id, "bootstrap: %w", err)
 		}
@@ -322,7 +327,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		leaderChanged: make(chan struct{}),
 		closedCh:      make(chan struct{}),
 	}
-	if h.cfg.Packer != nil {
+	if h.cfg.Packer != nil && !gc.NoPacking {
 		g.buf = newPropBuffer(g, h.cfg.Packer.PackCommands, !h.cfg.PackingGated)
 		go g.buf.dispatch()
 	}
@@ -734,15 +739,41 @@ func (h *Host) handOverLeadership(ctx context.Context, groups []*Group) {
 // both directions) while on.
 func (h *Host) setIsolated(on bool) { h.mux.setIsolated(on) }
 
-// peerAddrs resolves a peer's id to the address in this node's own view.
-type peerAddrs map[raft.ServerID]raft.ServerAddress
+// peerBook resolves a peer's id to the address in this node's own view: the
+// host's one book, shared by every group (a node has one Raft address for
+// all its groups), filled from the groups' Voters and from SetPeer.
+type peerBook struct {
+	mu sync.RWMutex
+	m  map[raft.ServerID]raft.ServerAddress
+}
 
-func (p peerAddrs) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
-	if a, ok := p[id]; ok {
+func (p *peerBook) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
+	if a, ok := p.get(string(id)); ok {
 		return a, nil
 	}
 	return "", fmt.Errorf("raftstore: no address for peer %q", id)
 }
+
+func (p *peerBook) get(id string) (raft.ServerAddress, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	a, ok := p.m[raft.ServerID(id)]
+	return a, ok
+}
+
+func (p *peerBook) set(id, addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[raft.ServerID]raft.ServerAddress{}
+	}
+	p.m[raft.ServerID(id)] = raft.ServerAddress(addr)
+}
+
+// SetPeer tells every group of the host (and every group added later) that
+// node id is reached at addr: how a node learns the Raft address of a node
+// that joins the cluster after it started.
+func (h *Host) SetPeer(id, addr string) { h.book.set(id, addr) }
 
 func cmpDuration(override, fallback time.Duration) time.Duration {
 	if override > 0 {

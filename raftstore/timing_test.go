@@ -27,11 +27,16 @@ func TestWANTimingNeverBelowLAN(t *testing.T) {
 }
 
 func TestPeerAddrsResolveOwnView(t *testing.T) {
-	p := peerAddrs{"b": "127.0.0.1:9999"}
+	var p peerBook
+	p.set("b", "127.0.0.1:9999")
 	if a, err := p.ServerAddr("b"); err != nil || a != "127.0.0.1:9999" {
 		t.Fatalf("got %q %v", a, err)
 	}
 	if _, err := p.ServerAddr("c"); err == nil {
 		t.Fatal("unknown peer resolved")
+	}
+	p.set("c", "127.0.0.1:9998") // a node that joined later
+	if a, err := p.ServerAddr("c"); err != nil || a != "127.0.0.1:9998" {
+		t.Fatalf("got %q %v", a, err)
 	}
 }
