@@ -18,7 +18,7 @@ const (
 	DefaultBaseBackoff    = 50 * time.Millisecond
 	DefaultMaxBackoff     = 2 * time.Second
 	DefaultRequestTimeout = 10 * time.Second
-	DefaultRoutingRefresh = 30 * time.Second
+	DefaultRoutingRefresh = 5 * time.Second
 )
 
 // Config configures a Client.

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -44,16 +45,16 @@ func (a *admin) Status(ctx context.Context, _ *idemv1.StatusRequest) (*idemv1.St
 		Region:          n.self.Region,
 		Ready:           n.Ready(ctx) == nil,
 		Version:         n.cfg.Version,
-		RingFingerprint: n.ring.Fingerprint(),
+		RingFingerprint: n.layout, // what a peer or router must share: the key layout
 	}
 	for _, id := range n.shardIDs() {
-		s := n.shards[id]
+		s := n.shard(id)
 		st := s.group.Stats()
 		fs := s.fsm.Stats()
 		resp.Shards = append(resp.Shards, &idemv1.ShardStatus{
 			Shard:        id,
 			HomeRegion:   s.info.HomeRegion,
-			Voters:       s.info.Voters,
+			Voters:       n.voters(id, false),
 			RaftState:    st.State,
 			LeaderId:     st.LeaderID,
 			Term:         st.Term,
@@ -69,7 +70,7 @@ func (a *admin) Status(ctx context.Context, _ *idemv1.StatusRequest) (*idemv1.St
 }
 
 func (a *admin) shard(id string) (*shard, error) {
-	s, ok := a.n.shards[id]
+	s, ok := a.n.shardMap()[id]
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "node %s does not host shard %q (ask a voter of that shard; idemctl locate shows them)", a.n.cfg.NodeID, id)
 	}
@@ -103,17 +104,36 @@ func (a *admin) Snapshot(ctx context.Context, req *idemv1.SnapshotRequest) (*ide
 // ReplaceVoter rebuilds a voter's membership in a shard this node leads
 // (idemctl replace-node): see raftstore.Group.ReplaceVoter.
 func (a *admin) ReplaceVoter(ctx context.Context, req *idemv1.ReplaceVoterRequest) (*idemv1.ReplaceVoterResponse, error) {
+	if req.GetShard() == MetaGroupID {
+		return a.replaceMetaMember(ctx, req.GetNodeId())
+	}
 	s, err := a.shard(req.GetShard())
 	if err != nil {
 		return nil, err
 	}
-	if !s.info.HasVoter(req.GetNodeId()) {
+	if !slices.Contains(a.n.voters(s.info.ID, true), req.GetNodeId()) {
 		return nil, status.Errorf(codes.InvalidArgument, "node %q is not a voter of shard %s in the topology", req.GetNodeId(), s.info.ID)
 	}
 	if err := s.group.ReplaceVoter(ctx, req.GetNodeId()); err != nil {
 		return nil, adminError(err)
 	}
 	a.n.log.Info("voter replaced on operator request", "shard", s.info.ID, "voter", req.GetNodeId())
+	return &idemv1.ReplaceVoterResponse{LeaderId: a.n.cfg.NodeID}, nil
+}
+
+// replaceMetaMember replaces node id in the meta group (idemctl
+// replace-node), as the voter or learner the active topology makes it; on
+// the meta group's leader only (FAILED_PRECONDITION elsewhere, naming it).
+func (a *admin) replaceMetaMember(ctx context.Context, id string) (*idemv1.ReplaceVoterResponse, error) {
+	v := a.n.view()
+	if _, ok := v.node(id); !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "node %q is not in the cluster's topology", id)
+	}
+	voters, _ := v.active.MetaMembers()
+	if err := a.n.metaGroup.ReplaceMember(ctx, id, slices.Contains(voters, id)); err != nil {
+		return nil, adminError(err)
+	}
+	a.n.log.Info("meta group member replaced on operator request", "member", id)
 	return &idemv1.ReplaceVoterResponse{LeaderId: a.n.cfg.NodeID}, nil
 }
 

@@ -254,7 +254,7 @@ func startBenchCluster(n int, logStore string, noFsync bool) (_ *benchCluster, e
 	for {
 		balanced := true
 		for _, nn := range c.nodes {
-			for _, s := range nn.shards {
+			for _, s := range nn.shardMap() {
 				if id, _ := s.group.Leader(); id != s.info.Voters[0] {
 					balanced = false
 				}
@@ -318,7 +318,7 @@ type logStats struct {
 func (c *benchCluster) logStats() logStats {
 	var s logStats
 	for _, n := range c.nodes {
-		for _, sh := range n.shards {
+		for _, sh := range n.shardMap() {
 			st := sh.group.Stats()
 			if st.State == "Leader" {
 				s.commits += st.LogCommits
@@ -354,9 +354,9 @@ func (c *benchCluster) backendCycle(ctx context.Context, worker int, key string)
 // the fsm without any forwarding.
 func (c *benchCluster) leaderCycle(ctx context.Context, worker int, key string) error {
 	return c.applyCycle(ctx, key, func() *Node {
-		id := c.nodes[0].ring.Locate(benchNamespace, key).ID
+		id := c.nodes[0].view().ring.Locate(benchNamespace, key).ID
 		for _, n := range c.nodes {
-			if n.shards[id].group.IsLeader() {
+			if n.shard(id).group.IsLeader() {
 				return n
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,7 +61,7 @@ type clocks struct {
 	// off a skewed leader still leads, but its clock alone never reaches
 	// the state.
 	stampBound time.Duration
-	peers      []string
+	peersp     atomic.Pointer[[]string]
 
 	mu       sync.Mutex
 	readings map[string]peerClock
@@ -87,18 +88,37 @@ func newClocks(n *Node) *clocks {
 		featureGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_peer_feature",
 			Help: "1 if the peer's last Admin.Clock answer advertised the feature (packed-entries: it reads packed Raft entries), 0 if it did not or its release has no Admin.Clock; absent until it answered."}, []string{"peer", "feature"}),
 	}
-	seen := map[string]bool{n.cfg.NodeID: true}
-	for _, s := range n.cfg.Topology.ShardsOnNode(n.cfg.NodeID) {
-		for _, v := range s.Voters {
-			if !seen[v] {
-				seen[v] = true
-				c.peers = append(c.peers, v)
+	c.setPeers(n.view())
+	return c
+}
+
+// setPeers makes the clock peers the nodes that share a shard with this
+// node in v (its seats in the active topology and the target of a running
+// change).
+func (c *clocks) setPeers(v *view) {
+	self := c.n.cfg.NodeID
+	seats := v.seats(self)
+	seen := map[string]bool{self: true}
+	var peers []string
+	for _, s := range v.ring.Shards() {
+		if !seats[s.ID] {
+			continue
+		}
+		for _, id := range v.forwardShard(s).Voters {
+			if !seen[id] {
+				seen[id] = true
+				peers = append(peers, id)
 			}
 		}
 	}
-	slices.Sort(c.peers)
-	return c
+	slices.Sort(peers)
+	if old := c.peersp.Load(); old == nil || !slices.Equal(*old, peers) {
+		c.peersp.Store(&peers)
+	}
 }
+
+// peers returns the nodes whose clocks this node reads.
+func (c *clocks) peers() []string { return *c.peersp.Load() }
 
 func (c *clocks) register(r *prometheus.Registry) error {
 	for _, m := range []prometheus.Collector{c.offsetGauge, c.skewedGauge, c.featureGauge} {
@@ -109,12 +129,12 @@ func (c *clocks) register(r *prometheus.Registry) error {
 	return nil
 }
 
-func (c *clocks) enabled() bool { return c.bound >= 0 && len(c.peers) > 0 }
+func (c *clocks) enabled() bool { return c.bound >= 0 && len(c.peers()) > 0 }
 
 // probe reads every peer's clock once, concurrently.
 func (c *clocks) probe(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, p := range c.peers {
+	for _, p := range c.peers() {
 		wg.Go(func() {
 			conn, err := c.n.fwd.Conn(p)
 			if err != nil {
@@ -251,7 +271,7 @@ func (c *clocks) peerSkewed(peer string) bool {
 // (or too few are known): the command must not be proposed.
 func (c *clocks) stamp(cmd *fsm.Command, voters []string) error {
 	local := c.n.localNow()
-	if len(c.peers) == 0 || len(voters) <= 1 {
+	if len(c.peers()) == 0 || len(voters) <= 1 {
 		cmd.Now, cmd.ClockReadings, cmd.ClockQuorum, cmd.ClockBound = local, []int64{local}, 1, 0
 		return nil
 	}
@@ -317,7 +337,7 @@ func (c *clocks) anyLegacy(voters []string) bool {
 // of its peers' (reads judge expiry with it), whether or not the check is on.
 func (c *clocks) now() int64 {
 	local := c.n.localNow()
-	if len(c.peers) == 0 {
+	if len(c.peers()) == 0 {
 		return local
 	}
 	off, _ := c.offset()
@@ -330,7 +350,7 @@ func (c *clocks) now() int64 {
 // elected).
 func (c *clocks) run(ctx context.Context) {
 	c.n.gatePacking() // one-voter shards need no peer's answer
-	if len(c.peers) == 0 {
+	if len(c.peers()) == 0 {
 		return
 	}
 	c.probe(ctx)
@@ -370,7 +390,7 @@ func (c *clocks) run(ctx context.Context) {
 			continue
 		}
 		for _, id := range c.n.shardIDs() {
-			s := c.n.shards[id]
+			s := c.n.shard(id)
 			if s.group.IsLeader() {
 				if terr := s.group.TransferLeadership(""); terr != nil {
 					c.n.log.Debug("hand-over of a skewed leader failed", "shard", id, "error", terr)

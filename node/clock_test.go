@@ -32,7 +32,8 @@ func TestClockSkewVerdict(t *testing.T) {
 		{"past the bound beyond the round trip", []reading{{900 * time.Millisecond, 100 * time.Millisecond, 0}, {900 * time.Millisecond, 100 * time.Millisecond, 0}}, true},
 		{"stale readings are not used", []reading{{-3 * hour, time.Millisecond, time.Minute}, {-3 * hour, time.Millisecond, time.Minute}}, false},
 	} {
-		c := &clocks{bound: bound, peers: []string{"p0", "p1"}, readings: map[string]peerClock{}, legacy: map[string]bool{}}
+		c := &clocks{bound: bound, readings: map[string]peerClock{}, legacy: map[string]bool{}}
+		c.peersp.Store(&[]string{"p0", "p1"})
 		for i, r := range tc.readings {
 			c.readings["p"+string(rune('0'+i))] = peerClock{offset: r.offset, rtt: r.rtt, mid: time.Now().Add(-r.age)}
 		}
@@ -44,7 +45,8 @@ func TestClockSkewVerdict(t *testing.T) {
 			t.Errorf("%s: the reason does not name the flag: %v", tc.name, err)
 		}
 	}
-	off := &clocks{bound: -1, peers: []string{"p0"}, readings: map[string]peerClock{"p0": {offset: -3 * hour, mid: time.Now()}}}
+	off := &clocks{bound: -1, readings: map[string]peerClock{"p0": {offset: -3 * hour, mid: time.Now()}}}
+	off.peersp.Store(&[]string{"p0"})
 	if err := off.skewed(); err != nil {
 		t.Fatalf("check off: %v", err)
 	}

@@ -136,11 +136,11 @@ func (n *Node) gatePacking() {
 	}
 	fresh := n.clocks.fresh()
 	for _, id := range n.shardIDs() {
-		s := n.shards[id]
+		s := n.shard(id)
 		if s.group.Packing() {
 			continue
 		}
-		on, _, why := n.packGate.decide(id, s.info.Voters, fresh, s.fsm.PackedTokens())
+		on, _, why := n.packGate.decide(id, n.voters(id, true), fresh, s.fsm.PackedTokens())
 		if on && s.group.EnablePacking() {
 			n.log.Info("shard packs commands into Raft entries from now on (--raft-pack-commands=auto)", "shard", id, "reason", why)
 		}

@@ -56,7 +56,9 @@ func (n *Node) startLoops() {
 		startLoop("sweep", func(ctx context.Context) { every(ctx, n.cfg.SweepInterval, n.sweep) }),
 		startLoop("ring check", n.checkRing),
 		startLoop("rejoin", n.watchRejoin),
-		startLoop("clock", n.clocks.run))
+		startLoop("clock", n.clocks.run),
+		startLoop("topology", n.watchTopology),
+		startLoop("topology change", n.runMover))
 	if n.cfg.LeaderBalanceInterval > 0 {
 		b := newBalancer()
 		n.loops = append(n.loops, startLoop("leader balance", func(ctx context.Context) {
@@ -77,12 +79,12 @@ func (n *Node) stopLoops() {
 // retention free their memory on every replica.
 func (n *Node) sweep(ctx context.Context) {
 	for _, id := range n.shardIDs() {
-		s := n.shards[id]
+		s := n.shard(id)
 		if !s.group.IsLeader() {
 			continue
 		}
 		cmd := &fsm.Command{Op: fsm.OpSweep, AbandonAfter: int64(n.cfg.AbandonAfter), MaxSweep: n.cfg.MaxSweep}
-		if err := n.clocks.stamp(cmd, s.info.Voters); err != nil {
+		if err := n.clocks.stamp(cmd, n.voters(id, false)); err != nil {
 			n.log.Debug("sweep skipped", "shard", id, "error", err)
 			continue
 		}
@@ -102,7 +104,7 @@ func (n *Node) sweep(ctx context.Context) {
 // checkRing asks peers, until one answers, which ring the cluster was
 // created with; on a mismatch the node stays unready.
 func (n *Node) checkRing(ctx context.Context) {
-	router.NewRingCheck(n.cfg.Topology, n.ring, n.cfg.NodeID, n.fwd.Conn).Watch(ctx, 2*time.Second, func(err error) {
+	router.NewRingCheck(n.cfg.Topology, n.view().ring, n.cfg.NodeID, n.fwd.Conn).Watch(ctx, 2*time.Second, func(err error) {
 		if err != nil {
 			n.ringErr.Store(&err)
 			n.log.Error("a peer was created with another ring: this node's topology file differs from the cluster's", "error", err)
@@ -114,11 +116,15 @@ func (n *Node) checkRing(ctx context.Context) {
 // of each shard, lets the balancer decide (balance.go), and hands over the
 // shards it says to.
 func (n *Node) balance(b *balancer) {
+	if n.view().target != nil {
+		return // a topology change moves leaderships itself
+	}
 	ids := n.shardIDs()
 	facts := make([]balanceFacts, len(ids))
 	for i, id := range ids {
-		s := n.shards[id]
-		f := balanceFacts{Shard: id, Self: n.cfg.NodeID, Voters: s.info.Voters, Preferred: s.info.Voters[0]}
+		s := n.shard(id)
+		voters := n.voters(id, false)
+		f := balanceFacts{Shard: id, Self: n.cfg.NodeID, Voters: voters, Preferred: voters[0]}
 		if s.group.IsLeader() {
 			f.Leader = n.cfg.NodeID
 		} else {
@@ -136,7 +142,7 @@ func (n *Node) balance(b *balancer) {
 			continue
 		}
 		id := facts[i].Shard
-		if err := n.shards[id].group.TransferLeadership(d.To); err != nil {
+		if err := n.shard(id).group.TransferLeadership(d.To); err != nil {
 			n.log.Debug("leadership hand-back failed", "shard", id, "to", d.To, "error", err)
 			continue
 		}

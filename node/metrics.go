@@ -34,7 +34,7 @@ func (c *fsmCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *fsmCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.n.now()
-	for id, s := range c.n.shards {
+	for id, s := range c.n.shardMap() {
 		st := s.fsm.Stats()
 		ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, float64(st.InProgress), id, "in_progress")
 		ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, float64(st.Completed), id, "completed")

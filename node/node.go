@@ -62,9 +62,12 @@ type Node struct {
 	cfg  Config
 	log  *slog.Logger
 	self topology.Node
-	ring *topology.Ring
-	fwd  *router.Forwarder
-	api  *server.Server
+	// viewp is the cluster's shape as this node knows it (elastic.go);
+	// layout is the key layout its data dir holds, which never changes.
+	viewp  atomic.Pointer[view]
+	layout string
+	fwd    *router.Forwarder
+	api    *server.Server
 	// unsafeGauge is idem_node_unsafe_settings (safety.go).
 	unsafeGauge *prometheus.GaugeVec
 	// waiting counts the reserves with a wait in ApplyRouted (bounded by
@@ -73,9 +76,18 @@ type Node struct {
 	waitRefusals prometheus.Counter
 
 	// Set by Start.
-	host           *raftstore.Host
-	state          *statedb.DB // every hosted shard's records, on disk
-	shards         map[string]*shard
+	host  *raftstore.Host
+	state *statedb.DB // every hosted shard's records, on disk
+	// shardsp holds the hosted replicas by shard id, replaced whole on a
+	// change (copy on write under shardsMu): seats come and go online.
+	shardsp  atomic.Pointer[map[string]*shard]
+	shardsMu sync.Mutex
+	parked   map[string]*statedb.StateMachine // of closed replicas (elastic.go)
+	// meta is the meta group's state machine (the replicated topology)
+	// and metaGroup its Raft group; topoMetrics its metrics.
+	meta           *metaSM
+	metaGroup      *raftstore.Group
+	topoMetrics    *topoMetrics
 	httpLn, grpcLn net.Listener
 	servers        []serving.Server
 	loops          []*loop
@@ -121,7 +133,8 @@ func (n *Node) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) 
 // this node believes leads the shard; the gRPC service tells its caller
 // (other nodes' and routers' forwarders learn leaders from it).
 func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res fsm.Result, leader string, err error) {
-	info := n.ring.Locate(cmd.Namespace, cmd.Key)
+	v := n.view()
+	info := v.ring.Locate(cmd.Namespace, cmd.Key)
 	if cmd.Op == fsm.OpReserve && cmd.Wait > 0 {
 		// A waiting reserve holds a goroutine and a stream for up to 30 s:
 		// past --max-waiters on this node it is answered at once, as with
@@ -135,7 +148,7 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 		defer n.waiting.Add(-1)
 	}
 	prefer := ""
-	if s := n.shards[info.ID]; s != nil {
+	if s := n.shard(info.ID); s != nil {
 		var done bool
 		if cmd.Op == fsm.OpReserve && cmd.Wait > 0 {
 			res, leader, done, cmd, err = n.reserveWaiting(ctx, s, info, cmd)
@@ -147,7 +160,7 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 		}
 		prefer = leader
 	}
-	res, err = n.fwd.Apply(ctx, info, cmd, prefer, hops)
+	res, err = n.fwd.Apply(ctx, v.forwardShard(info), cmd, prefer, hops)
 	leader = prefer
 	if err == nil {
 		if id, ok := n.fwd.Leader(info.ID); ok {
@@ -228,9 +241,10 @@ func (n *Node) Get(ctx context.Context, namespace, key string) (fsm.Record, bool
 // GetRouted implements backend.Routed with a linearizable read: on the
 // leader after a read barrier, otherwise forwarded to the leader.
 func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (fsm.Record, bool, string, error) {
-	info := n.ring.Locate(namespace, key)
+	v := n.view()
+	info := v.ring.Locate(namespace, key)
 	prefer := ""
-	if s := n.shards[info.ID]; s != nil {
+	if s := n.shard(info.ID); s != nil {
 		err := s.group.ReadBarrier(ctx)
 		if err == nil {
 			rec, ok := s.fsm.Get(namespace, key, n.now())
@@ -242,7 +256,7 @@ func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (
 		}
 		prefer = nle.LeaderID
 	}
-	rec, found, err := n.fwd.Get(ctx, info, namespace, key, prefer, hops)
+	rec, found, err := n.fwd.Get(ctx, v.forwardShard(info), namespace, key, prefer, hops)
 	leader := prefer
 	if id, ok := n.fwd.Leader(info.ID); ok && err == nil {
 		leader = id
@@ -254,7 +268,7 @@ func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (
 // each shard's part read on its leader (here after a read barrier, or
 // forwarded).
 func (n *Node) List(ctx context.Context, q backend.ListQuery) (backend.ListPage, error) {
-	return backend.ListShards(ctx, router.ShardIDs(n.ring), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
+	return backend.ListShards(ctx, router.ShardIDs(n.view().ring), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
 		return n.ListShard(ctx, id, sq, 0)
 	})
 }
@@ -263,12 +277,13 @@ func (n *Node) List(ctx context.Context, q backend.ListQuery) (backend.ListPage,
 // state machine after a read barrier when this node leads the shard,
 // otherwise forwarded to the leader (hops: how often it was forwarded).
 func (n *Node) ListShard(ctx context.Context, id string, q backend.ShardQuery, hops int) (fsm.ListPage, error) {
-	info, ok := n.ring.ShardByID(id)
+	v := n.view()
+	info, ok := v.ring.ShardByID(id)
 	if !ok {
 		return fsm.ListPage{}, &backend.Error{Code: server.CodeInvalidArgument, Message: fmt.Sprintf("no shard %q in this cluster's ring", id)}
 	}
 	prefer := ""
-	if s := n.shards[id]; s != nil {
+	if s := n.shard(id); s != nil {
 		err := s.group.ReadBarrier(ctx)
 		if err == nil {
 			now := n.now()
@@ -284,7 +299,7 @@ func (n *Node) ListShard(ctx context.Context, id string, q backend.ShardQuery, h
 		}
 		prefer = nle.LeaderID
 	}
-	return n.fwd.ListShard(ctx, info, q, prefer, hops)
+	return n.fwd.ListShard(ctx, v.forwardShard(info), q, prefer, hops)
 }
 
 func unavailable(info topology.Shard, err error) error {
@@ -305,6 +320,9 @@ func (n *Node) Ready(ctx context.Context) error {
 	}
 	if err := n.clocks.skewed(); err != nil {
 		return err
+	}
+	if mv, _ := n.meta.read(); mv.active == nil {
+		return errors.New("node: the cluster's topology is not known here yet (the meta group has not replicated it to this node)")
 	}
 	return n.host.Ready()
 }
@@ -327,8 +345,9 @@ func (n *Node) WaitReady(ctx context.Context) error {
 }
 
 func (n *Node) shardIDs() []string {
-	ids := make([]string, 0, len(n.shards))
-	for id := range n.shards {
+	m := n.shardMap()
+	ids := make([]string, 0, len(m))
+	for id := range m {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
-	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/serving"
@@ -34,19 +33,22 @@ func New(cfg Config) (*Node, error) {
 	}
 	cfg = cfg.withDefaults()
 	self, _ := cfg.Topology.NodeByID(cfg.NodeID)
-	ring, err := topology.NewRing(cfg.Topology)
+	v, err := newView(cfg.Topology, nil, nil, false)
 	if err != nil {
 		return nil, err
 	}
 	n := &Node{
-		cfg:    cfg,
-		log:    cfg.Logger.With("node", cfg.NodeID, "region", self.Region),
-		self:   self,
-		ring:   ring,
-		shards: map[string]*shard{},
-		closed: make(chan struct{}),
-		failed: make(chan struct{}),
+		cfg:         cfg,
+		log:         cfg.Logger.With("node", cfg.NodeID, "region", self.Region),
+		self:        self,
+		layout:      v.ring.LayoutFingerprint(),
+		meta:        newMetaSM(),
+		topoMetrics: newTopoMetrics(),
+		closed:      make(chan struct{}),
+		failed:      make(chan struct{}),
 	}
+	n.viewp.Store(v)
+	n.shardsp.Store(&map[string]*shard{})
 	// Forwarded replays carry whole stored responses: allow messages as
 	// large as the API accepts, not gRPC's 4 MiB default.
 	msgBytes := server.Config{MaxResponseBytes: cfg.MaxResponseBytes}.GRPCMaxMessageBytes()
@@ -66,7 +68,7 @@ func New(cfg Config) (*Node, error) {
 	n.packGate = newPackGate(cfg.NodeID)
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
-		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings,
+		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings, Topology: n.topologyHTTP(),
 	}); err != nil {
 		n.fwd.Close()
 		return nil, err
@@ -89,22 +91,19 @@ func (n *Node) Start() (err error) {
 		}
 	}()
 	cfg := n.cfg
-	id, existed, err := datadir.Check(cfg.DataDir, datadir.Identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.ring.Fingerprint()})
+	// The identity pins the cluster, the node and the key layout (which
+	// shard a key lives in), not the voters: a membership change keeps it.
+	id, existed, err := datadir.Check(cfg.DataDir, datadir.Identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.layout},
+		n.view().ring.Fingerprint())
 	if err != nil {
 		return err
 	}
 	n.identity = id
-	// A dir with an identity held Raft state: state missing now was lost,
-	// and bootstrapping over it would make fencing tokens go back (and
-	// forget this node's votes). Only a dir idemctl replace-node prepared
-	// joins empty.
-	start := raftstore.StartBootstrap
-	switch {
-	case id.Rejoining:
-		start = raftstore.StartJoin
+	if id.Rejoining {
 		n.log.Warn("data dir was emptied by idemctl replace-node: joining every shard as a fresh replica", "data_dir", cfg.DataDir)
-	case existed:
-		start = raftstore.StartRequireState
+	}
+	if existed {
+		n.markSeatsOfOlderRelease()
 	}
 	n.warnFaultInjection()
 	n.warnUnsafeSettings()
@@ -142,27 +141,35 @@ func (n *Node) Start() (err error) {
 	if n.host, err = raftstore.NewHost(rcfg); err != nil {
 		return n.startError("", err)
 	}
-	for _, info := range cfg.Topology.ShardsOnNode(cfg.NodeID) {
-		peers := make([]raftstore.Peer, 0, len(info.Voters))
-		for _, v := range info.Voters {
-			vn, _ := cfg.Topology.NodeByID(v)
-			peers = append(peers, raftstore.Peer{ID: v, Addr: vn.RaftAddr})
+	if err := n.openMeta(!existed); err != nil {
+		return err
+	}
+	// The node's seats: those its own file gives it, and those of the
+	// cluster's active topology (and running change) when the meta group
+	// restored one; more open as the cluster's shape changes
+	// (refreshView).
+	v := n.view()
+	if mv, _ := n.meta.read(); mv.active != nil {
+		if nv, err := newView(mv.active, mv.target, mv.dead, true); err == nil && nv.ring.LayoutFingerprint() == n.layout {
+			v = nv
+			n.viewp.Store(v)
 		}
-		gc := raftstore.GroupConfig{ID: info.ID, Voters: peers, Start: start}
-		if spansRegions(cfg.Topology, info) && cfg.Topology.WANRTTMs > 0 {
-			gc.Timing = raftstore.WANTiming(rcfg, time.Duration(cfg.Topology.WANRTTMs)*time.Millisecond)
+	}
+	fileSeats := map[string]bool{}
+	for _, s := range cfg.Topology.ShardsOnNode(cfg.NodeID) {
+		fileSeats[s.ID] = true
+	}
+	seats := v.seats(cfg.NodeID)
+	for _, info := range v.ring.Shards() {
+		if !seats[info.ID] && !(fileSeats[info.ID] && n.hasSeatMarker(info.ID)) {
+			continue
 		}
-		sm, err := n.state.Shard(info.ID)
-		if err != nil {
+		if !seats[info.ID] && v.fromMeta {
+			continue // a seat this node gave up in a change it missed
+		}
+		if err := n.openShard(v, v.forwardShard(info), n.startMode(info.ID, n.bootstraps(!existed))); err != nil {
 			return err
 		}
-		logShardState(n.log, "shard state open", info.ID, sm.Store(), true)
-		s := &shard{info: info, sm: sm, fsm: sm.FSM(), waiters: new(backend.Waiters)}
-		s.fsm.OnApply(s.waiters.Settled)
-		if s.group, err = n.host.AddGroup(gc, sm); err != nil {
-			return n.startError(info.ID, err)
-		}
-		n.shards[info.ID] = s
 	}
 	// Registered once the shards are in place: the collector reads them.
 	if err := cfg.Registry.Register(&fsmCollector{n: n}); err != nil {
@@ -180,6 +187,9 @@ func (n *Node) Start() (err error) {
 	if err := cfg.Registry.Register(n.waitRefusals); err != nil {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
+	if err := n.topoMetrics.register(cfg.Registry); err != nil {
+		return fmt.Errorf("node: register metrics: %w", err)
+	}
 	disk, err := newDiskSpace(cfg.DataDir, cfg.DiskReserveBytes, cfg.DiskFree)
 	if err != nil {
 		return err
@@ -191,7 +201,7 @@ func (n *Node) Start() (err error) {
 	// sent: as etcd's NOSPACE alarm, any voter low on disk stops the
 	// shard's data-adding writes, and they resume when it has room.
 	n.admit.addCheck("peer_disk_reserve", func(s *shard, _ *fsm.Command) (string, time.Duration) {
-		if low := n.clocks.peersLowOnDisk(s.info.Voters); len(low) > 0 {
+		if low := n.clocks.peersLowOnDisk(n.voters(s.info.ID, true)); len(low) > 0 {
 			return fmt.Sprintf("voter(s) %s of shard %s have their data dir's disk below its reserve", strings.Join(low, ", "), s.info.ID), admissionRetryAfter
 		}
 		return "", 0
@@ -219,6 +229,7 @@ func (n *Node) Start() (err error) {
 	}
 	grpcSrv := n.api.NewGRPCServer(cfg.Security.GRPCServerOptions()...)
 	idemv1.RegisterAdminServer(grpcSrv, &admin{KeysAdmin: n.api.KeysAdmin(), n: n})
+	idemv1.RegisterTopologyServer(grpcSrv, &topologyService{n: n})
 	n.servers = append(n.servers, serving.GRPC("node: grpc", n.grpcLn, grpcSrv))
 	n.startLoops()
 	return nil
@@ -244,8 +255,8 @@ func (n *Node) Serve(ctx context.Context) error {
 	if n.servers == nil || !n.served.CompareAndSwap(false, true) {
 		return ErrNotStarted
 	}
-	n.log.Info("idemnode serving", "cluster", n.cfg.Topology.Cluster, "http", n.HTTPAddr(), "grpc", n.GRPCAddr(),
-		"raft", cmp.Or(n.cfg.RaftAddr, n.self.RaftAddr), "tls", n.cfg.Security.Secure(), "auth_file", n.cfg.Security.Authorizer().Enabled(), "data_dir", n.cfg.DataDir, "shards", len(n.shards), "version", n.cfg.Version)
+	n.log.Info("idemnode serving", "cluster", n.cfg.Topology.Cluster, "topology_version", n.view().version(), "http", n.HTTPAddr(), "grpc", n.GRPCAddr(),
+		"raft", cmp.Or(n.cfg.RaftAddr, n.self.RaftAddr), "tls", n.cfg.Security.Secure(), "auth_file", n.cfg.Security.Authorizer().Enabled(), "data_dir", n.cfg.DataDir, "shards", len(n.shardMap()), "version", n.cfg.Version)
 	// Close, from another goroutine, ends serving as ctx does.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -293,7 +304,7 @@ func (n *Node) closeAll(ctx context.Context) error {
 		}
 		if n.state != nil { // after every Raft group has stopped applying
 			for _, id := range n.shardIDs() {
-				logShardState(n.log, "shard state closed", id, n.shards[id].sm.Store(), false)
+				logShardState(n.log, "shard state closed", id, n.shard(id).sm.Store(), false)
 			}
 			errs = append(errs, n.state.Close())
 		}

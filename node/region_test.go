@@ -118,7 +118,7 @@ func (r *testRegion) leaders() map[string]string {
 		if nn.closedNow() {
 			continue
 		}
-		for id, s := range nn.shards {
+		for id, s := range nn.shardMap() {
 			if s.group.IsLeader() {
 				out[id] = nn.cfg.NodeID
 			}
@@ -130,7 +130,7 @@ func (r *testRegion) leaders() map[string]string {
 // balanced reports whether every shard is led by its preferred voter.
 func (r *testRegion) balanced() (bool, string) {
 	leaders := r.leaders()
-	for _, s := range r.nodes[0].ring.Shards() {
+	for _, s := range r.nodes[0].view().ring.Shards() {
 		if leaders[s.ID] != s.Voters[0] {
 			return false, fmt.Sprintf("leaders %v", leaders)
 		}
@@ -243,10 +243,10 @@ func TestRegionServesForwardsAndBalances(t *testing.T) {
 
 	// Move a shard's leadership off its preferred voter: the balancer
 	// (tick 200 ms) hands it back.
-	shard := r.nodes[0].ring.Shards()[0]
+	shard := r.nodes[0].view().ring.Shards()[0]
 	preferred := r.index(shard.Voters[0])
 	other := shard.Voters[1]
-	if err := r.nodes[preferred].shards[shard.ID].group.TransferLeadership(other); err != nil {
+	if err := r.nodes[preferred].shard(shard.ID).group.TransferLeadership(other); err != nil {
 		t.Fatalf("transfer %s to %s: %v", shard.ID, other, err)
 	}
 	testutil.Eventually(t, 10*time.Second, "the leadership of "+shard.ID+" to leave "+shard.Voters[0], func() (bool, string) {
@@ -289,7 +289,7 @@ func TestRegionSweepsExpiredRecords(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, "the expired record to be swept on every node", func() (bool, string) {
 		for _, nn := range r.nodes {
 			held := 0
-			for _, s := range nn.shards {
+			for _, s := range nn.shardMap() {
 				held += s.fsm.Stats().Records
 			}
 			if held != 1 {
@@ -369,7 +369,7 @@ func TestRegionDrainLosesNothing(t *testing.T) {
 	if led == 0 {
 		t.Logf("%s led no shard when drained", r.nodes[victim].cfg.NodeID)
 	}
-	for _, s := range r.nodes[1].ring.Shards() {
+	for _, s := range r.nodes[1].view().ring.Shards() {
 		if l := r.leaders()[s.ID]; l == "" || l == r.nodes[victim].cfg.NodeID {
 			t.Errorf("shard %s led by %q after the drain", s.ID, l)
 		}

@@ -21,11 +21,12 @@ func (n *Node) routing(context.Context) (*idemv1.RoutingResponse, error) {
 		// telling them a ring the cluster does not agree on.
 		return nil, status.Errorf(codes.Unavailable, "node: ring in doubt: %v", *p)
 	}
-	leaders := make(map[string]string, len(n.shards))
-	for id, s := range n.shards {
+	leaders := make(map[string]string, len(n.shardMap()))
+	for id, s := range n.shardMap() {
 		if leader, _ := s.group.Leader(); leader != "" {
 			leaders[id] = leader
 		}
 	}
-	return idemv1.RoutingToProto(n.ring, n.cfg.Topology.Nodes(), n.cfg.NodeID, leaders), nil
+	v := n.view()
+	return idemv1.RoutingToProto(v.ring, v.nodes(), n.cfg.NodeID, leaders), nil
 }

@@ -24,7 +24,7 @@ func TestRegionAnswersRouting(t *testing.T) {
 	r := startRegion(t, 3, nil)
 	testutil.Eventually(t, 30*time.Second, "leaders on their preferred voters", r.balanced)
 	leaders := r.leaders()
-	ring := r.nodes[0].ring
+	ring := r.nodes[0].view().ring
 	for _, nn := range r.nodes {
 		conn, err := grpc.NewClient(nn.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {

@@ -123,7 +123,7 @@ func (n *Node) rejoined() bool {
 	if n.host.Ready() != nil {
 		return false
 	}
-	for _, s := range n.shards {
+	for _, s := range n.shardMap() {
 		if !s.group.IsMember() {
 			return false
 		}

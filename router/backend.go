@@ -167,10 +167,14 @@ func (c *BackendConfig) fillDefaults() {
 // answer comes at once instead of after a round of retries. Ready holds
 // once a node is reachable and stays while a remote region is lost.
 type Backend struct {
-	cfg  BackendConfig
-	log  *slog.Logger
-	ring *topology.Ring
-	fwd  *Forwarder
+	cfg BackendConfig
+	log *slog.Logger
+	// ringp is the ring the backend routes with: the file's until a node
+	// reports a newer topology version (follow.go), then the cluster's.
+	ringp atomic.Pointer[topology.Ring]
+	// version is the topology version ringp reflects (active and target).
+	version atomic.Pointer[followedVersion]
+	fwd     *Forwarder
 
 	// Readiness: one gRPC connection per node, watched in the background.
 	probeCtx    context.Context
@@ -224,7 +228,6 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 	b := &Backend{
 		cfg:        cfg,
 		log:        cfg.Logger.With("region", cfg.Region),
-		ring:       ring,
 		probeConns: map[string]*grpc.ClientConn{},
 		ringCheck:  make(chan struct{}),
 		nodeReady:  map[string]*atomic.Bool{},
@@ -274,7 +277,14 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 			b.nodeDown[n.ID] = new(atomic.Bool)
 		}
 	}
+	b.ringp.Store(ring)
+	b.version.Store(&followedVersion{active: cfg.Topology.EffectiveVersion()})
 	b.probeCtx, b.stopProbes = context.WithCancel(context.Background())
+	b.probes.Add(1)
+	go func() {
+		defer b.probes.Done()
+		b.follow(b.probeCtx)
+	}()
 	for _, id := range b.probeOrder() {
 		b.probes.Add(1)
 		go b.watch(id)
@@ -390,7 +400,7 @@ func (b *Backend) closeConns() error {
 }
 
 // Ring returns the ring the backend routes with.
-func (b *Backend) Ring() *topology.Ring { return b.ring }
+func (b *Backend) Ring() *topology.Ring { return b.ringp.Load() }
 
 // Forwarder returns the backend's Forwarder (its leader cache).
 func (b *Backend) Forwarder() *Forwarder { return b.fwd }
@@ -450,7 +460,7 @@ func (b *Backend) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (
 	if err := b.misrouted(); err != nil {
 		return fsm.Result{}, "", err
 	}
-	shard := b.ring.Locate(cmd.Namespace, cmd.Key)
+	shard := b.Ring().Locate(cmd.Namespace, cmd.Key)
 	if b.unreachable(shard) {
 		return fsm.Result{}, "", b.finish(ctx, shard, time.Now(), errUnreachable)
 	}
@@ -476,7 +486,7 @@ func (b *Backend) GetRouted(ctx context.Context, namespace, key string, hops int
 	if err := b.misrouted(); err != nil {
 		return fsm.Record{}, false, "", err
 	}
-	shard := b.ring.Locate(namespace, key)
+	shard := b.Ring().Locate(namespace, key)
 	if b.unreachable(shard) {
 		return fsm.Record{}, false, "", b.finish(ctx, shard, time.Now(), errUnreachable)
 	}
@@ -546,8 +556,8 @@ func (b *Backend) List(ctx context.Context, q backend.ListQuery) (backend.ListPa
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
-	return backend.ListShards(ctx, ShardIDs(b.ring), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
-		shard, _ := b.ring.ShardByID(id)
+	return backend.ListShards(ctx, ShardIDs(b.Ring()), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
+		shard, _ := b.Ring().ShardByID(id)
 		if b.unreachable(shard) {
 			return fsm.ListPage{}, b.finish(ctx, shard, time.Now(), errUnreachable)
 		}

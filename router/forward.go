@@ -157,6 +157,27 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 	return f, nil
 }
 
+// AddNodes makes nodes reachable (a node that joined the cluster after the
+// forwarder was built), or updates their addresses; connections to a node
+// whose gRPC address changed are redialled.
+func (f *Forwarder) AddNodes(nodes []topology.Node) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, n := range nodes {
+		old, known := f.nodes[n.ID]
+		if known && old.GRPCAddr == n.GRPCAddr {
+			continue
+		}
+		f.nodes[n.ID] = n
+		for _, conns := range []map[string]*grpc.ClientConn{f.conns, f.waitConns} {
+			if c, ok := conns[n.ID]; ok {
+				c.Close()
+				delete(conns, n.ID)
+			}
+		}
+	}
+}
+
 // Close closes every connection.
 func (f *Forwarder) Close() error {
 	f.mu.Lock()

@@ -55,9 +55,11 @@ func (c *RingCheck) Check(ctx context.Context) (answered bool, err error) {
 			}
 			continue
 		}
-		if st.GetCluster() != c.ring.Cluster() || (st.GetRingFingerprint() != "" && st.GetRingFingerprint() != c.ring.Fingerprint()) {
-			return true, fmt.Errorf("%w: node %s belongs to cluster %q with ring %s, this topology gives cluster %q with ring %s; use the topology file the cluster was created with",
-				ErrRingMismatch, n.ID, st.GetCluster(), st.GetRingFingerprint(), c.ring.Cluster(), c.ring.Fingerprint())
+		// Nodes report their key layout (Ring.LayoutFingerprint): voters
+		// change online, where keys live does not.
+		if st.GetCluster() != c.ring.Cluster() || (st.GetRingFingerprint() != "" && st.GetRingFingerprint() != c.ring.LayoutFingerprint()) {
+			return true, fmt.Errorf("%w: node %s belongs to cluster %q with key layout %s, this topology gives cluster %q with key layout %s; use the topology file the cluster was created with",
+				ErrRingMismatch, n.ID, st.GetCluster(), st.GetRingFingerprint(), c.ring.Cluster(), c.ring.LayoutFingerprint())
 		}
 		return true, nil
 	}

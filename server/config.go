@@ -68,6 +68,9 @@ type Config struct {
 	// themselves). Nil answers UNIMPLEMENTED, as a router does: its clients
 	// keep sending calls round-robin.
 	Routing func(context.Context) (*idemv1.RoutingResponse, error)
+	// Topology serves /v1/topology (a node's: the cluster's topology and
+	// online changes of it). Nil answers 404, as a process without one.
+	Topology http.Handler
 }
 
 // DefaultConfig returns a Config with the defaults filled in; set Backend

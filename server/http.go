@@ -51,6 +51,12 @@ type httpAPI struct {
 
 func (h *httpAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	raw := r.URL.EscapedPath()
+	if raw == "/v1/topology" && h.s.cfg.Topology != nil {
+		sw := &statusWriter{ResponseWriter: w}
+		defer h.recoverPanic(sw, r, nil)
+		h.s.cfg.Topology.ServeHTTP(sw, r)
+		return
+	}
 	if strings.HasPrefix(raw, "/v1/") {
 		h.serveAPI(w, r, raw)
 		return
@@ -502,6 +508,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
 }
+
+// WriteHTTPError writes e as the JSON API's error body with its status (and
+// Retry-After), for handlers served beside the API (Config.Topology).
+func WriteHTTPError(w http.ResponseWriter, e *Error) { writeError(w, e) }
 
 func writeError(w http.ResponseWriter, e *Error) {
 	if e.RetryAfter > 0 || e.Code == CodeUnavailable {

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -100,14 +101,23 @@ func callAdmin(ctx context.Context, e *env, call func(ctx context.Context, c ide
 	if err != nil {
 		return err
 	}
+	return firstAnswer(ctx, e, addrs, e.g.timeout, func(ctx context.Context, conn *grpc.ClientConn) error {
+		return call(ctx, idemv1.NewAdminClient(conn))
+	})
+}
+
+// firstAnswer runs call against each address in turn until one answers:
+// an answer the store decided (anything but UNAVAILABLE or a transport
+// failure) ends the search.
+func firstAnswer(ctx context.Context, e *env, addrs []string, timeout time.Duration, call func(ctx context.Context, conn *grpc.ClientConn) error) error {
 	var tried []string
 	for _, addr := range addrs {
 		conn, err := e.dial(addr)
 		if err != nil {
 			return err
 		}
-		cctx, cancel := context.WithTimeout(ctx, e.g.timeout)
-		err = call(cctx, idemv1.NewAdminClient(conn))
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		err = call(cctx, conn)
 		cancel()
 		conn.Close()
 		switch status.Code(err) {

@@ -60,7 +60,15 @@ type cmdOptions struct {
 	id      string // replace-node
 	dataDir string // replace-node
 	keys    keysOptions
+	dead    stringList // topology apply
+	noWait  bool       // topology apply
 }
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 var commands = []*command{
 	{
@@ -132,6 +140,38 @@ Fencing tokens stay strictly increasing through both. Each action is logged by
 the node with the principal, the key and the reason.`,
 		flags: registerKeysFlags,
 		run:   runKeys,
+	},
+	{
+		name: "topology", args: "plan FILE | apply FILE | status", nargs: [2]int{1, 2},
+		extra:   "[--dead NODE]... [--no-wait] [--addr HOST:PORT]",
+		summary: "change the running cluster's shape: plan, apply and follow a new topology file",
+		about: `Changes the cluster's shape online (nodes joining and leaving regions, a node
+replaced by a new id, replicas, survival). The nodes to ask are those of
+--config, else those of FILE, else --addr.
+
+  topology plan FILE
+      compares FILE (version: active + 1) with the cluster's active topology
+      and prints the nodes joining and leaving, per shard the voters added
+      and removed, and the seats moved against a lower bound. Exits non-zero
+      with every reason when the change cannot be applied (a changed cluster
+      name or ring section, a wrong version, changed regions or
+      shards_per_region, which move keys and are not done online yet).
+  topology apply FILE [--dead NODE]... [--no-wait]
+      stores FILE as the cluster's target (role admin on "*") and follows
+      the change to the end: each shard gains its new voters as learners
+      that catch up from a snapshot, promotes them, then drops the leaving
+      ones (leadership handed over first). Safe to run again: it resumes.
+      --dead names a leaving node that is down for good. Start a joining
+      node (idemnode --config FILE --id NEW) before or after.
+  topology status
+      the active and target versions, shards done and left, and which
+      removed nodes may be stopped.`,
+		flags: func(fs *flag.FlagSet, o *cmdOptions) {
+			fs.Var(&o.dead, "dead", "a leaving `NODE` that is down for good (repeatable)")
+			fs.BoolVar(&o.noWait, "no-wait", false, "return once the target is stored")
+			fs.StringVar(&o.addr, "addr", "", "gRPC `HOST:PORT` of the node to ask (default: the topology's nodes)")
+		},
+		run: runTopology,
 	},
 	{
 		name: "replace-node", extra: "--id NODE [--data-dir DIR]",

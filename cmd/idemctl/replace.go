@@ -73,7 +73,7 @@ func runReplaceNode(ctx context.Context, e *env, _ []string) error {
 		return fmt.Errorf("shard(s) %s have no leader among the other voters: a replica can only be rebuilt from a live leader (see idemctl status); nothing was changed",
 			strings.Join(missing, ", "))
 	}
-	if err := datadir.PrepareRejoin(dataDir, topo.Cluster, id, ring.Fingerprint()); err != nil {
+	if err := datadir.PrepareRejoin(dataDir, topo.Cluster, id, ring.LayoutFingerprint()); err != nil {
 		return err
 	}
 	v := replaceView{Node: id, DataDir: dataDir, Shards: []replacedView{}}
@@ -84,6 +84,12 @@ func runReplaceNode(ctx context.Context, e *env, _ []string) error {
 		}
 		v.Shards = append(v.Shards, replacedView{Shard: s.ID, Leader: leader})
 	}
+	// The meta group (the replicated topology): every node is a member.
+	metaLeader, err := replaceMetaMember(ctx, e, topo, id)
+	if err != nil {
+		return fmt.Errorf("%s emptied and marked to rejoin, but the meta group: %w; run replace-node again (it is safe to repeat)", dataDir, err)
+	}
+	v.Shards = append(v.Shards, replacedView{Shard: "meta", Leader: metaLeader})
 	if e.g.json {
 		return writeJSON(e.stdout, v)
 	}
@@ -128,6 +134,37 @@ func replaceVoter(ctx context.Context, e *env, s topology.Shard, id, leader stri
 		case <-ctx.Done():
 			return "", ctx.Err()
 		case <-time.After(500 * time.Millisecond): // let an election settle
+		}
+	}
+	return "", last
+}
+
+// replaceMetaMember asks the other nodes until the meta group's leader
+// replaces id in it.
+func replaceMetaMember(ctx context.Context, e *env, topo *topology.Topology, id string) (string, error) {
+	var last error
+	for range replaceAttempts {
+		for _, n := range topo.Nodes() {
+			if n.ID == id {
+				continue
+			}
+			client, closeConn, err := adminClient(e, topo, n.ID)
+			if err != nil {
+				return "", err
+			}
+			cctx, cancel := context.WithTimeout(ctx, 3*e.g.timeout)
+			resp, err := client.ReplaceVoter(cctx, &idemv1.ReplaceVoterRequest{Shard: "meta", NodeId: id})
+			cancel()
+			closeConn()
+			if err == nil {
+				return resp.GetLeaderId(), nil
+			}
+			last = fmt.Errorf("on %s: %s", n.ID, reason(err))
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 	return "", last

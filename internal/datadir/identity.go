@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/idem-dev/idem/internal/durable"
@@ -43,8 +44,10 @@ type Identity struct {
 
 // Check creates dir and its identity file, or verifies that an
 // existing one matches want. It returns the identity on disk and whether
-// the file existed before (the dir held state).
-func Check(dir string, want Identity) (Identity, bool, error) {
+// the file existed before (the dir held state). An identity that recorded
+// one of formerRings (what an older release pinned for the same ring) is
+// rewritten to want's.
+func Check(dir string, want Identity, formerRings ...string) (Identity, bool, error) {
 	if err := mkdirDurable(dir); err != nil {
 		return Identity{}, false, fmt.Errorf("datadir: %w", err)
 	}
@@ -69,6 +72,13 @@ func Check(dir string, want Identity) (Identity, bool, error) {
 	if err := json.Unmarshal(data, &have); err != nil {
 		return Identity{}, true, fmt.Errorf("%w: %s is unreadable (%v)", ErrMismatch, path, err)
 	}
+	if have.RingFingerprint != want.RingFingerprint && slices.Contains(formerRings, have.RingFingerprint) &&
+		have.Cluster == want.Cluster && have.NodeID == want.NodeID {
+		have.RingFingerprint = want.RingFingerprint
+		if err := WriteFile(path, have); err != nil {
+			return Identity{}, true, err
+		}
+	}
 	var problems []error
 	if have.Cluster != want.Cluster {
 		problems = append(problems, fmt.Errorf("it belongs to cluster %q, the topology names %q", have.Cluster, want.Cluster))
@@ -77,7 +87,7 @@ func Check(dir string, want Identity) (Identity, bool, error) {
 		problems = append(problems, fmt.Errorf("it belongs to node %q, this is node %q", have.NodeID, want.NodeID))
 	}
 	if have.RingFingerprint != want.RingFingerprint {
-		problems = append(problems, fmt.Errorf("it was created with ring %s, the topology now gives ring %s (shards, placement or ring parameters changed; re-homing records is not supported yet)",
+		problems = append(problems, fmt.Errorf("it was created with key layout %s, the topology now gives %s (the regions, shards_per_region or ring section changed; moving keys between shards is not supported yet: change nodes and replicas online with idemctl topology apply)",
 			have.RingFingerprint, want.RingFingerprint))
 	}
 	if len(problems) > 0 {

@@ -24,12 +24,19 @@ func TestIdentityRefusesForeignDataDir(t *testing.T) {
 	}{
 		{"other cluster", Identity{Cluster: "prod", NodeID: "us-east-1", RingFingerprint: "ring-a"}, `cluster "demo"`},
 		{"other node", Identity{Cluster: "demo", NodeID: "us-east-2", RingFingerprint: "ring-a"}, `node "us-east-1"`},
-		{"changed ring", Identity{Cluster: "demo", NodeID: "us-east-1", RingFingerprint: "ring-b"}, "ring ring-a"},
+		{"changed ring", Identity{Cluster: "demo", NodeID: "us-east-1", RingFingerprint: "ring-b"}, "key layout ring-a"},
 	} {
 		_, _, err := Check(dir, tc.id)
 		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("%s: got %v", tc.name, err)
 		}
+	}
+	// What an older release pinned for the same layout is upgraded once.
+	if have, _, err := Check(dir, Identity{Cluster: "demo", NodeID: "us-east-1", RingFingerprint: "layout-a"}, "ring-a"); err != nil || have.RingFingerprint != "layout-a" {
+		t.Fatalf("former ring: %+v, %v", have, err)
+	}
+	if _, _, err := Check(dir, mine); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("after the upgrade the former value still matches: %v", err)
 	}
 	// A non-empty directory that idem did not create is refused too.
 	other := t.TempDir()

@@ -158,3 +158,19 @@ func forwardContext(ctx context.Context) context.Context {
 	}
 	return metadata.NewOutgoingContext(ctx, md)
 }
+
+// FromNodePeer reports whether the RPC of ctx came from a node: over TLS
+// with a verified node certificate, or over a connection without TLS (an
+// insecure cluster, where every caller is root). Services that only nodes
+// call (the steps of a topology change) answer nobody else.
+func FromNodePeer(ctx context.Context) bool {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return false
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return true
+	}
+	return PeerIdentity(&info.State).Kind == pki.KindNode
+}

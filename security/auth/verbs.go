@@ -25,6 +25,9 @@ const (
 	VerbStatus         Verb = "status"          // admin, "*"
 	VerbTransferLeader Verb = "transfer-leader" // admin, "*"
 	VerbSnapshot       Verb = "snapshot"        // admin, "*"
+	// VerbTopology changes the cluster's shape (idemctl topology apply)
+	// and covers the steps nodes ask each other for while it runs.
+	VerbTopology Verb = "topology" // admin, "*"
 	// VerbUnknown is a request the extractor could not classify; it fails
 	// closed: role admin with "*".
 	VerbUnknown Verb = "unknown"
@@ -49,7 +52,7 @@ func (v Verb) MinRole() Role {
 // namespace.
 func (v Verb) Cluster() bool {
 	switch v {
-	case VerbStatus, VerbTransferLeader, VerbSnapshot, VerbUnknown:
+	case VerbStatus, VerbTransferLeader, VerbSnapshot, VerbTopology, VerbUnknown:
 		return true
 	}
 	return false
@@ -76,6 +79,12 @@ func JSONAPITarget(r *http.Request) (Target, bool) {
 	raw := r.URL.EscapedPath()
 	if probePaths[raw] {
 		return Target{}, false
+	}
+	if raw == "/v1/topology" {
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			return Target{Verb: VerbAuthenticate}, true // any known caller
+		}
+		return Target{Verb: VerbTopology}, true
 	}
 	rest, ok := strings.CutPrefix(raw, "/v1/namespaces/")
 	if !ok {
@@ -155,6 +164,11 @@ func GRPCTarget(fullMethod string, req any) Target {
 			// interceptor then authorizes each operation as its own RPC.
 			return Target{Verb: VerbAuthenticate}
 		}
+	case "idem.v1.Topology":
+		if method == "Get" {
+			return Target{Verb: VerbAuthenticate}
+		}
+		return Target{Verb: VerbTopology}
 	case "idem.v1.Admin":
 		switch method {
 		case "Status":

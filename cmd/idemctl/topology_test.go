@@ -1,0 +1,431 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/testutil"
+	"github.com/idem-dev/idem/topology"
+)
+
+// load runs writers that reserve and complete fresh keys through the given
+// nodes until stop, retrying a 503 with the same owner token, and records
+// every acknowledged completion with its fencing token. Any answer other
+// than 200 or 503 is a failure.
+type load struct {
+	mu       sync.Mutex
+	acked    map[string]ackedKey
+	ok, u503 atomic.Int64
+	failures []string
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+type ackedKey struct {
+	body  string
+	token string
+}
+
+func startLoad(ctx context.Context, addrs []string, writers int) *load {
+	l := &load{acked: map[string]ackedKey{}, stop: make(chan struct{})}
+	for w := range writers {
+		api := cluster.NewAPI(addrs[w%len(addrs)])
+		l.wg.Go(func() {
+			for i := 0; i < 1_000_000; i++ {
+				select {
+				case <-l.stop:
+					return
+				case <-ctx.Done():
+					return
+				default:
+				}
+				key := fmt.Sprintf("w%d-%d", w, i)
+				owner := fmt.Sprintf("owner-token-%04d-%06d", w, i)
+				body := base64.StdEncoding.EncodeToString([]byte("paid " + key))
+				var token string
+				if !l.call(ctx, func() (cluster.Reply, error) {
+					r, err := api.Reserve(ctx, "payments", key, map[string]any{"owner_token": owner})
+					if err == nil && r.Status == 200 {
+						if r.Str("outcome") != "ACQUIRED" {
+							return r, fmt.Errorf("reserve of a fresh key %s: %s", key, r)
+						}
+						token = r.Str("fencing_token")
+					}
+					return r, err
+				}) {
+					return
+				}
+				if !l.call(ctx, func() (cluster.Reply, error) {
+					return api.Complete(ctx, "payments", key, map[string]any{"owner_token": owner,
+						"response": map[string]any{"status": 200, "body": body}})
+				}) {
+					return
+				}
+				l.mu.Lock()
+				l.acked[key] = ackedKey{body: body, token: token}
+				l.mu.Unlock()
+			}
+		})
+	}
+	return l
+}
+
+// call retries f on 503 (and on a transport error: the node may be the
+// one being stopped) for up to 30 s.
+func (l *load) call(ctx context.Context, f func() (cluster.Reply, error)) bool {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		r, err := f()
+		switch {
+		case err == nil && r.Status == 200:
+			l.ok.Add(1)
+			return true
+		case err == nil && r.Status == 503:
+			l.u503.Add(1)
+		case err != nil && ctx.Err() != nil:
+			return false
+		case err == nil:
+			l.mu.Lock()
+			l.failures = append(l.failures, r.String())
+			l.mu.Unlock()
+			return false
+		default:
+			if strings.Contains(err.Error(), "reserve of a fresh key") {
+				l.mu.Lock()
+				l.failures = append(l.failures, err.Error())
+				l.mu.Unlock()
+				return false
+			}
+			l.u503.Add(1)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	l.mu.Lock()
+	l.failures = append(l.failures, "a call was not answered 200 within 30 s")
+	l.mu.Unlock()
+	return false
+}
+
+func (l *load) count() int { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) }
+
+func (l *load) finish() { close(l.stop); l.wg.Wait() }
+
+// mustCtlWithin is mustCtl with a deadline: apply follows a change until
+// it is done.
+func mustCtlWithin(t *testing.T, d time.Duration, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("idemctl %s: %v\n%s", strings.Join(args, " "), err, stdout.String())
+	}
+	return stdout.String()
+}
+
+// nextVersion writes t at version v to dir/topology-vN.yaml.
+func nextVersion(t *testing.T, topo *topology.Topology, v int, dir string) string {
+	t.Helper()
+	topo.Version = v
+	path := filepath.Join(dir, "topology-v"+strconv.Itoa(v)+".yaml")
+	if err := cluster.WriteTopology(topo, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// metaLeader finds the node that leads the meta group.
+func metaLeader(t *testing.T, c *cluster.Cluster, topo *topology.Topology) string {
+	t.Helper()
+	var leader string
+	testutil.Until(t, 20*time.Second, "a meta group leader", func() bool {
+		for _, n := range topo.Nodes() {
+			if p := c.Nodes[n.ID]; p == nil || !p.Running() {
+				continue
+			}
+			conn, err := (&env{}).dial(n.GRPCAddr)
+			if err != nil {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			st, err := idemv1.NewTopologyClient(conn).ShardState(ctx, &idemv1.ShardStateRequest{Shard: "meta"})
+			cancel()
+			conn.Close()
+			if err == nil && st.GetLeader() {
+				leader = n.ID
+				return true
+			}
+		}
+		return false
+	})
+	return leader
+}
+
+// A loaded three-node region grows to four nodes and shrinks back to three
+// (a different three), online: the apply is interrupted by killing the
+// meta group's leader and resumed by running it again; the load sees no
+// answer but 200 and 503, every acknowledged completion replays, and the
+// new node serves its seats.
+func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
+	topo, err := cluster.Topology(cluster.Spec{Cluster: "elastic", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	t.Cleanup(func() {
+		if t.Failed() {
+			exec.Command("cp", "-r", dir, "/tmp/el-debug").Run()
+		}
+	})
+	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"], "--trailing-logs", "64", "--snapshot-interval", "1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.StopOnCleanup(t)
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v1 := c.TopologyPath
+
+	// The load goes through r1-2 and r1-3, which stay throughout.
+	l := startLoad(ctx, []string{c.HTTPAddr("r1-2"), c.HTTPAddr("r1-3")}, 8)
+	testutil.Until(t, 30*time.Second, "writes before the change", func() bool { return l.count() >= 100 })
+
+	// Version 2: r1-4 joins. It starts with the new file before the apply
+	// and waits to be added (not ready until then).
+	ports, err := cluster.FreePorts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grown := topo.Clone()
+	grown.Regions[0].Nodes = append(grown.Regions[0].Nodes, topology.Node{ID: "r1-4", Region: "r1",
+		RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])})
+	v2 := nextVersion(t, grown, 2, dir)
+	c.Nodes["r1-4"] = &cluster.Process{Name: "r1-4", Bin: binaries["idemnode"], Log: filepath.Join(dir, "r1-4.log"),
+		Args: []string{"--config", v2, "--id", "r1-4", "--data-dir", filepath.Join(dir, "data", "r1-4"), "--log-level", "debug", "--trailing-logs", "64", "--snapshot-interval", "1s"}}
+	if err := c.Nodes["r1-4"].Start(); err != nil {
+		t.Fatal(err)
+	}
+
+	plan := mustCtl(t, "--config", v1, "topology", "plan", v2)
+	t.Logf("plan:\n%s", plan)
+	if !strings.Contains(plan, "joining: r1-4") || !strings.Contains(plan, "version 1 -> 2") {
+		t.Fatalf("plan does not show the joining node:\n%s", plan)
+	}
+	if out, err := ctl(t, "--config", v1, "topology", "plan", v1); err == nil {
+		t.Fatalf("plan of the active version succeeded:\n%s", out)
+	}
+
+	// Apply without waiting, interrupt by killing the meta leader, restart
+	// it, and resume with the same apply.
+	start := time.Now()
+	mustCtl(t, "--config", v1, "topology", "apply", v2, "--no-wait")
+	if out, err := ctl(t, "--config", v1, "topology", "apply", nextVersion(t, topo.Clone(), 2, t.TempDir()), "--no-wait"); err == nil ||
+		!strings.Contains(err.Error(), "FAILED_PRECONDITION") || !strings.Contains(err.Error(), "version 2") {
+		t.Fatalf("a second, different change while one runs: %v\n%s", err, out)
+	}
+	leader := metaLeader(t, c, topo)
+	time.Sleep(500 * time.Millisecond) // let it take a step or two
+	t.Logf("killing the meta leader %s mid-change", leader)
+	if err := c.Nodes[leader].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Nodes[leader].Start(); err != nil {
+		t.Fatal(err)
+	}
+	out := mustCtlWithin(t, 90*time.Second, "--config", v1, "--timeout", "10s", "topology", "apply", v2)
+	grow := time.Since(start)
+	t.Logf("apply v2 (resumed) after %v:\n%s", grow, out)
+	if err := cluster.WaitHTTP(ctx, "http://"+grown.Regions[0].Nodes[3].HTTPAddr+"/readyz"); err != nil {
+		t.Fatal(err)
+	}
+	st := mustCtl(t, "--config", v2, "topology", "status")
+	if !strings.Contains(st, "active version: 2") || !strings.Contains(st, "no change running") {
+		t.Fatalf("status after the change:\n%s", st)
+	}
+	// r1-4 votes in the shards placement gives it.
+	c.Topology = grown
+	for _, s := range grown.Shards() {
+		if !s.HasVoter("r1-4") {
+			continue
+		}
+		mustCtl(t, "--config", v2, "--timeout", "15s", "transfer-leader", s.ID, "r1-4")
+	}
+	n := l.count()
+	testutil.Until(t, 30*time.Second, "writes after growing", func() bool { return l.count() >= n+100 })
+
+	// Version 3: r1-1 leaves (it may lead shards and the meta group).
+	shrunk := grown.Clone()
+	shrunk.Regions[0].Nodes = slices.DeleteFunc(shrunk.Regions[0].Nodes, func(nd topology.Node) bool { return nd.ID == "r1-1" })
+	v3 := nextVersion(t, shrunk, 3, dir)
+	start = time.Now()
+	out = mustCtlWithin(t, 90*time.Second, "--config", v2, "--timeout", "10s", "topology", "apply", v3)
+	shrink := time.Since(start)
+	t.Logf("apply v3 took %v:\n%s", shrink, out)
+	if !strings.Contains(out, "may be stopped: r1-1") {
+		t.Fatalf("apply does not say the removed node may be stopped:\n%s", out)
+	}
+	if err := c.Nodes["r1-1"].Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	n = l.count()
+	testutil.Until(t, 30*time.Second, "writes after shrinking", func() bool { return l.count() >= n+100 })
+	l.finish()
+	if len(l.failures) > 0 {
+		t.Fatalf("%d calls failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
+	}
+
+	// Every acknowledged completion replays, through the new node, with
+	// its fencing token; a new reserve of the key replays, never acquires.
+	api := cluster.NewAPI(grown.Regions[0].Nodes[3].HTTPAddr)
+	for key, a := range l.acked {
+		r, err := api.Reserve(t.Context(), "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, _ := r.Body["response"].(map[string]any)
+		if r.Status != 200 || r.Str("outcome") != "COMPLETED" || resp["body"] != a.body || r.Str("fencing_token") != a.token {
+			t.Fatalf("acknowledged completion of %s (token %s) after the changes: %s", key, a.token, r)
+		}
+	}
+	var doc topologyDoc
+	if err := json.Unmarshal([]byte(mustCtl(t, "--config", v3, "--json", "topology", "status")), &doc); err != nil || doc.ActiveVersion != 3 {
+		t.Fatalf("status --json: %+v %v", doc, err)
+	}
+	total := l.ok.Load() + l.u503.Load()
+	t.Logf("grow 3->4 nodes took %v, shrink 4->3 took %v; %d acknowledged completions all replay; %d calls answered 200, %d answered 503 (retried): availability %.2f%%",
+		grow.Round(time.Millisecond), shrink.Round(time.Millisecond), len(l.acked), l.ok.Load(), l.u503.Load(), 100*float64(l.ok.Load())/float64(total))
+}
+
+// A five-node region behind a router started with the first file: replicas
+// go 3 -> 5 -> 3, then a node dies for good and is replaced by a new one
+// (--dead). The router follows every version without a restart and
+// answers every request with 200 or 503 only; every acknowledged
+// completion replays through it.
+func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
+	topo, err := cluster.Topology(cluster.Spec{Cluster: "elastic5", NodesPerRegion: 5, ShardsPerRegion: 2, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	t.Cleanup(func() {
+		if t.Failed() {
+			exec.Command("cp", "-r", dir, "/tmp/el-debug2").Run()
+		}
+	})
+	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.StopOnCleanup(t)
+	rt, err := c.NewRouter(binaries["idemrouter"], "router", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := startLoad(ctx, []string{rt.HTTPAddr}, 8)
+	testutil.Until(t, 30*time.Second, "writes before the changes", func() bool { return l.count() >= 100 })
+
+	active := c.TopologyPath
+	step := func(next *topology.Topology, v int, extra ...string) {
+		t.Helper()
+		path := nextVersion(t, next, v, dir)
+		start := time.Now()
+		out := mustCtlWithin(t, 2*time.Minute, append([]string{"--config", active, "--timeout", "10s", "topology", "apply", path}, extra...)...)
+		t.Logf("apply v%d took %v:\n%s", v, time.Since(start).Round(time.Millisecond), out)
+		active = path
+		n := l.count()
+		testutil.Until(t, 30*time.Second, fmt.Sprintf("writes through the router after v%d", v), func() bool { return l.count() >= n+50 })
+	}
+	five := topo.Clone()
+	five.Replicas = 5
+	step(five, 2)
+	three := five.Clone()
+	three.Replicas = 3
+	step(three, 3)
+
+	// r1-5 dies for good; r1-6 replaces it under a new id.
+	if err := c.Nodes["r1-5"].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	ports, err := cluster.FreePorts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replaced := three.Clone()
+	nodes := slices.DeleteFunc(replaced.Regions[0].Nodes, func(nd topology.Node) bool { return nd.ID == "r1-5" })
+	replaced.Regions[0].Nodes = append(nodes, topology.Node{ID: "r1-6", Region: "r1",
+		RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])})
+	replaced.Version = 4
+	v4 := nextVersion(t, replaced, 4, dir)
+	c.Nodes["r1-6"] = &cluster.Process{Name: "r1-6", Bin: binaries["idemnode"], Log: filepath.Join(dir, "r1-6.log"),
+		Args: []string{"--config", v4, "--id", "r1-6", "--data-dir", filepath.Join(dir, "data", "r1-6"), "--log-level", "debug"}}
+	if err := c.Nodes["r1-6"].Start(); err != nil {
+		t.Fatal(err)
+	}
+	step(replaced, 4, "--dead", "r1-5")
+	if err := cluster.WaitHTTP(ctx, "http://"+replaced.Regions[0].Nodes[4].HTTPAddr+"/readyz"); err != nil {
+		t.Fatal(err)
+	}
+	l.finish()
+	if len(l.failures) > 0 {
+		t.Fatalf("%d calls through the router failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
+	}
+	// The router learnt every version without a restart.
+	testutil.Until(t, 20*time.Second, "the router following version 4", func() bool {
+		data, _ := os.ReadFile(rt.Log)
+		return regexp.MustCompile(`msg="following the cluster's topology".* active_version=4 target_version=0`).Match(data)
+	})
+	api := rt.API()
+	for key, a := range l.acked {
+		r, err := api.Reserve(t.Context(), "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, _ := r.Body["response"].(map[string]any)
+		if r.Status != 200 || r.Str("outcome") != "COMPLETED" || resp["body"] != a.body || r.Str("fencing_token") != a.token {
+			t.Fatalf("acknowledged completion of %s (token %s) after the changes: %s", key, a.token, r)
+		}
+	}
+	total := l.ok.Load() + l.u503.Load()
+	t.Logf("replicas 3->5->3 and a dead node replaced through a router on the first file: %d acknowledged completions replay; %d calls 200, %d 503 (retried): availability %.2f%%",
+		len(l.acked), l.ok.Load(), l.u503.Load(), 100*float64(l.ok.Load())/float64(total))
+}

@@ -1,0 +1,203 @@
+package node
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+
+	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/topology"
+)
+
+// MetaGroupID is the id of the meta group, the Raft group every node of
+// the cluster is a member of (a few voters, every other node a non-voting
+// member: topology.MetaMembers) and which replicates the cluster's active
+// topology and the target of a running change. It cannot collide with a
+// shard id, which always ends in "-<index>".
+const MetaGroupID = "meta"
+
+// metaCommand is one replicated change of the meta state, JSON-encoded in
+// the meta group's log.
+type metaCommand struct {
+	// Op is "init" (record the first active topology, once), "target"
+	// (store the target of a change), "activate" (the change is done: the
+	// target becomes the active topology) or "progress" (a step of the
+	// running change was taken at At).
+	Op       string          `json:"op"`
+	Topology json.RawMessage `json:"topology,omitempty"`
+	Dead     []string        `json:"dead,omitempty"`
+	Version  int             `json:"version,omitempty"`
+	At       int64           `json:"at,omitempty"` // unix nanos, the proposer's clock
+}
+
+// metaRecord is the meta state as stored in snapshots.
+type metaRecord struct {
+	Active        json.RawMessage `json:"active,omitempty"`
+	Target        json.RawMessage `json:"target,omitempty"`
+	Dead          []string        `json:"dead,omitempty"`
+	ChangeStarted int64           `json:"change_started,omitempty"`
+	LastProgress  int64           `json:"last_progress,omitempty"`
+	// Left lists the nodes the last change removed: they may be stopped.
+	Left []string `json:"left,omitempty"`
+}
+
+// metaView is a consistent read of the meta state. active is nil until
+// the meta group applied its first "init".
+type metaView struct {
+	active, target              *topology.Topology
+	dead, left                  []string
+	changeStarted, lastProgress int64
+	applied                     uint64
+}
+
+// metaSM is the meta group's state machine: small, in memory, rebuilt from
+// its snapshot and log on every start.
+type metaSM struct {
+	mu      sync.Mutex
+	rec     metaRecord
+	view    metaView
+	changed chan struct{} // closed and replaced on every applied change
+}
+
+func newMetaSM() *metaSM { return &metaSM{changed: make(chan struct{})} }
+
+// read returns the current meta state and a channel closed at its next
+// change.
+func (m *metaSM) read() (metaView, <-chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.view, m.changed
+}
+
+func parseStored(raw json.RawMessage) (*topology.Topology, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	return topology.Parse(raw)
+}
+
+// Apply implements raftstore.StateMachine. It returns nil or the error
+// that refused the command; a refused command changes nothing.
+func (m *metaSM) Apply(index uint64, data []byte) any {
+	var cmd metaCommand
+	if err := json.Unmarshal(data, &cmd); err != nil {
+		return fmt.Errorf("meta: undecodable command at index %d: %w", index, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.view.applied = index
+	rec := m.rec
+	switch cmd.Op {
+	case "init":
+		if len(rec.Active) > 0 {
+			return nil // the first init won; a later one is a restart's
+		}
+		rec.Active = cmd.Topology
+	case "target":
+		next, err := topology.Parse(cmd.Topology)
+		if err != nil {
+			return err
+		}
+		if m.view.active == nil {
+			return errors.New("the cluster has no active topology yet: wait until every node started once")
+		}
+		if m.view.target != nil {
+			if topology.SameShape(m.view.target, next) {
+				return nil // the same change again: a resumed apply
+			}
+			return &changeRunningError{version: m.view.target.EffectiveVersion()}
+		}
+		if _, err := topology.Plan(m.view.active, next); err != nil {
+			return err
+		}
+		for _, d := range cmd.Dead {
+			if _, ok := m.view.active.NodeByID(d); !ok {
+				return fmt.Errorf("--dead %s: no such node in the active topology", d)
+			}
+			if _, ok := next.NodeByID(d); ok {
+				return fmt.Errorf("--dead %s: the new topology still lists it; a dead node must leave", d)
+			}
+		}
+		rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left = cmd.Topology, slices.Clone(cmd.Dead), cmd.At, cmd.At, nil
+	case "activate":
+		if m.view.target == nil || m.view.target.EffectiveVersion() != cmd.Version {
+			return nil // already activated: a repeated step
+		}
+		var left []string
+		for _, nd := range m.view.active.Nodes() {
+			if _, ok := m.view.target.NodeByID(nd.ID); !ok {
+				left = append(left, nd.ID)
+			}
+		}
+		rec.Active, rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left = rec.Target, nil, nil, 0, 0, left
+	case "progress":
+		if m.view.target != nil && cmd.At > rec.LastProgress {
+			rec.LastProgress = cmd.At
+		}
+	default:
+		return fmt.Errorf("meta: unknown command %q", cmd.Op)
+	}
+	return m.set(rec, index)
+}
+
+// set installs rec (parsed into the view) and wakes readers. Holds m.mu.
+func (m *metaSM) set(rec metaRecord, applied uint64) error {
+	active, err := parseStored(rec.Active)
+	if err != nil {
+		return fmt.Errorf("meta: stored active topology: %w", err)
+	}
+	target, err := parseStored(rec.Target)
+	if err != nil {
+		return fmt.Errorf("meta: stored target topology: %w", err)
+	}
+	m.rec = rec
+	m.view = metaView{active: active, target: target, dead: rec.Dead, left: rec.Left, changeStarted: rec.ChangeStarted, lastProgress: rec.LastProgress, applied: applied}
+	close(m.changed)
+	m.changed = make(chan struct{})
+	return nil
+}
+
+type metaSnapshot struct{ data []byte }
+
+func (s metaSnapshot) WriteTo(w io.Writer) (int64, error) {
+	n, err := w.Write(s.data)
+	return int64(n), err
+}
+
+func (metaSnapshot) Release() {}
+
+// Snapshot implements raftstore.StateMachine.
+func (m *metaSM) Snapshot() (raftstore.SnapshotWriter, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	data, err := json.Marshal(m.rec)
+	if err != nil {
+		return nil, err
+	}
+	return metaSnapshot{data: data}, nil
+}
+
+// Restore implements raftstore.StateMachine.
+func (m *metaSM) Restore(r io.Reader) error {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	var rec metaRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return fmt.Errorf("meta: snapshot: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.set(rec, m.view.applied)
+}
+
+// changeRunningError refuses a second, different change while one runs.
+type changeRunningError struct{ version int }
+
+func (e *changeRunningError) Error() string {
+	return fmt.Sprintf("a change to version %d is running: wait for it to finish (idemctl topology status) before applying another", e.version)
+}

@@ -1,0 +1,337 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/topology"
+)
+
+// The mover drives a topology change to its end. It runs on every node and
+// acts only on the meta group's leader, one membership step at a time: each
+// step is computed afresh from the shards' current Raft configurations, so
+// a change resumes wherever it stopped (a killed leader, an interrupted
+// apply) and repeating a step is harmless.
+//
+// For every shard whose voters change, in shard order:
+//  1. a node that is to vote and is not a member is added as a learner
+//     (it gets a snapshot and the log, and counts for no quorum);
+//  2. a learner that caught up (its own applied index within
+//     catchUpSlack of the leader's commit index) is promoted;
+//  3. once every target voter votes, a member the target does not list is
+//     removed, after the leader hands the leadership to the target's
+//     preferred leader if it is leaving itself.
+//
+// A shard therefore never has fewer caught-up voters than replicas. Then the
+// meta group's own members follow the target, and the target is activated.
+
+const (
+	// moveInterval is the pause between two steps (the rate limit): one
+	// configuration change per interval, cluster-wide.
+	moveInterval = 250 * time.Millisecond
+	// catchUpSlack is how far behind the leader's commit index a learner
+	// may be when it is promoted (entries are batches of commands).
+	catchUpSlack = 256
+	// stallAfter is how long a change may go without a step before
+	// idem_topology_change_stalled says so.
+	stallAfter = 10 * time.Minute
+)
+
+// moveStep is one step the mover takes.
+type moveStep struct {
+	shard, op, node, addr string
+}
+
+func (s moveStep) String() string { return fmt.Sprintf("%s %s %s", s.shard, s.op, s.node) }
+
+// runMover takes a step whenever this node leads the meta group and a
+// change runs.
+func (n *Node) runMover(ctx context.Context) {
+	every(ctx, moveInterval, func(ctx context.Context) {
+		mv, _ := n.meta.read()
+		if mv.target == nil || !n.metaGroup.IsLeader() {
+			return
+		}
+		step, done, err := n.nextStep(ctx, mv)
+		switch {
+		case err != nil:
+			n.log.Warn("topology change: waiting", "target_version", mv.target.EffectiveVersion(), "reason", err)
+		case done:
+			if err := n.proposeMeta(ctx, metaCommand{Op: "activate", Version: mv.target.EffectiveVersion()}); err != nil {
+				n.log.Warn("topology change: activating", "error", err)
+				return
+			}
+			n.log.Info("topology change done: the target is the active topology", "version", mv.target.EffectiveVersion(),
+				"took", time.Duration(time.Now().UnixNano()-mv.changeStarted).Round(time.Millisecond))
+		default:
+			if err := n.takeStep(ctx, step); err != nil {
+				n.log.Warn("topology change: step failed, retrying", "step", step.String(), "error", err)
+				return
+			}
+			n.topoMetrics.steps.WithLabelValues(step.op).Inc()
+			n.log.Info("topology change: step taken", "step", step.String(), "target_version", mv.target.EffectiveVersion())
+			_ = n.proposeMeta(ctx, metaCommand{Op: "progress", At: time.Now().UnixNano()})
+		}
+	})
+}
+
+// shardState is one replica's answer to ShardState.
+type shardState struct {
+	node    string
+	hosted  bool
+	leader  bool
+	applied uint64
+	commit  uint64
+	members []raftstore.Member
+}
+
+// localShardState is this node's ShardState for shard id.
+func (n *Node) localShardState(id string) shardState {
+	st := shardState{node: n.cfg.NodeID}
+	var g *raftstore.Group
+	if id == MetaGroupID {
+		g = n.metaGroup
+	} else if s := n.shard(id); s != nil {
+		g = s.group
+	}
+	if g == nil {
+		return st
+	}
+	stats := g.Stats()
+	st.hosted, st.leader, st.applied, st.commit = true, g.IsLeader(), stats.AppliedIndex, stats.CommitIndex
+	st.members, _ = g.Members()
+	return st
+}
+
+// shardStateOf asks node id (this node directly) for its view of shard.
+func (n *Node) shardStateOf(ctx context.Context, id, shard string) (shardState, error) {
+	if id == n.cfg.NodeID {
+		return n.localShardState(shard), nil
+	}
+	conn, err := n.fwd.Conn(id)
+	if err != nil {
+		return shardState{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := idemv1.NewTopologyClient(conn).ShardState(ctx, &idemv1.ShardStateRequest{Shard: shard})
+	if err != nil {
+		return shardState{}, err
+	}
+	st := shardState{node: id, hosted: resp.GetHosted(), leader: resp.GetLeader(), applied: resp.GetAppliedIndex(), commit: resp.GetCommitIndex()}
+	for _, m := range resp.GetMembers() {
+		st.members = append(st.members, raftstore.Member{ID: m.GetId(), Addr: m.GetAddr(), Voter: m.GetVoter()})
+	}
+	return st, nil
+}
+
+// leaderState finds the leader of shard among candidates and returns its
+// view.
+func (n *Node) leaderState(ctx context.Context, shard string, candidates []string, dead []string) (shardState, error) {
+	var errs []error
+	for _, id := range candidates {
+		if slices.Contains(dead, id) {
+			continue
+		}
+		st, err := n.shardStateOf(ctx, id, shard)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", id, err))
+			continue
+		}
+		if st.leader {
+			return st, nil
+		}
+	}
+	return shardState{}, fmt.Errorf("no leader of %s found among %v: %w", shard, candidates, errors.Join(errs...))
+}
+
+// nextStep computes the change's next step from the current configurations.
+// done is true when every shard and the meta group have the target's
+// members: the target may be activated.
+func (n *Node) nextStep(ctx context.Context, mv metaView) (moveStep, bool, error) {
+	target := mv.target
+	addrOf := func(id string) string {
+		if nd, ok := target.NodeByID(id); ok {
+			return nd.RaftAddr
+		}
+		nd, _ := mv.active.NodeByID(id)
+		return nd.RaftAddr
+	}
+	// Every node of the target is a member of the meta group first: a
+	// joining node learns the topology before it holds any seat.
+	metaVoters, metaLearners := target.MetaMembers()
+	metaMembers, err := n.metaGroup.Members()
+	if err != nil {
+		return moveStep{}, false, err
+	}
+	isMember := func(ms []raftstore.Member, id string) (member, voter bool) {
+		for _, m := range ms {
+			if m.ID == id {
+				return true, m.Voter
+			}
+		}
+		return false, false
+	}
+	for _, id := range append(slices.Clone(metaVoters), metaLearners...) {
+		if ok, _ := isMember(metaMembers, id); !ok {
+			return moveStep{shard: MetaGroupID, op: "add_learner", node: id, addr: addrOf(id)}, false, nil
+		}
+	}
+	activeShards := map[string]topology.Shard{}
+	for _, s := range mv.active.Shards() {
+		activeShards[s.ID] = s
+	}
+	for _, s := range target.Shards() {
+		candidates := slices.Clone(activeShards[s.ID].Voters)
+		for _, v := range s.Voters {
+			if !slices.Contains(candidates, v) {
+				candidates = append(candidates, v)
+			}
+		}
+		ls, err := n.leaderState(ctx, s.ID, candidates, mv.dead)
+		if err != nil {
+			return moveStep{}, false, err
+		}
+		step, ok, err := n.shardStep(ctx, s.ID, s.Voters, ls, addrOf)
+		if err != nil || ok {
+			return step, false, err
+		}
+	}
+	// The meta group: promote its target voters, then remove the members
+	// that leave (after handing its leadership over if this node leaves).
+	metaLeader := n.localShardState(MetaGroupID)
+	step, ok, err := n.shardStep(ctx, MetaGroupID, metaVoters, metaLeader, addrOf)
+	if err != nil || ok {
+		return step, false, err
+	}
+	for _, m := range metaMembers {
+		if m.Voter && !slices.Contains(metaVoters, m.ID) && slices.Contains(metaLearners, m.ID) {
+			return moveStep{shard: MetaGroupID, op: "demote", node: m.ID}, false, nil
+		}
+	}
+	for _, m := range metaMembers {
+		if !slices.Contains(metaVoters, m.ID) && !slices.Contains(metaLearners, m.ID) {
+			return moveStep{shard: MetaGroupID, op: "remove", node: m.ID}, false, nil
+		}
+	}
+	return moveStep{}, true, nil
+}
+
+// shardStep is the next step for one group whose leader's view is ls and
+// whose voters are to be voters: ok is false when the group is done.
+func (n *Node) shardStep(ctx context.Context, shard string, voters []string, ls shardState, addrOf func(string) string) (moveStep, bool, error) {
+	member := map[string]raftstore.Member{}
+	for _, m := range ls.members {
+		member[m.ID] = m
+	}
+	for _, id := range voters {
+		if _, ok := member[id]; !ok {
+			return moveStep{shard: shard, op: "add_learner", node: id, addr: addrOf(id)}, true, nil
+		}
+	}
+	for _, id := range voters {
+		if member[id].Voter {
+			continue
+		}
+		st, err := n.shardStateOf(ctx, id, shard)
+		if err != nil {
+			return moveStep{}, false, fmt.Errorf("learner %s of %s: %w", id, shard, err)
+		}
+		if !st.hosted || st.applied+catchUpSlack < ls.commit {
+			return moveStep{}, false, fmt.Errorf("learner %s of %s is catching up: applied %d, leader's commit %d", id, shard, st.applied, ls.commit)
+		}
+		return moveStep{shard: shard, op: "promote", node: id}, true, nil
+	}
+	for _, m := range ls.members {
+		if slices.Contains(voters, m.ID) {
+			continue
+		}
+		if shard == MetaGroupID && !m.Voter {
+			continue // a meta learner that stays is handled by the caller
+		}
+		if m.ID == ls.node {
+			return moveStep{shard: shard, op: "transfer_leader", node: voters[0]}, true, nil
+		}
+		if shard == MetaGroupID {
+			return moveStep{shard: shard, op: "demote", node: m.ID}, true, nil
+		}
+		return moveStep{shard: shard, op: "remove", node: m.ID}, true, nil
+	}
+	return moveStep{}, false, nil
+}
+
+// takeStep runs step on the group's leader (here, or through the
+// ChangeMember RPC).
+func (n *Node) takeStep(ctx context.Context, step moveStep) error {
+	var leader string
+	if step.shard == MetaGroupID {
+		leader = n.cfg.NodeID
+	} else {
+		mv, _ := n.meta.read()
+		var candidates []string
+		for _, s := range mv.active.Shards() {
+			if s.ID == step.shard {
+				candidates = append(candidates, s.Voters...)
+			}
+		}
+		if mv.target != nil {
+			for _, s := range mv.target.Shards() {
+				if s.ID == step.shard {
+					candidates = append(candidates, s.Voters...)
+				}
+			}
+		}
+		ls, err := n.leaderState(ctx, step.shard, candidates, mv.dead)
+		if err != nil {
+			return err
+		}
+		leader = ls.node
+	}
+	if leader == n.cfg.NodeID {
+		return n.changeMember(ctx, step)
+	}
+	conn, err := n.fwd.Conn(leader)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = idemv1.NewTopologyClient(conn).ChangeMember(ctx, &idemv1.ChangeMemberRequest{Shard: step.shard, Op: step.op, Node: step.node, Addr: step.addr})
+	return err
+}
+
+// changeMember runs step on this node's replica, which must lead.
+func (n *Node) changeMember(ctx context.Context, step moveStep) error {
+	var g *raftstore.Group
+	if step.shard == MetaGroupID {
+		g = n.metaGroup
+	} else if s := n.shard(step.shard); s != nil {
+		g = s.group
+	}
+	if g == nil {
+		return status.Errorf(codes.NotFound, "node %s does not host %s", n.cfg.NodeID, step.shard)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	switch step.op {
+	case "add_learner":
+		return g.AddLearner(ctx, step.node, step.addr)
+	case "promote":
+		return g.Promote(ctx, step.node)
+	case "remove":
+		return g.RemoveMember(ctx, step.node)
+	case "demote":
+		return g.Demote(ctx, step.node)
+	case "transfer_leader":
+		return g.TransferLeadership(step.node)
+	}
+	return status.Errorf(codes.InvalidArgument, "unknown membership step %q", step.op)
+}
