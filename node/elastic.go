@@ -89,6 +89,30 @@ func (v *view) node(id string) (topology.Node, bool) {
 	return topology.Node{}, false
 }
 
+// nodeOf finds node id, with the addresses of this node's own file when
+// the file lists it: a node dials its peers at the addresses of its own
+// view (a WAN proxy, a NAT), whatever addresses the replicated topology
+// carries; the replicated ones serve for nodes the file does not know.
+func (n *Node) nodeOf(v *view, id string) (topology.Node, bool) {
+	if nd, ok := n.cfg.Topology.NodeByID(id); ok {
+		return nd, true
+	}
+	return v.node(id)
+}
+
+// ownAddrs is nodes with the addresses of this node's own file where it
+// lists them (nodeOf).
+func (n *Node) ownAddrs(nodes []topology.Node) []topology.Node {
+	out := make([]topology.Node, len(nodes))
+	for i, nd := range nodes {
+		if own, ok := n.cfg.Topology.NodeByID(nd.ID); ok {
+			nd = own
+		}
+		out[i] = nd
+	}
+	return out
+}
+
 // newView builds the view of active (and target), with ring parameters
 // and shard set checked against the ring this node places keys with.
 func newView(active, target *topology.Topology, dead []string, fromMeta bool) (*view, error) {
@@ -210,7 +234,7 @@ func (n *Node) bootstraps(freshDir bool) bool {
 func (n *Node) openShard(v *view, info topology.Shard, start raftstore.StartMode) error {
 	peers := make([]raftstore.Peer, 0, len(info.Voters))
 	for _, id := range info.Voters {
-		vn, ok := v.node(id)
+		vn, ok := n.nodeOf(v, id)
 		if !ok {
 			return fmt.Errorf("node: shard %s: voter %s has no address in the topology", info.ID, id)
 		}
@@ -333,10 +357,11 @@ func (n *Node) refreshView(ctx context.Context) {
 			next = v
 		}
 	}
-	for _, nd := range next.nodes() {
+	nodes := n.ownAddrs(next.nodes())
+	for _, nd := range nodes {
 		n.host.SetPeer(nd.ID, nd.RaftAddr)
 	}
-	n.fwd.AddNodes(next.nodes())
+	n.fwd.AddNodes(nodes)
 	n.clocks.setPeers(next)
 	n.topoMetrics.observe(next, mv)
 	n.reconcileSeats(next)

@@ -158,7 +158,11 @@ func (n *Node) leaderState(ctx context.Context, shard string, candidates []strin
 // members: the target may be activated.
 func (n *Node) nextStep(ctx context.Context, mv metaView) (moveStep, bool, error) {
 	target := mv.target
+	v := n.view()
 	addrOf := func(id string) string {
+		if nd, ok := n.nodeOf(v, id); ok {
+			return nd.RaftAddr
+		}
 		if nd, ok := target.NodeByID(id); ok {
 			return nd.RaftAddr
 		}

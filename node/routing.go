@@ -28,5 +28,5 @@ func (n *Node) routing(context.Context) (*idemv1.RoutingResponse, error) {
 		}
 	}
 	v := n.view()
-	return idemv1.RoutingToProto(v.ring, v.nodes(), n.cfg.NodeID, leaders), nil
+	return idemv1.RoutingToProto(v.ring, n.ownAddrs(v.nodes()), n.cfg.NodeID, leaders), nil
 }

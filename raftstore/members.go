@@ -79,7 +79,9 @@ func (g *Group) AddLearner(ctx context.Context, id, addr string) error {
 	if err != nil || present {
 		return err
 	}
-	g.host.SetPeer(id, addr)
+	if _, known := g.host.book.get(id); !known {
+		g.host.SetPeer(id, addr) // this node's own view wins when it has one
+	}
 	if err := g.changeMembers(ctx, fmt.Sprintf("add learner %q", id), func(d time.Duration) raft.IndexFuture {
 		return g.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, d)
 	}); err != nil {

@@ -37,8 +37,11 @@ type simCluster struct {
 	net     *wan.Network
 	views   map[string]string // region -> topology file
 
+	// nodes and nodeIDs (topology order) change when a node joins or
+	// leaves (reconfigure.go): read them with node and ids.
+	nodesMu sync.Mutex
 	nodes   map[string]*simNode
-	nodeIDs []string // topology order
+	nodeIDs []string
 	routers map[string]*simRouter
 
 	// via[clientRegion][routerRegion] is the gRPC address a client in
@@ -173,8 +176,8 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 		if c.naive, err = naive.NewServer(naive.ServerConfig{}); err != nil {
 			return nil, err
 		}
-		c.naiveHost = c.nodeIDs[0]
-		home := c.nodes[c.naiveHost].region
+		c.naiveHost = c.ids()[0]
+		home := c.node(c.naiveHost).region
 		for _, from := range regions {
 			addr := c.naive.Addr()
 			if from != home {
@@ -185,8 +188,8 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 			c.naiveVia[from] = addr
 		}
 	}
-	for _, id := range c.nodeIDs {
-		if err := c.nodes[id].proc.Start(); err != nil {
+	for _, id := range c.ids() {
+		if err := c.node(id).proc.Start(); err != nil {
 			return nil, err
 		}
 	}
@@ -199,6 +202,40 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 		return nil, err
 	}
 	return c, nil
+}
+
+// topology returns the cluster's current topology (real addresses).
+func (c *simCluster) topology() *topology.Topology {
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	return c.topo
+}
+
+// node returns node id (nil if it never existed).
+func (c *simCluster) node(id string) *simNode {
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	return c.nodes[id]
+}
+
+// ids returns the ids of the cluster's nodes in topology order (not those
+// that left it).
+func (c *simCluster) ids() []string {
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	return slices.Clone(c.nodeIDs)
+}
+
+// allNodes returns every node process ever started, including those that
+// left the cluster.
+func (c *simCluster) allNodes() []*simNode {
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	out := make([]*simNode, 0, len(c.nodes))
+	for _, n := range c.nodes {
+		out = append(out, n)
+	}
+	return out
 }
 
 // regionPairs lists unordered region pairs in a fixed order.
@@ -224,10 +261,11 @@ func pairLatency(cfg Config, i, n int) time.Duration {
 // seen from this region. The ring ignores addresses, so every view places
 // keys and voters identically.
 func (c *simCluster) writeViews() error {
+	topo := c.topology()
 	for _, from := range c.regions {
-		view := *c.topo
+		view := *topo
 		view.Regions = nil
-		for _, r := range c.topo.Regions {
+		for _, r := range topo.Regions {
 			vr := topology.Region{Name: r.Name}
 			for _, n := range r.Nodes {
 				if r.Name != from {
@@ -246,6 +284,9 @@ func (c *simCluster) writeViews() error {
 			return fmt.Errorf("regionsim: view of %s: %w", from, err)
 		}
 		path := filepath.Join(c.dir, "topology-"+from+".yaml")
+		if v := topo.EffectiveVersion(); v > 1 {
+			path = filepath.Join(c.dir, fmt.Sprintf("topology-%s.v%d.yaml", from, v))
+		}
 		if err := cluster.WriteTopology(&view, path); err != nil {
 			return err
 		}
@@ -259,8 +300,8 @@ func (c *simCluster) writeViews() error {
 func (c *simCluster) waitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	for _, id := range c.nodeIDs {
-		n := c.nodes[id]
+	for _, id := range c.ids() {
+		n := c.node(id)
 		if !n.proc.Running() {
 			return fmt.Errorf("%w: node %s is not running (log: %s)", ErrClusterNotReady, id, n.proc.Log)
 		}
@@ -280,8 +321,8 @@ func (c *simCluster) waitReady(ctx context.Context, timeout time.Duration) error
 // nodesIn returns region's node ids.
 func (c *simCluster) nodesIn(region string) []string {
 	var out []string
-	for _, id := range c.nodeIDs {
-		if c.nodes[id].region == region {
+	for _, id := range c.ids() {
+		if c.node(id).region == region {
 			out = append(out, id)
 		}
 	}
@@ -291,7 +332,7 @@ func (c *simCluster) nodesIn(region string) []string {
 // kill SIGKILLs node id (a crash). The naive lock server shares the fate
 // of its host node.
 func (c *simCluster) kill(id string) {
-	n := c.nodes[id]
+	n := c.node(id)
 	n.mu.Lock()
 	n.paused, n.killed = false, true
 	n.mu.Unlock()
@@ -303,7 +344,7 @@ func (c *simCluster) kill(id string) {
 
 // start starts node id (after a kill) with its current clock offset.
 func (c *simCluster) start(id string) error {
-	n := c.nodes[id]
+	n := c.node(id)
 	if n.proc.Running() {
 		return nil
 	}
@@ -332,7 +373,7 @@ func (c *simCluster) start(id string) error {
 // restartWithOffset stops node id gracefully (it hands its leaderships
 // over) and starts it again with clock offset d.
 func (c *simCluster) restartWithOffset(id string, d time.Duration, checked bool) error {
-	n := c.nodes[id]
+	n := c.node(id)
 	n.mu.Lock()
 	n.offset, n.clockChecked = d, checked
 	n.paused, n.killed = false, true
@@ -348,7 +389,7 @@ func (c *simCluster) restartWithOffset(id string, d time.Duration, checked bool)
 
 // pause SIGSTOPs node id (a GC pause or a frozen VM); resume SIGCONTs it.
 func (c *simCluster) pause(id string) error {
-	n := c.nodes[id]
+	n := c.node(id)
 	n.mu.Lock()
 	n.paused = true
 	n.mu.Unlock()
@@ -359,7 +400,7 @@ func (c *simCluster) pause(id string) error {
 }
 
 func (c *simCluster) resume(id string) error {
-	n := c.nodes[id]
+	n := c.node(id)
 	n.mu.Lock()
 	n.paused = false
 	n.mu.Unlock()
@@ -375,7 +416,7 @@ func (c *simCluster) adminConn(id string) (*grpc.ClientConn, error) {
 	if conn, ok := c.admin[id]; ok {
 		return conn, nil
 	}
-	conn, err := grpc.NewClient(c.nodes[id].real.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(c.node(id).real.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}
@@ -387,8 +428,8 @@ func (c *simCluster) adminConn(id string) (*grpc.ClientConn, error) {
 // (the harness reads status directly, not through the WAN).
 func (c *simCluster) shardLeaders(ctx context.Context) map[string]string {
 	leaders := map[string]string{}
-	for _, id := range c.nodeIDs {
-		n := c.nodes[id]
+	for _, id := range c.ids() {
+		n := c.node(id)
 		n.mu.Lock()
 		paused := n.paused
 		n.mu.Unlock()
@@ -422,7 +463,7 @@ func (c *simCluster) busiestLeader(ctx context.Context, candidates []string) (st
 		counts[id]++
 	}
 	best, most := "", -1
-	for _, id := range c.nodeIDs {
+	for _, id := range c.ids() {
 		if len(candidates) > 0 && !slices.Contains(candidates, id) {
 			continue
 		}
@@ -450,7 +491,7 @@ func (c *simCluster) leaderCount(ctx context.Context, id string) int {
 
 func (c *simCluster) transferLeadership(ctx context.Context, id string) int {
 	leaders := c.shardLeaders(ctx)
-	hosted := c.topo.ShardsOnNode(id)
+	hosted := c.topology().ShardsOnNode(id)
 	for _, s := range hosted {
 		cur, ok := leaders[s.ID]
 		if !ok || cur == id {
@@ -508,8 +549,8 @@ func (c *simCluster) transferAway(ctx context.Context, id string) {
 func (c *simCluster) heal(ctx context.Context) error {
 	c.net.HealAll()
 	var errs []error
-	for _, id := range c.nodeIDs {
-		n := c.nodes[id]
+	for _, id := range c.ids() {
+		n := c.node(id)
 		n.mu.Lock()
 		paused, offset, killed := n.paused, n.offset, n.killed
 		n.mu.Unlock()
@@ -537,8 +578,8 @@ func (c *simCluster) heal(ctx context.Context) error {
 // offsets returns the nodes running with a clock offset.
 func (c *simCluster) offsets() map[string]time.Duration {
 	out := map[string]time.Duration{}
-	for _, id := range c.nodeIDs {
-		n := c.nodes[id]
+	for _, id := range c.ids() {
+		n := c.node(id)
 		n.mu.Lock()
 		if n.offset != 0 {
 			out[id] = n.offset
@@ -551,8 +592,8 @@ func (c *simCluster) offsets() map[string]time.Duration {
 // down returns the nodes not running or paused, sorted.
 func (c *simCluster) down() []string {
 	var out []string
-	for _, id := range c.nodeIDs {
-		n := c.nodes[id]
+	for _, id := range c.ids() {
+		n := c.node(id)
 		n.mu.Lock()
 		paused := n.paused
 		n.mu.Unlock()
@@ -586,7 +627,7 @@ func (c *simCluster) close() error {
 		go stop(r.proc)
 	}
 	wg.Wait()
-	for _, n := range c.nodes {
+	for _, n := range c.allNodes() {
 		n.proc.Signal(syscall.SIGCONT)
 		wg.Add(1)
 		go stop(n.proc)

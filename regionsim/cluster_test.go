@@ -65,7 +65,7 @@ func TestRaftCrossesTheWAN(t *testing.T) {
 		leaders = c.shardLeaders(ctx)
 		inIsolated := 0
 		for _, id := range leaders {
-			if c.nodes[id].region == isolated {
+			if c.node(id).region == isolated {
 				inIsolated++
 			}
 		}
@@ -96,8 +96,8 @@ func TestRaftCrossesTheWAN(t *testing.T) {
 // dumpLogs logs the tail of every process log.
 func dumpLogs(t *testing.T, c *simCluster) {
 	t.Helper()
-	for _, id := range c.nodeIDs {
-		data, _ := os.ReadFile(c.nodes[id].proc.Log)
+	for _, id := range c.ids() {
+		data, _ := os.ReadFile(c.node(id).proc.Log)
 		if len(data) > 4000 {
 			data = data[len(data)-4000:]
 		}

@@ -84,7 +84,7 @@ func MeasureLatency(ctx context.Context, cfg Config) (rep *report.Latency, err e
 			log.Warn("stopping the cluster", "err", cerr)
 		}
 	}()
-	ring, err := topology.NewRing(c.topo)
+	ring, err := topology.NewRing(c.topology())
 	if err != nil {
 		return rep, err
 	}

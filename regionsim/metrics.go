@@ -169,7 +169,7 @@ func (env *runEnv) fill(out *report.Scenario, r *scenarioRun, faults []*Fault, f
 		row3.DoubleCharged = r.naiveLedger.Stats().DoubleCharged
 		row3.DoubleChargeCauses = causes(r.naiveLedger.All())
 		row3.ExactlyOnceViolations, row3.ChangedReplays, row3.LostCompletions = nOnce.Violations, nReplays.Violations, nLoss.Violations
-		row3.Note = fmt.Sprintf("one lock server in %s, shares the fate of node %s", env.c.nodes[env.c.naiveHost].region, env.c.naiveHost)
+		row3.Note = fmt.Sprintf("one lock server in %s, shares the fate of node %s", env.c.node(env.c.naiveHost).region, env.c.naiveHost)
 		out.Systems = append(out.Systems, row3)
 	}
 

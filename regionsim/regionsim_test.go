@@ -207,6 +207,11 @@ func assertClean(t *testing.T, cfg Config, rep *report.Report) {
 		if idem.Completed == 0 {
 			t.Errorf("%s: idem completed none of %d payments", sc.Name, idem.Payments)
 		}
+		for _, f := range sc.Faults {
+			if sc.Name == "reconfigure" && (f.Error != "" || !strings.Contains(f.Detail, "joined")) {
+				t.Errorf("%s: the reconfiguration did not run through: %q %s", sc.Name, f.Detail, f.Error)
+			}
+		}
 		t.Logf("%s: %s; idem %d/%d payments, guard-off double charges %d, naive double charges %d, lost %d",
 			sc.Name, verdictWord(sc.Passed), idem.Completed, idem.Payments, sc.Systems[1].DoubleCharged,
 			lastSystem(sc).DoubleCharged, lastSystem(sc).LostCompletions)

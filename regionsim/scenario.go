@@ -198,6 +198,15 @@ func Scenarios() []*Scenario {
 			},
 		},
 		{
+			Name:        "reconfigure",
+			FailureMode: "the cluster changes shape under load",
+			Description: "No fault: a node joins one region and later another node of that region leaves, each applied online as a new topology version (the new voter joins its shards as a learner, catches up, is promoted; the leaving one hands over and is removed) while payments run. Every promise must hold across both changes.",
+			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
+				regions := regionNames(cfg.Regions)
+				return []*Fault{reconfigure(d/4, max(d/2, 3*time.Second), regions[rng.IntN(len(regions))])}
+			},
+		},
+		{
 			Name:        "leader-kill",
 			FailureMode: "leader crash",
 			Description: "SIGKILL of the node leading the most shards, three times in a row, each restarted after a few seconds. Elections must not lose acknowledged completions or hand a key to two owners.",
@@ -311,7 +320,7 @@ func hoursOffNode(name string, at, d, skew time.Duration) *Fault {
 			// Once its Raft port is up, hand it every shard it hosts (a
 			// transfer needs it caught up, so try a few times), then see
 			// that it gives them all back.
-			n := e.c.nodes[id]
+			n := e.c.node(id)
 			deadline := time.Now().Add(20 * time.Second)
 			for range 3 {
 				if !sleepOrStop(ctx, nil, 2*time.Second) {
@@ -425,14 +434,14 @@ func (c *simCluster) naiveHostOrFirst() string {
 	if c.naiveHost != "" {
 		return c.naiveHost
 	}
-	return c.nodeIDs[0]
+	return c.ids()[0]
 }
 
 // running returns the ids of running, unpaused nodes.
 func (c *simCluster) running() []string {
 	var out []string
-	for _, id := range c.nodeIDs {
-		n := c.nodes[id]
+	for _, id := range c.ids() {
+		n := c.node(id)
 		n.mu.Lock()
 		paused := n.paused
 		n.mu.Unlock()

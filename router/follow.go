@@ -75,6 +75,11 @@ func (b *Backend) follow(ctx context.Context) {
 			ring = ring.WithVoters(voters)
 			nodes = append(nodes, target.Nodes()...)
 		}
+		for i, nd := range nodes {
+			if own, ok := b.cfg.Topology.NodeByID(nd.ID); ok {
+				nodes[i] = own // this router's own view of a node wins (a WAN proxy, a NAT)
+			}
+		}
 		b.fwd.AddNodes(nodes)
 		b.ringp.Store(ring)
 		b.version.Store(&v)

@@ -197,12 +197,18 @@ func (f *Forwarder) Close() error {
 // NoteLeader records that nodeID leads shardID (from a not-leader answer or
 // Raft's own view on a node).
 func (f *Forwarder) NoteLeader(shardID, nodeID string) {
-	if _, ok := f.nodes[nodeID]; !ok {
-		return
-	}
 	f.mu.Lock()
-	f.leaders[shardID] = nodeID
-	f.mu.Unlock()
+	defer f.mu.Unlock()
+	if _, ok := f.nodes[nodeID]; ok {
+		f.leaders[shardID] = nodeID
+	}
+}
+
+// regionOf is node id's region ("" for a node this forwarder does not know).
+func (f *Forwarder) regionOf(id string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nodes[id].Region
 }
 
 // forgetLeader drops nodeID as the cached leader of shardID (it failed).
@@ -418,7 +424,7 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 			lastErr = err
 			continue
 		}
-		region := f.nodes[target].Region
+		region := f.regionOf(target)
 		actx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout+wait)
 		var sent atomic.Bool
 		actx = context.WithValue(actx, sentKey{}, &sent)

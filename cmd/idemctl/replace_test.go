@@ -130,8 +130,14 @@ func TestReplaceNodeUnderLoad(t *testing.T) {
 	// compacts its log.
 	n := ackedCount()
 	testutil.Until(t, 20*time.Second, "writes while the node is out", func() bool { return ackedCount() >= n+100 })
+	// Every surviving voter compacts, not only the leader: a leadership
+	// that moves before the replica joins must not find the log whole.
 	for _, s := range topo.Shards() {
-		mustCtl(t, "--config", cfg, "snapshot", s.ID)
+		for _, v := range s.Voters {
+			if v != victim {
+				mustCtl(t, "--config", cfg, "snapshot", s.ID, "--node", v)
+			}
+		}
 	}
 
 	out2 := mustCtl(t, "--config", cfg, "replace-node", "--id", victim, "--data-dir", dataDir, "--json")
