@@ -19,7 +19,7 @@ func TestHelpListsScenariosAndFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"race", "crash-mid-request", "clock-skew", "cross-region-retry", "region-partition",
-		"stall-past-lease", "consumer-redelivery", "leader-kill", "--scenario", "--seed", "--duration", "--survival",
+		"stall-past-lease", "consumer-redelivery", "reconfigure", "leader-kill", "--scenario", "--seed", "--duration", "--survival",
 		"--regions", "--nodes-per-region", "--json", "--html"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help does not mention %q", want)
