@@ -364,7 +364,7 @@ func (n *Node) refreshView(ctx context.Context) {
 	n.fwd.AddNodes(nodes)
 	n.clocks.setPeers(next)
 	n.topoMetrics.observe(next, mv)
-	n.reconcileSeats(next)
+	n.reconcileSeats(ctx, next)
 }
 
 func versionOf(t *topology.Topology) int {
@@ -377,7 +377,7 @@ func versionOf(t *topology.Topology) int {
 // reconcileSeats opens a replica for every shard in which this node holds
 // or is to hold a seat, marks replicas that received state, and closes
 // replicas of shards it no longer belongs to once no change runs.
-func (n *Node) reconcileSeats(v *view) {
+func (n *Node) reconcileSeats(ctx context.Context, v *view) {
 	want := v.seats(n.cfg.NodeID)
 	hosted := n.shardMap()
 	for _, info := range v.ring.Shards() {
@@ -406,7 +406,12 @@ func (n *Node) reconcileSeats(v *view) {
 			continue
 		}
 		// The change that took this seat away is done: the leader removed
-		// this node from the group before the change was activated.
+		// this node from the group before the change was activated. This
+		// node's meta replica may still be catching up after a restart,
+		// so the shard's leader confirms first.
+		if !n.leaderDropped(ctx, v, id) {
+			continue
+		}
 		n.setShard(id, nil)
 		if err := n.host.RemoveGroup(id); err != nil {
 			n.log.Warn("closing the replica of a seat this node left", "shard", id, "error", err)
@@ -414,6 +419,20 @@ func (n *Node) reconcileSeats(v *view) {
 		n.park(id, s.sm)
 		n.log.Info("replica closed: this node no longer holds a seat in the shard", "shard", id)
 	}
+}
+
+// leaderDropped reports whether the leader of shard id, found among the
+// shard's voters in v, has this node in none of its members.
+func (n *Node) leaderDropped(ctx context.Context, v *view, id string) bool {
+	info, ok := v.ring.ShardByID(id)
+	if !ok {
+		return false
+	}
+	ls, err := n.leaderState(ctx, id, info.Voters, nil)
+	if err != nil {
+		return false
+	}
+	return !slices.ContainsFunc(ls.members, func(m raftstore.Member) bool { return m.ID == n.cfg.NodeID })
 }
 
 // watchTopology applies every change of the meta state as it is applied,

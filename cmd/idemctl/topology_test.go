@@ -317,6 +317,26 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustCtl(t, "--config", v3, "--json", "topology", "status")), &doc); err != nil || doc.ActiveVersion != 3 {
 		t.Fatalf("status --json: %+v %v", doc, err)
 	}
+
+	// A node restarted on the version-1 file follows the cluster's
+	// version 3 and serves.
+	p := c.Nodes["r1-2"]
+	if err := p.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitHTTP(ctx, "http://"+c.HTTPAddr("r1-2")+"/readyz"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Until(t, 20*time.Second, "r1-2 following version 3", func() bool {
+		data, _ := os.ReadFile(p.Log)
+		return regexp.MustCompile(`following the cluster's topology version.* file_version=1 active_version=3`).Match(data)
+	})
+	if r, err := cluster.NewAPI(c.HTTPAddr("r1-2")).Get(t.Context(), "payments", "w0-0"); err != nil || r.Status != 200 {
+		t.Fatalf("read through the node on the old file: %v %v", r, err)
+	}
 	total := l.ok.Load() + l.u503.Load()
 	t.Logf("grow 3->4 nodes took %v, shrink 4->3 took %v; %d acknowledged completions all replay; %d calls answered 200, %d answered 503 (retried): availability %.2f%%",
 		grow.Round(time.Millisecond), shrink.Round(time.Millisecond), len(l.acked), l.ok.Load(), l.u503.Load(), 100*float64(l.ok.Load())/float64(total))
