@@ -2,7 +2,7 @@ package contract
 
 import "time"
 
-// Limits of the public API (API-v1.md). Where the contract names no bound
+// Limits of the public API (docs/API-v1.md). Where the contract names no bound
 // (headers, response size), server's doc.go says why these.
 const (
 	// MaxNamespaceBytes bounds a namespace (and every other name: cluster,

@@ -1,5 +1,5 @@
 // Package proxy is idem's transparent idempotency proxy, the handler behind
-// `idemrouter --upstream URL` (API-v1.md, "Proxy mode"): it forwards every
+// `idemrouter --upstream URL` (docs/API-v1.md, "Proxy mode"): it forwards every
 // request to the upstream and makes POST and PATCH requests that carry an
 // Idempotency-Key idempotent, storing the upstream's answer in idem and
 // replaying it to retries.

@@ -2,7 +2,7 @@
 // transparent proxy (package proxy, `idemrouter --upstream`) and the
 // net/http middleware (client.Middleware) both wrap a handler with an Engine,
 // so that their semantics are the same by construction. It implements the
-// "Proxy mode" section of API-v1.md over a small Store interface
+// "Proxy mode" section of docs/API-v1.md over a small Store interface
 // (reserve/heartbeat/complete/release); the proxy adapts a backend.Backend to
 // it, the middleware a *client.Client.
 //

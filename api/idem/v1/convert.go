@@ -249,7 +249,7 @@ func ResponseFromProto(r *StoredResponse) *fsm.Response {
 }
 
 // ReserveToProto is the ReserveResponse of a reserve's result: the fields of
-// its outcome only (API-v1.md). RetryAfter is rounded down to milliseconds,
+// its outcome only (docs/API-v1.md). RetryAfter is rounded down to milliseconds,
 // so that the hint never points past the moment the key could be reclaimed.
 // The caller sets OwnerToken when res carries none (see server).
 func ReserveToProto(res fsm.Result) *ReserveResponse {
