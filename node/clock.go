@@ -350,15 +350,16 @@ func (c *clocks) now() int64 {
 // elected).
 func (c *clocks) run(ctx context.Context) {
 	c.n.gatePacking() // one-voter shards need no peer's answer
-	if len(c.peers()) == 0 {
-		return
+	// Peers come and go with topology changes (setPeers): a node with none
+	// now keeps the loop, and probes whoever it shares a shard with later.
+	if len(c.peers()) > 0 {
+		c.probe(ctx)
+		c.n.gatePacking()
 	}
-	c.probe(ctx)
-	c.n.gatePacking()
 	probe := time.NewTicker(clockProbeInterval)
 	defer probe.Stop()
 	var guardC <-chan time.Time // nil, never fires, with the check off
-	if c.enabled() {
+	if c.bound >= 0 {
 		guard := time.NewTicker(clockGuardInterval)
 		defer guard.Stop()
 		guardC = guard.C

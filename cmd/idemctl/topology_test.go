@@ -449,3 +449,70 @@ func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
 	t.Logf("replicas 3->5->3 and a dead node replaced through a router on the first file: %d acknowledged completions replay; %d calls 200, %d 503 (retried): availability %.2f%%",
 		len(l.acked), l.ok.Load(), l.u503.Load(), 100*float64(l.ok.Load())/float64(total))
 }
+
+// Three one-node regions with one copy of each shard (replicas 1, survival
+// zone) become replicas 3 with survival region: every shard gains a voter
+// in each other region, online, under load. Afterwards any one region can
+// die and every key stays writable.
+func TestTopologySurvivalZoneToRegion(t *testing.T) {
+	topo, err := cluster.Topology(cluster.Spec{Cluster: "survive", Regions: []string{"r1", "r2", "r3"}, NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.StopOnCleanup(t)
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := startLoad(ctx, []string{c.HTTPAddr("r1-1"), c.HTTPAddr("r2-1")}, 6)
+	testutil.Until(t, 30*time.Second, "writes before the change", func() bool { return l.count() >= 100 })
+
+	region := topo.Clone()
+	region.Replicas, region.Survival = 3, topology.SurvivalRegion
+	path := nextVersion(t, region, 2, dir)
+	out := mustCtlWithin(t, 2*time.Minute, "--config", c.TopologyPath, "--timeout", "10s", "topology", "apply", path)
+	t.Logf("apply:\n%s", out)
+	n := l.count()
+	testutil.Until(t, 30*time.Second, "writes after the change", func() bool { return l.count() >= n+50 })
+	l.finish()
+	if len(l.failures) > 0 {
+		t.Fatalf("%d calls failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
+	}
+
+	// Region r3 dies: every shard (r3's own included) keeps a majority.
+	if err := c.Nodes["r3-1"].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	api := cluster.NewAPI(c.HTTPAddr("r1-1"))
+	for key, a := range l.acked {
+		var r cluster.Reply
+		ok := retry(ctx, func() bool {
+			r, err = api.Reserve(ctx, "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
+			return err == nil && r.Status == 200
+		})
+		resp, _ := r.Body["response"].(map[string]any)
+		if !ok || r.Str("outcome") != "COMPLETED" || resp["body"] != a.body || r.Str("fencing_token") != a.token {
+			t.Fatalf("acknowledged completion of %s with region r3 down: %s (%v)", key, r, err)
+		}
+	}
+	for i := range 30 { // keys of every shard, r3's included
+		key := fmt.Sprintf("after-%d", i)
+		var r cluster.Reply
+		if !retry(ctx, func() bool {
+			r, err = api.Reserve(ctx, "payments", key, map[string]any{})
+			return err == nil && r.Status == 200
+		}) || r.Str("outcome") != "ACQUIRED" {
+			t.Fatalf("reserve of %s with region r3 down: %s (%v)", key, r, err)
+		}
+	}
+	t.Logf("zone -> region survival online: %d acknowledged completions replay with a region down; 30 new keys of every shard reserved", len(l.acked))
+}
