@@ -28,15 +28,25 @@ const (
 	sysIdem3S1GRPC     = "idem3s1-grpc"
 	sysIdem3S1PackGRPC = "idem3s1pack-grpc"
 	sysIdem3S1PackJSON = "idem3s1pack-json"
-	sysRedis           = "redis"    // Redis, AOF appendfsync always, Lua scripts
-	sysPostgres        = "postgres" // PostgreSQL, fsync + synchronous_commit
-	sysEtcd            = "etcd"     // etcd, three members, transactions
+	// The replicated peers: every acknowledged write is on more than one
+	// machine's worth of processes, as idem's region writes are.
+	sysRedisWait   = "redis3-wait"    // Redis primary + two replicas, AOF always on all three, each script followed by WAIT 2
+	sysPostgresSyn = "postgres2-sync" // PostgreSQL primary + one synchronous standby (remote flush)
+	sysEtcd        = "etcd"           // etcd, three members, transactions
+	// The single-copy peers, the dev node's counterparts.
+	sysRedis    = "redis"    // Redis, AOF appendfsync always, Lua scripts
+	sysPostgres = "postgres" // PostgreSQL, fsync + synchronous_commit
 )
 
-var allSystems = []string{sysIdem3GRPC, sysIdem3JSON, sysIdem3PackGRPC, sysIdem3PackJSON, sysIdem3S1GRPC, sysIdem3S1PackGRPC, sysIdem3S1PackJSON, sysIdem1GRPC, sysIdem1JSON, sysIdem1PackGRPC, sysRedis, sysPostgres, sysEtcd}
+var allSystems = []string{sysIdem3GRPC, sysIdem3JSON, sysIdem3PackGRPC, sysIdem3PackJSON, sysIdem3S1GRPC, sysIdem3S1PackGRPC, sysIdem3S1PackJSON, sysIdem1GRPC, sysIdem1JSON, sysIdem1PackGRPC, sysRedisWait, sysPostgresSyn, sysEtcd, sysRedis, sysPostgres}
 
-// peers are the systems idem rows are compared with.
-var peers = []string{sysRedis, sysPostgres, sysEtcd}
+// The systems idem rows are compared with, in two ratio tables: the
+// replicated peers first (a region's counterparts), then the single-copy
+// ones (the dev node's).
+var (
+	replicatedPeers = []string{sysRedisWait, sysPostgresSyn, sysEtcd}
+	singleCopyPeers = []string{sysRedis, sysPostgres}
+)
 
 func isIdem(sys string) bool { return strings.HasPrefix(sys, "idem") }
 
@@ -80,8 +90,10 @@ type config struct {
 
 const usageHeader = `peers: idem against Redis, PostgreSQL and etcd on this machine.
 
-Starts Redis (AOF, appendfsync always), PostgreSQL (fsync, synchronous_commit
-on), a three-member etcd, a three-node idem region and a one-node idem dev
+Starts the replicated peers (Redis primary + two replicas with WAIT 2,
+PostgreSQL primary + a synchronous standby, a three-member etcd), the
+single-copy ones (Redis with AOF appendfsync always, PostgreSQL with fsync and
+synchronous_commit on), a three-node idem region and a one-node idem dev
 node, all on 127.0.0.1 in a temporary directory, then runs the same cycle
 against each: reserve a fresh key, complete it with a --body-bytes response.
 Systems and client counts are interleaved in --rounds rounds; the table shows
@@ -158,7 +170,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			return 1000 * i
 		}
 		_, shards := idemShape(strings.SplitN(sys, "-", 2)[0])
-		return 1000*slices.Index(allSystems, sysRedis) - 500 + shards
+		return 1000*slices.Index(allSystems, replicatedPeers[0]) - 500 + shards
 	}
 	slices.SortStableFunc(cfg.Systems, func(a, b string) int { return order(a) - order(b) })
 	if cfg.IdemNodeB != "" {

@@ -1,8 +1,14 @@
 // Command peers measures idem against the stores teams build idempotency on
-// today, on this machine and in one run: Redis (AOF, appendfsync always, two
-// Lua scripts), PostgreSQL (fsync and synchronous_commit on, INSERT ... ON
-// CONFLICT DO NOTHING and an owner-checked UPDATE), etcd (three members,
-// create-if-absent and compare-and-swap transactions), a three-node idem
+// today, on this machine and in one run. The replicated peers, a region's
+// counterparts: Redis primary + two replicas (redis3-wait: AOF appendfsync
+// always on all three, each Lua script followed by WAIT 2 on the same
+// connection), PostgreSQL primary + one synchronous standby
+// (postgres2-sync: pg_basebackup, synchronous_standby_names,
+// synchronous_commit on), etcd (three members, create-if-absent and
+// compare-and-swap transactions). The single-copy peers, the dev node's
+// counterparts: Redis (AOF, appendfsync always, two Lua scripts) and
+// PostgreSQL (fsync and synchronous_commit on, INSERT ... ON CONFLICT DO
+// NOTHING and an owner-checked UPDATE). And a three-node idem
 // region (Go client over gRPC, and the JSON API; four shards, or one: the
 // idem3s1 systems) and a one-node idem dev node.
 //
@@ -33,8 +39,9 @@
 // and the Markdown table gives the median cycles/s over rounds, the ranges
 // of p50 and p99 over rounds, the servers' CPU time per cycle (user+system of
 // the system's processes and their children, read from /proc), the clients'
-// (this process's own, which shares the machine), and the ratio of every idem
-// row to every peer at the same client count. --timeline-dir writes, per
+// (this process's own, which shares the machine), and idem / peer of every
+// idem row at the same client count, in two tables: against the replicated
+// peers, then against the single-copy ones. --timeline-dir writes, per
 // cell, the cycles that ended in each 100 ms of the window with their p50,
 // p99 and max: a stall (a flush, a compaction, a GC) shows as a bucket with
 // few cycles and a high p50, which the cell's p99 alone does not tell from

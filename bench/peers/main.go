@@ -78,7 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fmt.Fprintf(stdout, "peers: %d rounds x clients %v x %d systems, %v measured (+%v warmup) per cell, %d-byte responses; %d CPUs, %s/%s, load %s\n",
 		cfg.Rounds, cfg.Concurrency, len(systems), cfg.Duration, cfg.Warmup, cfg.BodyBytes, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, loadAvg())
 	for _, s := range systems {
-		fmt.Fprintf(stdout, "  %-11s %s\n", s.name, s.detail)
+		fmt.Fprintf(stdout, "  %-14s %s\n", s.name, s.detail)
 	}
 	fmt.Fprintln(stdout, "All on 127.0.0.1; clients and servers share this machine's CPUs. server CPU/cycle: user+system time of the system's own processes per cycle; client CPU/cycle: this process's (the clients').")
 	fmt.Fprintf(stdout, "Host before the rounds: %s\n", hostBefore)
@@ -118,7 +118,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 					}
 				}
 				c.Timeline = nil // only the file needs it; a full run would keep millions of them
-				logf("round %d  %-11s c=%-4d %8.0f cycles/s  p50 %s ms  p99 %s ms  failed %d %s", round+1, s.name, clients, c.rate(), fmtMs(c.P50), fmtMs(c.P99), c.Failed, c.FirstErr)
+				logf("round %d  %-14s c=%-4d %8.0f cycles/s  p50 %s ms  p99 %s ms  failed %d %s", round+1, s.name, clients, c.rate(), fmtMs(c.P50), fmtMs(c.P99), c.Failed, c.FirstErr)
 				if r := raftPerCycle(c.Raft, c.Cycles); r != "" {
 					logf("         %s", r)
 				}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,6 +169,7 @@ func poll(ctx context.Context, timeout time.Duration, p *proc, what string, chec
 var packages = []struct{ pkg, bin string }{
 	{"redis-server", "redis-server"},
 	{"postgresql", "initdb"},
+	{"postgresql", "pg_basebackup"},
 	{"etcd-server", "etcd"},
 	{"etcd-client", "etcdctl"},
 }
@@ -186,7 +188,7 @@ func postgresBin(name string) (string, error) {
 }
 
 func lookBin(name string) (string, error) {
-	if name == "initdb" || name == "postgres" {
+	if name == "initdb" || name == "postgres" || name == "pg_basebackup" {
 		return postgresBin(name)
 	}
 	return exec.LookPath(name)
@@ -197,9 +199,9 @@ func ensureInstalled(ctx context.Context, cfg config, logf func(string, ...any))
 	want := map[string]bool{}
 	for _, s := range cfg.Systems {
 		switch s {
-		case sysRedis:
+		case sysRedis, sysRedisWait:
 			want["redis-server"] = true
-		case sysPostgres:
+		case sysPostgres, sysPostgresSyn:
 			want["postgresql"] = true
 		case sysEtcd:
 			want["etcd-server"], want["etcd-client"] = true, true
@@ -207,7 +209,7 @@ func ensureInstalled(ctx context.Context, cfg config, logf func(string, ...any))
 	}
 	var missing []string
 	for _, p := range packages {
-		if _, err := lookBin(p.bin); want[p.pkg] && err != nil {
+		if _, err := lookBin(p.bin); want[p.pkg] && err != nil && !slices.Contains(missing, p.pkg) {
 			missing = append(missing, p.pkg)
 		}
 	}

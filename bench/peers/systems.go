@@ -49,6 +49,18 @@ func (l *lab) sub(name string) (string, error) {
 	return d, os.MkdirAll(d, 0o755)
 }
 
+// redisArgs are one Redis server's flags: AOF with appendfsync always,
+// and, with primary set, a replica of it (which also writes its own AOF).
+func redisArgs(port int, dir, primary string) []string {
+	args := []string{"--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", dir, "--daemonize", "no", "--protected-mode", "yes",
+		"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--maxclients", "1024"}
+	if primary != "" {
+		host, port, _ := strings.Cut(primary, ":")
+		args = append(args, "--replicaof", host, port)
+	}
+	return args
+}
+
 func (l *lab) startRedis(ctx context.Context) (*system, error) {
 	bin, err := lookBin("redis-server")
 	if err != nil {
@@ -63,9 +75,7 @@ func (l *lab) startRedis(ctx context.Context) (*system, error) {
 		return nil, err
 	}
 	addr := loopback(ports[0])
-	p, err := l.ps.start("redis", filepath.Join(l.dir, "redis.log"), nil, syscall.SIGTERM, bin,
-		"--bind", "127.0.0.1", "--port", strconv.Itoa(ports[0]), "--dir", dir, "--daemonize", "no", "--protected-mode", "yes",
-		"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--maxclients", "1024")
+	p, err := l.ps.start("redis", filepath.Join(l.dir, "redis.log"), nil, syscall.SIGTERM, bin, redisArgs(ports[0], dir, "")...)
 	if err != nil {
 		return nil, err
 	}
@@ -77,6 +87,84 @@ func (l *lab) startRedis(ctx context.Context) (*system, error) {
 	}
 	ver, _ := t.rdb.Info(ctx, "server").Result()
 	return &system{name: sysRedis, tgt: t, procs: []*proc{p}, detail: "Redis " + infoField(ver, "redis_version") + ", one process, appendonly yes, appendfsync always, two Lua scripts"}, nil
+}
+
+// redisReplicas is how many replicas the replicated Redis runs, and how
+// many every WAIT asks for.
+const redisReplicas = 2
+
+// startRedisWait starts a Redis primary and two replicas, each with its
+// own AOF (appendfsync always), and waits until both replicas are in sync.
+// Every script the clients run is followed by WAIT 2 (README
+// "Performance" says what WAIT does and does not promise).
+func (l *lab) startRedisWait(ctx context.Context) (*system, error) {
+	bin, err := lookBin("redis-server")
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(1 + redisReplicas)
+	if err != nil {
+		return nil, err
+	}
+	primary := loopback(ports[0])
+	sys := &system{name: sysRedisWait}
+	for i, port := range ports {
+		name, of := "redis3-primary", ""
+		if i > 0 {
+			name, of = fmt.Sprintf("redis3-replica%d", i), primary
+		}
+		dir, err := l.sub(name)
+		if err != nil {
+			return nil, err
+		}
+		p, err := l.ps.start(name, filepath.Join(l.dir, name+".log"), nil, syscall.SIGTERM, bin, redisArgs(port, dir, of)...)
+		if err != nil {
+			return nil, err
+		}
+		sys.procs = append(sys.procs, p)
+	}
+	t := newRedisWait(primary, l.body, l.maxConns, l.cfg.RequestTimeout, redisReplicas)
+	err = poll(ctx, startTimeout, sys.procs[0], "redis replicas", func(ctx context.Context) error {
+		for _, p := range sys.procs {
+			if err := p.alive(); err != nil {
+				return err
+			}
+		}
+		info, err := t.rdb.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		if n := onlineReplicas(info); n < redisReplicas {
+			return fmt.Errorf("%d of %d replicas online", n, redisReplicas)
+		}
+		if err := t.loadScripts(ctx); err != nil {
+			return err
+		}
+		// One write through the path the clients take: scripts and WAIT.
+		_, err = t.reserve(ctx, "ready-"+client.NewKey(), client.NewOwnerToken())
+		return err
+	})
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	ver, _ := t.rdb.Info(ctx, "server").Result()
+	sys.tgt = t
+	sys.detail = fmt.Sprintf("Redis %s, primary + %d replicas, appendonly yes, appendfsync always on all three, two Lua scripts each followed by WAIT %d %d (ms) on the same connection",
+		infoField(ver, "redis_version"), redisReplicas, redisReplicas, t.waitTimeout.Milliseconds())
+	return sys, nil
+}
+
+// onlineReplicas counts the replicas INFO replication of a primary lists
+// as online (slaveN:ip=...,state=online,...).
+func onlineReplicas(info string) int {
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		if strings.HasPrefix(line, "slave") && strings.Contains(line, "state=online") {
+			n++
+		}
+	}
+	return n
 }
 
 func infoField(info, field string) string {
@@ -112,53 +200,97 @@ func pgCredential(dir string) (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-func (l *lab) startPostgres(ctx context.Context) (*system, error) {
+// pgArgs are one PostgreSQL server's flags: fsync and synchronous_commit
+// on, listening on 127.0.0.1:port with its socket in sockDir; extra adds
+// settings (name=value).
+func pgArgs(data string, port int, sockDir string, maxConns int, extra ...string) []string {
+	args := []string{"-D", data, "-p", strconv.Itoa(port), "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + sockDir,
+		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on",
+		"-c", fmt.Sprintf("max_connections=%d", maxConns+20), "-c", "shared_buffers=256MB"}
+	for _, e := range extra {
+		args = append(args, "-c", e)
+	}
+	return args
+}
+
+// pgStandbyName is the synchronous standby's application_name (its
+// cluster_name, which its WAL receiver reports to the primary).
+const pgStandbyName = "standby1"
+
+// pgStandbyArgs are the standby's extra settings; pg_basebackup -R wrote
+// standby.signal and primary_conninfo into its data directory.
+func pgStandbyArgs() []string {
+	return []string{"cluster_name=" + pgStandbyName, "hot_standby=on"}
+}
+
+// pgSyncStandbySQL makes the standby synchronous: with synchronous_commit
+// on, a commit returns once the standby has flushed its WAL to disk.
+const pgSyncStandbySQL = `ALTER SYSTEM SET synchronous_standby_names = '` + pgStandbyName + `'`
+
+// pgInit creates a PostgreSQL data directory in a new directory name.
+func (l *lab) pgInit(ctx context.Context, name string) (dir, data string, cred *syscall.Credential, err error) {
 	initdb, err := lookBin("initdb")
 	if err != nil {
-		return nil, err
+		return "", "", nil, err
 	}
-	postgres, err := lookBin("postgres")
-	if err != nil {
-		return nil, err
+	if dir, err = l.sub(name); err != nil {
+		return "", "", nil, err
 	}
-	dir, err := l.sub("postgres")
-	if err != nil {
-		return nil, err
+	if cred, err = pgCredential(dir); err != nil {
+		return "", "", nil, err
 	}
-	cred, err := pgCredential(dir)
-	if err != nil {
-		return nil, err
-	}
-	data := filepath.Join(dir, "data")
+	data = filepath.Join(dir, "data")
 	ictx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	// initdb's pg_hba.conf trusts local and loopback connections,
+	// replication ones included (pg_basebackup and the standby use them).
 	cmd := exec.CommandContext(ictx, initdb, "-D", data, "-U", "bench", "--auth=trust", "-E", "UTF8", "--no-sync")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
+		return "", "", nil, fmt.Errorf("initdb: %v\n%s", err, out)
 	}
-	ports, err := freePorts(1)
+	return dir, data, cred, nil
+}
+
+// pgStart starts a PostgreSQL server and waits until it answers and holds
+// the schema (a standby answers read-only: it checks the table instead).
+func (l *lab) pgStart(ctx context.Context, name string, cred *syscall.Credential, port int, args []string, standby bool) (*proc, string, error) {
+	postgres, err := lookBin("postgres")
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	// SIGINT is PostgreSQL's fast shutdown.
-	p, err := l.ps.start("postgres", filepath.Join(l.dir, "postgres.log"), cred, syscall.SIGINT, postgres,
-		"-D", data, "-p", strconv.Itoa(ports[0]), "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="+dir,
-		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on",
-		"-c", fmt.Sprintf("max_connections=%d", l.maxConns+20), "-c", "shared_buffers=256MB")
+	p, err := l.ps.start(name, filepath.Join(l.dir, name+".log"), cred, syscall.SIGINT, postgres, args...)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	dsn := fmt.Sprintf("postgres://bench@127.0.0.1:%d/postgres?sslmode=disable", ports[0])
-	err = poll(ctx, startTimeout, p, "postgres", func(ctx context.Context) error {
+	dsn := fmt.Sprintf("postgres://bench@127.0.0.1:%d/postgres?sslmode=disable", port)
+	err = poll(ctx, startTimeout, p, name, func(ctx context.Context) error {
 		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			return err
 		}
 		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, pgSchema)
+		if standby {
+			_, err = conn.Exec(ctx, "SELECT 1 FROM idem LIMIT 1")
+		} else {
+			_, err = conn.Exec(ctx, pgSchema)
+		}
 		return err
 	})
+	return p, dsn, err
+}
+
+func (l *lab) startPostgres(ctx context.Context) (*system, error) {
+	dir, data, cred, err := l.pgInit(ctx, "postgres")
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	p, dsn, err := l.pgStart(ctx, "postgres", cred, ports[0], pgArgs(data, ports[0], dir, l.maxConns), false)
 	if err != nil {
 		return nil, err
 	}
@@ -169,6 +301,78 @@ func (l *lab) startPostgres(ctx context.Context) (*system, error) {
 	var ver string
 	t.pool.QueryRow(ctx, "SHOW server_version").Scan(&ver)
 	return &system{name: sysPostgres, tgt: t, procs: []*proc{p}, detail: "PostgreSQL " + ver + ", one server, fsync on, synchronous_commit on, INSERT ON CONFLICT DO NOTHING + owner-checked UPDATE"}, nil
+}
+
+// startPostgresSync starts a PostgreSQL primary, copies it with
+// pg_basebackup into a streaming standby, then makes that standby
+// synchronous (synchronous_standby_names, synchronous_commit = on: a
+// commit waits for the standby's WAL flush) and waits until the primary
+// reports it as sync.
+func (l *lab) startPostgresSync(ctx context.Context) (*system, error) {
+	basebackup, err := lookBin("pg_basebackup")
+	if err != nil {
+		return nil, err
+	}
+	dir, data, cred, err := l.pgInit(ctx, "postgres2-primary")
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	pp, dsn, err := l.pgStart(ctx, "postgres2-primary", cred, ports[0], pgArgs(data, ports[0], dir, l.maxConns), false)
+	if err != nil {
+		return nil, err
+	}
+	sdir, err := l.sub("postgres2-standby")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pgCredential(sdir); err != nil {
+		return nil, err
+	}
+	sdata := filepath.Join(sdir, "data")
+	bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(bctx, basebackup, "-h", "127.0.0.1", "-p", strconv.Itoa(ports[0]), "-U", "bench", "-D", sdata, "-R", "-X", "stream", "-c", "fast", "--no-sync")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("pg_basebackup: %v\n%s", err, out)
+	}
+	sp, _, err := l.pgStart(ctx, "postgres2-standby", cred, ports[1], pgArgs(sdata, ports[1], sdir, l.maxConns, pgStandbyArgs()...), true)
+	if err != nil {
+		return nil, err
+	}
+	t, err := newPostgres(ctx, dsn, l.body, l.maxConns)
+	if err != nil {
+		return nil, err
+	}
+	if _, err = t.pool.Exec(ctx, pgSyncStandbySQL); err == nil {
+		_, err = t.pool.Exec(ctx, "SELECT pg_reload_conf()")
+	}
+	if err != nil {
+		t.close()
+		return nil, fmt.Errorf("making the standby synchronous: %w", err)
+	}
+	err = poll(ctx, startTimeout, sp, "postgres2 synchronous standby", func(ctx context.Context) error {
+		if err := pp.alive(); err != nil {
+			return err
+		}
+		var state string
+		err := t.pool.QueryRow(ctx, "SELECT coalesce(max(sync_state), '') FROM pg_stat_replication WHERE application_name = $1", pgStandbyName).Scan(&state)
+		if err == nil && state != "sync" {
+			err = fmt.Errorf("standby %s: sync_state %q, want sync", pgStandbyName, state)
+		}
+		return err
+	})
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	var ver string
+	t.pool.QueryRow(ctx, "SHOW server_version").Scan(&ver)
+	return &system{name: sysPostgresSyn, tgt: t, procs: []*proc{pp, sp}, detail: "PostgreSQL " + ver + ", primary + one synchronous standby (pg_basebackup, streaming; synchronous_standby_names, synchronous_commit on), fsync on both, the same statements"}, nil
 }
 
 func (l *lab) startEtcd(ctx context.Context) (*system, error) {
@@ -446,6 +650,10 @@ func (l *lab) startAll(ctx context.Context) ([]*system, error) {
 		switch name {
 		case sysRedis:
 			s, err = l.startRedis(ctx)
+		case sysRedisWait:
+			s, err = l.startRedisWait(ctx)
+		case sysPostgresSyn:
+			s, err = l.startPostgresSync(ctx)
 		case sysPostgres:
 			s, err = l.startPostgres(ctx)
 		case sysEtcd:

@@ -167,36 +167,63 @@ func writeTable(w io.Writer, rs []row, rounds int) {
 			clients = append(clients, r.Clients)
 		}
 	}
-	var ps []string
-	for _, p := range peers {
-		if seen[p] {
-			ps = append(ps, p)
-		}
-	}
 	var idems []string
 	for _, s := range present {
 		if isIdem(s) {
 			idems = append(idems, s)
 		}
 	}
-	if len(ps) == 0 || len(idems) == 0 {
+	for _, g := range ratioGroups(seen) {
+		writeRatios(w, rs, g, idems, clients)
+	}
+}
+
+// ratioGroup is one ratio table: every idem row against these peers.
+type ratioGroup struct {
+	title string
+	peers []string
+}
+
+// ratioGroups gives the ratio tables for the systems that ran: the
+// replicated peers first, then the single-copy ones; a table none of whose
+// peers ran is left out.
+func ratioGroups(ran map[string]bool) []ratioGroup {
+	var out []ratioGroup
+	for _, g := range []ratioGroup{{"replicated peers", replicatedPeers}, {"single-copy peers", singleCopyPeers}} {
+		var ps []string
+		for _, p := range g.peers {
+			if ran[p] {
+				ps = append(ps, p)
+			}
+		}
+		if len(ps) > 0 {
+			out = append(out, ratioGroup{g.title, ps})
+		}
+	}
+	return out
+}
+
+// writeRatios prints idem / peer of the median cycles/s for every idem
+// row and client count against g's peers.
+func writeRatios(w io.Writer, rs []row, g ratioGroup, idems []string, clients []int) {
+	if len(idems) == 0 {
 		return
 	}
 	fmt.Fprintln(w)
-	fmt.Fprint(w, "| ratio (median cycles/s) | clients |")
-	for _, p := range ps {
+	fmt.Fprintf(w, "| idem / %s (median cycles/s) | clients |", g.title)
+	for _, p := range g.peers {
 		fmt.Fprintf(w, " / %s |", p)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprint(w, "| --- | ---: |")
-	for range ps {
+	for range g.peers {
 		fmt.Fprint(w, " ---: |")
 	}
 	fmt.Fprintln(w)
 	for _, s := range idems {
 		for _, c := range clients {
 			fmt.Fprintf(w, "| %s | %d |", s, c)
-			for _, p := range ps {
+			for _, p := range g.peers {
 				if x, ok := ratio(rs, s, p, c); ok {
 					fmt.Fprintf(w, " %.2f |", x)
 				} else {

@@ -200,6 +200,11 @@ return 1`)
 type redisTarget struct {
 	rdb  *redis.Client
 	body []byte
+	// replicas > 0: every script is followed, in the same pipeline on the
+	// same connection, by WAIT replicas waitTimeout, and a cycle whose
+	// write fewer replicas acknowledged fails.
+	replicas    int
+	waitTimeout time.Duration
 }
 
 func newRedis(addr string, body []byte, maxConns int, timeout time.Duration) *redisTarget {
@@ -207,14 +212,67 @@ func newRedis(addr string, body []byte, maxConns int, timeout time.Duration) *re
 	return &redisTarget{rdb: rdb, body: body}
 }
 
+// newRedisWait is newRedis for a primary with replicas: WAIT's timeout is
+// half the request's, so its answer arrives before the read deadline.
+func newRedisWait(addr string, body []byte, maxConns int, timeout time.Duration, replicas int) *redisTarget {
+	r := newRedis(addr, body, maxConns, timeout)
+	r.replicas, r.waitTimeout = replicas, timeout/2
+	return r
+}
+
+// loadScripts caches both scripts on the server, so that the pipelined
+// EVALSHA of a WAIT target finds them (replicas get the scripts' effects,
+// they need no copy).
+func (r *redisTarget) loadScripts(ctx context.Context) error {
+	for _, s := range []*redis.Script{reserveScript, completeScript} {
+		if err := s.Load(ctx, r.rdb).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *redisTarget) run(ctx context.Context, s *redis.Script, key string, args ...any) (int, error) {
+	if r.replicas == 0 {
+		return s.Run(ctx, r.rdb, []string{key}, args...).Int()
+	}
+	var ev *redis.Cmd
+	var wait *redis.Cmd
+	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		ev = s.EvalSha(ctx, p, []string{key}, args...)
+		wait = p.Do(ctx, "WAIT", r.replicas, r.waitTimeout.Milliseconds())
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	n, err := ev.Int()
+	if err != nil {
+		return 0, err
+	}
+	acked, err := wait.Int64()
+	if err != nil {
+		return 0, err
+	}
+	return n, waitAcked(acked, r.replicas)
+}
+
+// waitAcked turns WAIT's answer (how many replicas acknowledged the
+// connection's writes) into an error when fewer than want did.
+func waitAcked(acked int64, want int) error {
+	if acked < int64(want) {
+		return fmt.Errorf("WAIT %d: only %d replicas acknowledged the write in time", want, acked)
+	}
+	return nil
+}
+
 func (r *redisTarget) reserve(ctx context.Context, key, owner string) (bool, error) {
-	n, err := reserveScript.Run(ctx, r.rdb, []string{key}, owner, leaseTTL.Milliseconds()).Int()
-	return n == 1, err
+	n, err := r.run(ctx, reserveScript, key, owner, leaseTTL.Milliseconds())
+	return n == 1 && err == nil, err
 }
 
 func (r *redisTarget) complete(ctx context.Context, key, owner string) (bool, error) {
-	n, err := completeScript.Run(ctx, r.rdb, []string{key}, owner, r.body, retention.Milliseconds()).Int()
-	return n == 1, err
+	n, err := r.run(ctx, completeScript, key, owner, r.body, retention.Milliseconds())
+	return n == 1 && err == nil, err
 }
 
 func (r *redisTarget) close() { r.rdb.Close() }
