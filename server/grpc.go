@@ -296,6 +296,10 @@ func grpcEndpoint(fullMethod string) string {
 		switch method {
 		case "Reserve", "Heartbeat", "Complete", "Release", "Get", "Routing", "Batch":
 			return strings.ToLower(method)
+		case "BatchReserve":
+			return endpointBatchReserve
+		case "BatchComplete":
+			return endpointBatchComplete
 		}
 	case "idem.v1.Admin":
 		switch method {

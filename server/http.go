@@ -43,6 +43,12 @@ var verbs = map[string]string{
 	"force-release": endpointForce,
 }
 
+// batchVerbs are the verbs of POST /v1/namespaces/{ns}/keys:{verb} (v1.2).
+var batchVerbs = map[string]string{
+	"batch-reserve":  endpointBatchReserve,
+	"batch-complete": endpointBatchComplete,
+}
+
 type httpAPI struct {
 	s       *Server
 	extra   *http.ServeMux // nil without ExtraRoutes
@@ -172,6 +178,9 @@ func parseRoute(method, raw string) (route, *Error) {
 	if rest == "keys" {
 		return parseListRoute(method, rawNamespace)
 	}
+	if verb, ok := strings.CutPrefix(rest, "keys:"); ok {
+		return parseBatchRoute(method, rawNamespace, verb)
+	}
 	rawKey, ok := strings.CutPrefix(rest, "keys/")
 	if !ok {
 		return unknown()
@@ -226,6 +235,25 @@ func parseRoute(method, raw string) (route, *Error) {
 	return rt, nil
 }
 
+// parseBatchRoute parses POST /v1/namespaces/{namespace}/keys:{verb}, a
+// batch call.
+func parseBatchRoute(method, rawNamespace, verb string) (route, *Error) {
+	endpoint, ok := batchVerbs[verb]
+	if !ok {
+		return route{endpoint: endpointUnknown}, errorf(CodeNotFound,
+			"unknown batch verb %q: use POST .../keys:batch-reserve or .../keys:batch-complete", truncate(verb, 32))
+	}
+	if method != http.MethodPost {
+		return route{endpoint: endpoint, allow: "POST"}, &Error{Code: CodeMethodNotAllowed,
+			Message: fmt.Sprintf("%s is not allowed here: batch calls are POST", method)}
+	}
+	ns, err := url.PathUnescape(rawNamespace)
+	if err != nil {
+		return route{endpoint: endpoint}, errorf(CodeInvalidArgument, "namespace is not validly percent-encoded: %s", namespaceRule)
+	}
+	return route{endpoint: endpoint, namespace: ns}, nil
+}
+
 // parseListRoute parses GET /v1/namespaces/{namespace}/keys, a listing.
 func parseListRoute(method, rawNamespace string) (route, *Error) {
 	if method != http.MethodGet && method != http.MethodHead {
@@ -267,6 +295,9 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 		return
 	case endpointList:
 		outcome = h.serveList(sw, r, rt, fail)
+		return
+	case endpointBatchReserve, endpointBatchComplete:
+		outcome = h.serveBatch(sw, r, rt, fail)
 		return
 	}
 	body, e := h.readBody(r, sw)
@@ -334,6 +365,11 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 	}
 }
 
+// readAllLimited reads r's body, failing with *http.MaxBytesError past limit.
+func readAllLimited(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+}
+
 // readBody reads the request body up to MaxRequestBytes.
 func (h *httpAPI) readBody(r *http.Request, w http.ResponseWriter) ([]byte, *Error) {
 	limit := h.s.cfg.maxRequestBytes()
@@ -345,7 +381,7 @@ func (h *httpAPI) readBody(r *http.Request, w http.ResponseWriter) ([]byte, *Err
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body, err := readAllLimited(w, r, limit)
 	if err != nil {
 		var maxErr *http.MaxBytesError
 		if errors.As(err, &maxErr) {

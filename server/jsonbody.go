@@ -181,20 +181,26 @@ func decodeRelease(data []byte) (releaseParams, *Error) {
 func decodeComplete(data []byte) (completeParams, *Error) {
 	var p problems
 	f := jsonObject(&p, data, completeFields, "request body")
+	r := completeFromFields(&p, f)
+	return r, p.err()
+}
+
+// completeFromFields reads a complete's fields (a body's or a batch item's).
+func completeFromFields(p *problems, f map[string]json.RawMessage) completeParams {
 	r := completeParams{
-		OwnerToken: jsonString(&p, f, "owner_token", "owner_token"),
-		RetentionS: jsonInt(&p, f, "retention_s", "retention_s"),
+		OwnerToken: jsonString(p, f, "owner_token", "owner_token"),
+		RetentionS: jsonInt(p, f, "retention_s", "retention_s"),
 	}
 	if raw := f["response"]; !isNull(raw) {
 		if raw[0] != '{' {
 			p.addf("response must be a JSON object like {\"status\": 200, \"headers\": {}, \"body\": \"\"}, not %s", jsonKind(raw))
 		} else {
-			rf := jsonObject(&p, raw, responseFields, "response")
+			rf := jsonObject(p, raw, responseFields, "response")
 			resp := &responseParams{
-				Status:  jsonInt(&p, rf, "status", "response.status"),
-				Headers: jsonHeaders(&p, rf),
+				Status:  jsonInt(p, rf, "status", "response.status"),
+				Headers: jsonHeaders(p, rf),
 			}
-			if body := jsonString(&p, rf, "body", "response.body"); body != "" {
+			if body := jsonString(p, rf, "body", "response.body"); body != "" {
 				decoded, err := decodeBase64(body)
 				if err != nil {
 					p.addf("response.body is not valid base64 (%v): encode the body as base64, standard or URL-safe alphabet, padded or not", err)
@@ -204,7 +210,7 @@ func decodeComplete(data []byte) (completeParams, *Error) {
 			r.Response = resp
 		}
 	}
-	return r, p.err()
+	return r
 }
 
 func jsonHeaders(p *problems, fields map[string]json.RawMessage) map[string]string {

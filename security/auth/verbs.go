@@ -96,6 +96,10 @@ func JSONAPITarget(r *http.Request) (Target, bool) {
 		return Target{Verb: VerbAuthenticate}, true
 	}
 	switch {
+	case rest == "keys:batch-reserve" && r.Method == http.MethodPost:
+		return Target{ns, VerbReserve}, true
+	case rest == "keys:batch-complete" && r.Method == http.MethodPost:
+		return Target{ns, VerbComplete}, true
 	case rest == "keys":
 		if r.Method == http.MethodGet || r.Method == http.MethodHead {
 			return Target{ns, VerbList}, true
@@ -159,6 +163,11 @@ func GRPCTarget(fullMethod string, req any) Target {
 			// call to its shard's leader: any known principal (it reveals
 			// the topology, never a record).
 			return Target{Verb: VerbAuthenticate}
+		case "BatchReserve":
+			// v1.2 batch calls are of one namespace: the verb of their items.
+			return nsVerb(VerbReserve)
+		case "BatchComplete":
+			return nsVerb(VerbComplete)
 		case "Batch":
 			// The batch itself needs a known principal; the unary
 			// interceptor then authorizes each operation as its own RPC.

@@ -3495,6 +3495,365 @@ func (*SetShardPolicyResponse) Descriptor() ([]byte, []int) {
 	return file_idem_proto_rawDescGZIP(), []int{50}
 }
 
+// v1.2 batch calls (BatchReserve, BatchComplete). An item's namespace is
+// empty or the request's; its error is what the unary RPC would have
+// returned (BatchError).
+type BatchReserveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Items         []*ReserveRequest      `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchReserveRequest) Reset() {
+	*x = BatchReserveRequest{}
+	mi := &file_idem_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchReserveRequest) ProtoMessage() {}
+
+func (x *BatchReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchReserveRequest.ProtoReflect.Descriptor instead.
+func (*BatchReserveRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *BatchReserveRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *BatchReserveRequest) GetItems() []*ReserveRequest {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type BatchReserveResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*BatchReserveResult_Reserve
+	//	*BatchReserveResult_Error
+	Result        isBatchReserveResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchReserveResult) Reset() {
+	*x = BatchReserveResult{}
+	mi := &file_idem_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchReserveResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchReserveResult) ProtoMessage() {}
+
+func (x *BatchReserveResult) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchReserveResult.ProtoReflect.Descriptor instead.
+func (*BatchReserveResult) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *BatchReserveResult) GetResult() isBatchReserveResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *BatchReserveResult) GetReserve() *ReserveResponse {
+	if x != nil {
+		if x, ok := x.Result.(*BatchReserveResult_Reserve); ok {
+			return x.Reserve
+		}
+	}
+	return nil
+}
+
+func (x *BatchReserveResult) GetError() *BatchError {
+	if x != nil {
+		if x, ok := x.Result.(*BatchReserveResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isBatchReserveResult_Result interface {
+	isBatchReserveResult_Result()
+}
+
+type BatchReserveResult_Reserve struct {
+	Reserve *ReserveResponse `protobuf:"bytes,1,opt,name=reserve,proto3,oneof"`
+}
+
+type BatchReserveResult_Error struct {
+	Error *BatchError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*BatchReserveResult_Reserve) isBatchReserveResult_Result() {}
+
+func (*BatchReserveResult_Error) isBatchReserveResult_Result() {}
+
+type BatchReserveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*BatchReserveResult  `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchReserveResponse) Reset() {
+	*x = BatchReserveResponse{}
+	mi := &file_idem_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchReserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchReserveResponse) ProtoMessage() {}
+
+func (x *BatchReserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchReserveResponse.ProtoReflect.Descriptor instead.
+func (*BatchReserveResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *BatchReserveResponse) GetResults() []*BatchReserveResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type BatchCompleteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Items         []*CompleteRequest     `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCompleteRequest) Reset() {
+	*x = BatchCompleteRequest{}
+	mi := &file_idem_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCompleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCompleteRequest) ProtoMessage() {}
+
+func (x *BatchCompleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCompleteRequest.ProtoReflect.Descriptor instead.
+func (*BatchCompleteRequest) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *BatchCompleteRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *BatchCompleteRequest) GetItems() []*CompleteRequest {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type BatchCompleteResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*BatchCompleteResult_Complete
+	//	*BatchCompleteResult_Error
+	Result        isBatchCompleteResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCompleteResult) Reset() {
+	*x = BatchCompleteResult{}
+	mi := &file_idem_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCompleteResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCompleteResult) ProtoMessage() {}
+
+func (x *BatchCompleteResult) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCompleteResult.ProtoReflect.Descriptor instead.
+func (*BatchCompleteResult) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *BatchCompleteResult) GetResult() isBatchCompleteResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *BatchCompleteResult) GetComplete() *CompleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*BatchCompleteResult_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
+func (x *BatchCompleteResult) GetError() *BatchError {
+	if x != nil {
+		if x, ok := x.Result.(*BatchCompleteResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isBatchCompleteResult_Result interface {
+	isBatchCompleteResult_Result()
+}
+
+type BatchCompleteResult_Complete struct {
+	Complete *CompleteResponse `protobuf:"bytes,1,opt,name=complete,proto3,oneof"`
+}
+
+type BatchCompleteResult_Error struct {
+	Error *BatchError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*BatchCompleteResult_Complete) isBatchCompleteResult_Result() {}
+
+func (*BatchCompleteResult_Error) isBatchCompleteResult_Result() {}
+
+type BatchCompleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*BatchCompleteResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCompleteResponse) Reset() {
+	*x = BatchCompleteResponse{}
+	mi := &file_idem_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCompleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCompleteResponse) ProtoMessage() {}
+
+func (x *BatchCompleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idem_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCompleteResponse.ProtoReflect.Descriptor instead.
+func (*BatchCompleteResponse) Descriptor() ([]byte, []int) {
+	return file_idem_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *BatchCompleteResponse) GetResults() []*BatchCompleteResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 var File_idem_proto protoreflect.FileDescriptor
 
 const file_idem_proto_rawDesc = "" +
@@ -3760,7 +4119,25 @@ const file_idem_proto_rawDesc = "" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x120\n" +
 	"\x06policy\x18\x03 \x01(\v2\x18.idem.v1.NamespacePolicyR\x06policy\"\x18\n" +
-	"\x16SetShardPolicyResponse*\x86\x01\n" +
+	"\x16SetShardPolicyResponse\"b\n" +
+	"\x13BatchReserveRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12-\n" +
+	"\x05items\x18\x02 \x03(\v2\x17.idem.v1.ReserveRequestR\x05items\"\x81\x01\n" +
+	"\x12BatchReserveResult\x124\n" +
+	"\areserve\x18\x01 \x01(\v2\x18.idem.v1.ReserveResponseH\x00R\areserve\x12+\n" +
+	"\x05error\x18\x02 \x01(\v2\x13.idem.v1.BatchErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"M\n" +
+	"\x14BatchReserveResponse\x125\n" +
+	"\aresults\x18\x01 \x03(\v2\x1b.idem.v1.BatchReserveResultR\aresults\"d\n" +
+	"\x14BatchCompleteRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12.\n" +
+	"\x05items\x18\x02 \x03(\v2\x18.idem.v1.CompleteRequestR\x05items\"\x85\x01\n" +
+	"\x13BatchCompleteResult\x127\n" +
+	"\bcomplete\x18\x01 \x01(\v2\x19.idem.v1.CompleteResponseH\x00R\bcomplete\x12+\n" +
+	"\x05error\x18\x02 \x01(\v2\x13.idem.v1.BatchErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"O\n" +
+	"\x15BatchCompleteResponse\x126\n" +
+	"\aresults\x18\x01 \x03(\v2\x1c.idem.v1.BatchCompleteResultR\aresults*\x86\x01\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACQUIRED\x10\x01\x12\r\n" +
@@ -3773,7 +4150,7 @@ const file_idem_proto_rawDesc = "" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11STATE_IN_PROGRESS\x10\x01\x12\x13\n" +
 	"\x0fSTATE_COMPLETED\x10\x02\x12\x11\n" +
-	"\rSTATE_EXPIRED\x10\x032\xfd\x03\n" +
+	"\rSTATE_EXPIRED\x10\x032\x9a\x05\n" +
 	"\vIdempotency\x12<\n" +
 	"\aReserve\x12\x17.idem.v1.ReserveRequest\x1a\x18.idem.v1.ReserveResponse\x12B\n" +
 	"\tHeartbeat\x12\x19.idem.v1.HeartbeatRequest\x1a\x1a.idem.v1.HeartbeatResponse\x12?\n" +
@@ -3783,7 +4160,9 @@ const file_idem_proto_rawDesc = "" +
 	"\aRouting\x12\x17.idem.v1.RoutingRequest\x1a\x18.idem.v1.RoutingResponse\x126\n" +
 	"\x05Batch\x12\x15.idem.v1.BatchRequest\x1a\x16.idem.v1.BatchResponse\x12E\n" +
 	"\n" +
-	"Checkpoint\x12\x1a.idem.v1.CheckpointRequest\x1a\x1b.idem.v1.CheckpointResponse2\xcc\x06\n" +
+	"Checkpoint\x12\x1a.idem.v1.CheckpointRequest\x1a\x1b.idem.v1.CheckpointResponse\x12K\n" +
+	"\fBatchReserve\x12\x1c.idem.v1.BatchReserveRequest\x1a\x1d.idem.v1.BatchReserveResponse\x12N\n" +
+	"\rBatchComplete\x12\x1d.idem.v1.BatchCompleteRequest\x1a\x1e.idem.v1.BatchCompleteResponse2\xcc\x06\n" +
 	"\x05Admin\x129\n" +
 	"\x06Status\x12\x16.idem.v1.StatusRequest\x1a\x17.idem.v1.StatusResponse\x12Q\n" +
 	"\x0eTransferLeader\x12\x1e.idem.v1.TransferLeaderRequest\x1a\x1f.idem.v1.TransferLeaderResponse\x12?\n" +
@@ -3811,7 +4190,7 @@ func file_idem_proto_rawDescGZIP() []byte {
 }
 
 var file_idem_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_idem_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_idem_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: idem.v1.Outcome
 	(State)(0),                     // 1: idem.v1.State
@@ -3866,29 +4245,35 @@ var file_idem_proto_goTypes = []any{
 	(*GetPolicyResponse)(nil),      // 50: idem.v1.GetPolicyResponse
 	(*SetShardPolicyRequest)(nil),  // 51: idem.v1.SetShardPolicyRequest
 	(*SetShardPolicyResponse)(nil), // 52: idem.v1.SetShardPolicyResponse
-	nil,                            // 53: idem.v1.StoredResponse.HeadersEntry
-	(*timestamppb.Timestamp)(nil),  // 54: google.protobuf.Timestamp
-	(*anypb.Any)(nil),              // 55: google.protobuf.Any
+	(*BatchReserveRequest)(nil),    // 53: idem.v1.BatchReserveRequest
+	(*BatchReserveResult)(nil),     // 54: idem.v1.BatchReserveResult
+	(*BatchReserveResponse)(nil),   // 55: idem.v1.BatchReserveResponse
+	(*BatchCompleteRequest)(nil),   // 56: idem.v1.BatchCompleteRequest
+	(*BatchCompleteResult)(nil),    // 57: idem.v1.BatchCompleteResult
+	(*BatchCompleteResponse)(nil),  // 58: idem.v1.BatchCompleteResponse
+	nil,                            // 59: idem.v1.StoredResponse.HeadersEntry
+	(*timestamppb.Timestamp)(nil),  // 60: google.protobuf.Timestamp
+	(*anypb.Any)(nil),              // 61: google.protobuf.Any
 }
 var file_idem_proto_depIdxs = []int32{
-	53, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
+	59, // 0: idem.v1.StoredResponse.headers:type_name -> idem.v1.StoredResponse.HeadersEntry
 	0,  // 1: idem.v1.ReserveResponse.outcome:type_name -> idem.v1.Outcome
-	54, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	60, // 2: idem.v1.ReserveResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 3: idem.v1.ReserveResponse.response:type_name -> idem.v1.StoredResponse
-	54, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
-	54, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	54, // 6: idem.v1.ReserveResponse.expired_at:type_name -> google.protobuf.Timestamp
+	60, // 4: idem.v1.ReserveResponse.completed_at:type_name -> google.protobuf.Timestamp
+	60, // 5: idem.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	60, // 6: idem.v1.ReserveResponse.expired_at:type_name -> google.protobuf.Timestamp
 	43, // 7: idem.v1.ReserveResponse.checkpoint:type_name -> idem.v1.KeyCheckpoint
-	54, // 8: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	60, // 8: idem.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 9: idem.v1.CompleteRequest.response:type_name -> idem.v1.StoredResponse
-	54, // 10: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	54, // 11: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	60, // 10: idem.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	60, // 11: idem.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 12: idem.v1.GetResponse.state:type_name -> idem.v1.State
-	54, // 13: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	54, // 14: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
-	54, // 15: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
+	60, // 13: idem.v1.GetResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	60, // 14: idem.v1.GetResponse.completed_at:type_name -> google.protobuf.Timestamp
+	60, // 15: idem.v1.GetResponse.expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 16: idem.v1.GetResponse.response:type_name -> idem.v1.StoredResponse
-	54, // 17: idem.v1.GetResponse.expired_at:type_name -> google.protobuf.Timestamp
+	60, // 17: idem.v1.GetResponse.expired_at:type_name -> google.protobuf.Timestamp
 	43, // 18: idem.v1.GetResponse.checkpoint:type_name -> idem.v1.KeyCheckpoint
 	3,  // 19: idem.v1.BatchOp.reserve:type_name -> idem.v1.ReserveRequest
 	5,  // 20: idem.v1.BatchOp.heartbeat:type_name -> idem.v1.HeartbeatRequest
@@ -3896,7 +4281,7 @@ var file_idem_proto_depIdxs = []int32{
 	9,  // 22: idem.v1.BatchOp.release:type_name -> idem.v1.ReleaseRequest
 	11, // 23: idem.v1.BatchOp.get:type_name -> idem.v1.GetRequest
 	13, // 24: idem.v1.BatchRequest.ops:type_name -> idem.v1.BatchOp
-	55, // 25: idem.v1.BatchError.details:type_name -> google.protobuf.Any
+	61, // 25: idem.v1.BatchError.details:type_name -> google.protobuf.Any
 	4,  // 26: idem.v1.BatchResult.reserve:type_name -> idem.v1.ReserveResponse
 	6,  // 27: idem.v1.BatchResult.heartbeat:type_name -> idem.v1.HeartbeatResponse
 	8,  // 28: idem.v1.BatchResult.complete:type_name -> idem.v1.CompleteResponse
@@ -3909,65 +4294,77 @@ var file_idem_proto_depIdxs = []int32{
 	21, // 35: idem.v1.RoutingResponse.nodes:type_name -> idem.v1.RoutingNode
 	24, // 36: idem.v1.StatusResponse.shards:type_name -> idem.v1.ShardStatus
 	1,  // 37: idem.v1.KeyInfo.state:type_name -> idem.v1.State
-	54, // 38: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
-	54, // 39: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
-	54, // 40: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
-	54, // 41: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
+	60, // 38: idem.v1.KeyInfo.created_at:type_name -> google.protobuf.Timestamp
+	60, // 39: idem.v1.KeyInfo.lease_expires_at:type_name -> google.protobuf.Timestamp
+	60, // 40: idem.v1.KeyInfo.completed_at:type_name -> google.protobuf.Timestamp
+	60, // 41: idem.v1.KeyInfo.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 42: idem.v1.ListKeysRequest.state:type_name -> idem.v1.State
 	34, // 43: idem.v1.ListKeysResponse.keys:type_name -> idem.v1.KeyInfo
 	1,  // 44: idem.v1.ListShardRequest.state:type_name -> idem.v1.State
 	34, // 45: idem.v1.ListShardResponse.keys:type_name -> idem.v1.KeyInfo
-	54, // 46: idem.v1.KeyCheckpoint.checkpointed_at:type_name -> google.protobuf.Timestamp
-	54, // 47: idem.v1.CheckpointResponse.checkpointed_at:type_name -> google.protobuf.Timestamp
+	60, // 46: idem.v1.KeyCheckpoint.checkpointed_at:type_name -> google.protobuf.Timestamp
+	60, // 47: idem.v1.CheckpointResponse.checkpointed_at:type_name -> google.protobuf.Timestamp
 	46, // 48: idem.v1.SetPolicyRequest.policy:type_name -> idem.v1.NamespacePolicy
 	46, // 49: idem.v1.SetPolicyResponse.policy:type_name -> idem.v1.NamespacePolicy
 	46, // 50: idem.v1.GetPolicyResponse.policy:type_name -> idem.v1.NamespacePolicy
 	46, // 51: idem.v1.SetShardPolicyRequest.policy:type_name -> idem.v1.NamespacePolicy
-	3,  // 52: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
-	5,  // 53: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
-	7,  // 54: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
-	9,  // 55: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
-	11, // 56: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
-	18, // 57: idem.v1.Idempotency.Routing:input_type -> idem.v1.RoutingRequest
-	14, // 58: idem.v1.Idempotency.Batch:input_type -> idem.v1.BatchRequest
-	44, // 59: idem.v1.Idempotency.Checkpoint:input_type -> idem.v1.CheckpointRequest
-	23, // 60: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
-	26, // 61: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
-	28, // 62: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
-	30, // 63: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
-	32, // 64: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
-	35, // 65: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
-	37, // 66: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
-	39, // 67: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
-	41, // 68: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
-	47, // 69: idem.v1.Admin.SetPolicy:input_type -> idem.v1.SetPolicyRequest
-	49, // 70: idem.v1.Admin.GetPolicy:input_type -> idem.v1.GetPolicyRequest
-	51, // 71: idem.v1.Admin.SetShardPolicy:input_type -> idem.v1.SetShardPolicyRequest
-	4,  // 72: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
-	6,  // 73: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
-	8,  // 74: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
-	10, // 75: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
-	12, // 76: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
-	22, // 77: idem.v1.Idempotency.Routing:output_type -> idem.v1.RoutingResponse
-	17, // 78: idem.v1.Idempotency.Batch:output_type -> idem.v1.BatchResponse
-	45, // 79: idem.v1.Idempotency.Checkpoint:output_type -> idem.v1.CheckpointResponse
-	25, // 80: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
-	27, // 81: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
-	29, // 82: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
-	31, // 83: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
-	33, // 84: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
-	36, // 85: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
-	38, // 86: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
-	40, // 87: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
-	42, // 88: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
-	48, // 89: idem.v1.Admin.SetPolicy:output_type -> idem.v1.SetPolicyResponse
-	50, // 90: idem.v1.Admin.GetPolicy:output_type -> idem.v1.GetPolicyResponse
-	52, // 91: idem.v1.Admin.SetShardPolicy:output_type -> idem.v1.SetShardPolicyResponse
-	72, // [72:92] is the sub-list for method output_type
-	52, // [52:72] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	3,  // 52: idem.v1.BatchReserveRequest.items:type_name -> idem.v1.ReserveRequest
+	4,  // 53: idem.v1.BatchReserveResult.reserve:type_name -> idem.v1.ReserveResponse
+	15, // 54: idem.v1.BatchReserveResult.error:type_name -> idem.v1.BatchError
+	54, // 55: idem.v1.BatchReserveResponse.results:type_name -> idem.v1.BatchReserveResult
+	7,  // 56: idem.v1.BatchCompleteRequest.items:type_name -> idem.v1.CompleteRequest
+	8,  // 57: idem.v1.BatchCompleteResult.complete:type_name -> idem.v1.CompleteResponse
+	15, // 58: idem.v1.BatchCompleteResult.error:type_name -> idem.v1.BatchError
+	57, // 59: idem.v1.BatchCompleteResponse.results:type_name -> idem.v1.BatchCompleteResult
+	3,  // 60: idem.v1.Idempotency.Reserve:input_type -> idem.v1.ReserveRequest
+	5,  // 61: idem.v1.Idempotency.Heartbeat:input_type -> idem.v1.HeartbeatRequest
+	7,  // 62: idem.v1.Idempotency.Complete:input_type -> idem.v1.CompleteRequest
+	9,  // 63: idem.v1.Idempotency.Release:input_type -> idem.v1.ReleaseRequest
+	11, // 64: idem.v1.Idempotency.Get:input_type -> idem.v1.GetRequest
+	18, // 65: idem.v1.Idempotency.Routing:input_type -> idem.v1.RoutingRequest
+	14, // 66: idem.v1.Idempotency.Batch:input_type -> idem.v1.BatchRequest
+	44, // 67: idem.v1.Idempotency.Checkpoint:input_type -> idem.v1.CheckpointRequest
+	53, // 68: idem.v1.Idempotency.BatchReserve:input_type -> idem.v1.BatchReserveRequest
+	56, // 69: idem.v1.Idempotency.BatchComplete:input_type -> idem.v1.BatchCompleteRequest
+	23, // 70: idem.v1.Admin.Status:input_type -> idem.v1.StatusRequest
+	26, // 71: idem.v1.Admin.TransferLeader:input_type -> idem.v1.TransferLeaderRequest
+	28, // 72: idem.v1.Admin.Snapshot:input_type -> idem.v1.SnapshotRequest
+	30, // 73: idem.v1.Admin.ReplaceVoter:input_type -> idem.v1.ReplaceVoterRequest
+	32, // 74: idem.v1.Admin.Clock:input_type -> idem.v1.ClockRequest
+	35, // 75: idem.v1.Admin.ListKeys:input_type -> idem.v1.ListKeysRequest
+	37, // 76: idem.v1.Admin.ForceRelease:input_type -> idem.v1.ForceReleaseRequest
+	39, // 77: idem.v1.Admin.DeleteKey:input_type -> idem.v1.DeleteKeyRequest
+	41, // 78: idem.v1.Admin.ListShard:input_type -> idem.v1.ListShardRequest
+	47, // 79: idem.v1.Admin.SetPolicy:input_type -> idem.v1.SetPolicyRequest
+	49, // 80: idem.v1.Admin.GetPolicy:input_type -> idem.v1.GetPolicyRequest
+	51, // 81: idem.v1.Admin.SetShardPolicy:input_type -> idem.v1.SetShardPolicyRequest
+	4,  // 82: idem.v1.Idempotency.Reserve:output_type -> idem.v1.ReserveResponse
+	6,  // 83: idem.v1.Idempotency.Heartbeat:output_type -> idem.v1.HeartbeatResponse
+	8,  // 84: idem.v1.Idempotency.Complete:output_type -> idem.v1.CompleteResponse
+	10, // 85: idem.v1.Idempotency.Release:output_type -> idem.v1.ReleaseResponse
+	12, // 86: idem.v1.Idempotency.Get:output_type -> idem.v1.GetResponse
+	22, // 87: idem.v1.Idempotency.Routing:output_type -> idem.v1.RoutingResponse
+	17, // 88: idem.v1.Idempotency.Batch:output_type -> idem.v1.BatchResponse
+	45, // 89: idem.v1.Idempotency.Checkpoint:output_type -> idem.v1.CheckpointResponse
+	55, // 90: idem.v1.Idempotency.BatchReserve:output_type -> idem.v1.BatchReserveResponse
+	58, // 91: idem.v1.Idempotency.BatchComplete:output_type -> idem.v1.BatchCompleteResponse
+	25, // 92: idem.v1.Admin.Status:output_type -> idem.v1.StatusResponse
+	27, // 93: idem.v1.Admin.TransferLeader:output_type -> idem.v1.TransferLeaderResponse
+	29, // 94: idem.v1.Admin.Snapshot:output_type -> idem.v1.SnapshotResponse
+	31, // 95: idem.v1.Admin.ReplaceVoter:output_type -> idem.v1.ReplaceVoterResponse
+	33, // 96: idem.v1.Admin.Clock:output_type -> idem.v1.ClockResponse
+	36, // 97: idem.v1.Admin.ListKeys:output_type -> idem.v1.ListKeysResponse
+	38, // 98: idem.v1.Admin.ForceRelease:output_type -> idem.v1.ForceReleaseResponse
+	40, // 99: idem.v1.Admin.DeleteKey:output_type -> idem.v1.DeleteKeyResponse
+	42, // 100: idem.v1.Admin.ListShard:output_type -> idem.v1.ListShardResponse
+	48, // 101: idem.v1.Admin.SetPolicy:output_type -> idem.v1.SetPolicyResponse
+	50, // 102: idem.v1.Admin.GetPolicy:output_type -> idem.v1.GetPolicyResponse
+	52, // 103: idem.v1.Admin.SetShardPolicy:output_type -> idem.v1.SetShardPolicyResponse
+	82, // [82:104] is the sub-list for method output_type
+	60, // [60:82] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_idem_proto_init() }
@@ -3991,13 +4388,21 @@ func file_idem_proto_init() {
 		(*BatchResult_Error)(nil),
 	}
 	file_idem_proto_msgTypes[44].OneofWrappers = []any{}
+	file_idem_proto_msgTypes[52].OneofWrappers = []any{
+		(*BatchReserveResult_Reserve)(nil),
+		(*BatchReserveResult_Error)(nil),
+	}
+	file_idem_proto_msgTypes[55].OneofWrappers = []any{
+		(*BatchCompleteResult_Complete)(nil),
+		(*BatchCompleteResult_Error)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idem_proto_rawDesc), len(file_idem_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   52,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -23,14 +23,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Idempotency_Reserve_FullMethodName    = "/idem.v1.Idempotency/Reserve"
-	Idempotency_Heartbeat_FullMethodName  = "/idem.v1.Idempotency/Heartbeat"
-	Idempotency_Complete_FullMethodName   = "/idem.v1.Idempotency/Complete"
-	Idempotency_Release_FullMethodName    = "/idem.v1.Idempotency/Release"
-	Idempotency_Get_FullMethodName        = "/idem.v1.Idempotency/Get"
-	Idempotency_Routing_FullMethodName    = "/idem.v1.Idempotency/Routing"
-	Idempotency_Batch_FullMethodName      = "/idem.v1.Idempotency/Batch"
-	Idempotency_Checkpoint_FullMethodName = "/idem.v1.Idempotency/Checkpoint"
+	Idempotency_Reserve_FullMethodName       = "/idem.v1.Idempotency/Reserve"
+	Idempotency_Heartbeat_FullMethodName     = "/idem.v1.Idempotency/Heartbeat"
+	Idempotency_Complete_FullMethodName      = "/idem.v1.Idempotency/Complete"
+	Idempotency_Release_FullMethodName       = "/idem.v1.Idempotency/Release"
+	Idempotency_Get_FullMethodName           = "/idem.v1.Idempotency/Get"
+	Idempotency_Routing_FullMethodName       = "/idem.v1.Idempotency/Routing"
+	Idempotency_Batch_FullMethodName         = "/idem.v1.Idempotency/Batch"
+	Idempotency_Checkpoint_FullMethodName    = "/idem.v1.Idempotency/Checkpoint"
+	Idempotency_BatchReserve_FullMethodName  = "/idem.v1.Idempotency/BatchReserve"
+	Idempotency_BatchComplete_FullMethodName = "/idem.v1.Idempotency/BatchComplete"
 )
 
 // IdempotencyClient is the client API for Idempotency service.
@@ -68,6 +70,13 @@ type IdempotencyClient interface {
 	// it owns the key; a RECLAIMED reserve and Get of an IN_PROGRESS key
 	// return the last one.
 	Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointResponse, error)
+	// v1.2 batch calls: 1 to 1000 reserves (completes) of keys of one
+	// namespace and any shard, answered in item order, each result exactly
+	// what Reserve (Complete) would have answered for that item alone. One bad
+	// item never fails the others; an empty list or more than 1000 items is
+	// INVALID_ARGUMENT.
+	BatchReserve(ctx context.Context, in *BatchReserveRequest, opts ...grpc.CallOption) (*BatchReserveResponse, error)
+	BatchComplete(ctx context.Context, in *BatchCompleteRequest, opts ...grpc.CallOption) (*BatchCompleteResponse, error)
 }
 
 type idempotencyClient struct {
@@ -158,6 +167,26 @@ func (c *idempotencyClient) Checkpoint(ctx context.Context, in *CheckpointReques
 	return out, nil
 }
 
+func (c *idempotencyClient) BatchReserve(ctx context.Context, in *BatchReserveRequest, opts ...grpc.CallOption) (*BatchReserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchReserveResponse)
+	err := c.cc.Invoke(ctx, Idempotency_BatchReserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *idempotencyClient) BatchComplete(ctx context.Context, in *BatchCompleteRequest, opts ...grpc.CallOption) (*BatchCompleteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchCompleteResponse)
+	err := c.cc.Invoke(ctx, Idempotency_BatchComplete_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IdempotencyServer is the server API for Idempotency service.
 // All implementations must embed UnimplementedIdempotencyServer
 // for forward compatibility.
@@ -193,6 +222,13 @@ type IdempotencyServer interface {
 	// it owns the key; a RECLAIMED reserve and Get of an IN_PROGRESS key
 	// return the last one.
 	Checkpoint(context.Context, *CheckpointRequest) (*CheckpointResponse, error)
+	// v1.2 batch calls: 1 to 1000 reserves (completes) of keys of one
+	// namespace and any shard, answered in item order, each result exactly
+	// what Reserve (Complete) would have answered for that item alone. One bad
+	// item never fails the others; an empty list or more than 1000 items is
+	// INVALID_ARGUMENT.
+	BatchReserve(context.Context, *BatchReserveRequest) (*BatchReserveResponse, error)
+	BatchComplete(context.Context, *BatchCompleteRequest) (*BatchCompleteResponse, error)
 	mustEmbedUnimplementedIdempotencyServer()
 }
 
@@ -226,6 +262,12 @@ func (UnimplementedIdempotencyServer) Batch(context.Context, *BatchRequest) (*Ba
 }
 func (UnimplementedIdempotencyServer) Checkpoint(context.Context, *CheckpointRequest) (*CheckpointResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Checkpoint not implemented")
+}
+func (UnimplementedIdempotencyServer) BatchReserve(context.Context, *BatchReserveRequest) (*BatchReserveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BatchReserve not implemented")
+}
+func (UnimplementedIdempotencyServer) BatchComplete(context.Context, *BatchCompleteRequest) (*BatchCompleteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BatchComplete not implemented")
 }
 func (UnimplementedIdempotencyServer) mustEmbedUnimplementedIdempotencyServer() {}
 func (UnimplementedIdempotencyServer) testEmbeddedByValue()                     {}
@@ -392,6 +434,42 @@ func _Idempotency_Checkpoint_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Idempotency_BatchReserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IdempotencyServer).BatchReserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Idempotency_BatchReserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IdempotencyServer).BatchReserve(ctx, req.(*BatchReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Idempotency_BatchComplete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchCompleteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IdempotencyServer).BatchComplete(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Idempotency_BatchComplete_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IdempotencyServer).BatchComplete(ctx, req.(*BatchCompleteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Idempotency_ServiceDesc is the grpc.ServiceDesc for Idempotency service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -430,6 +508,14 @@ var Idempotency_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Checkpoint",
 			Handler:    _Idempotency_Checkpoint_Handler,
+		},
+		{
+			MethodName: "BatchReserve",
+			Handler:    _Idempotency_BatchReserve_Handler,
+		},
+		{
+			MethodName: "BatchComplete",
+			Handler:    _Idempotency_BatchComplete_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,303 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/fsm"
+	"google.golang.org/grpc/status"
+)
+
+// Batch calls (v1.2): POST /v1/namespaces/{ns}/keys:batch-reserve and
+// :batch-complete, gRPC BatchReserve and BatchComplete. Each item is
+// validated and applied exactly as its single call (Server.apply: the same
+// validator, the same backend, so forwarding to other shards' leaders
+// coalesces into the internal Batch RPCs of rpcbatch), concurrently, and
+// answered in item order; one item's error is that item's result alone.
+
+const (
+	// MaxBatchItems is the most items one batch call may carry.
+	MaxBatchItems = 1000
+	// batchItemWorkers bounds how many items of one batch call are in flight
+	// at once: enough to fill the forwarding batches and the leaders'
+	// proposal buffers, few enough that a batch holds no more goroutines.
+	batchItemWorkers = 128
+	// minBatchBodyBytes is the least body a batch call accepts whatever the
+	// single-call limit: 1000 reserves of maximal fields fit in it.
+	minBatchBodyBytes = 4 << 20
+	// maxBatchBodyBytes bounds a batch call's body: completes with large
+	// responses go in several batches.
+	maxBatchBodyBytes = 16 << 20
+)
+
+// Endpoint names of the batch calls, as in metrics labels.
+const (
+	endpointBatchReserve  = "batch_reserve"
+	endpointBatchComplete = "batch_complete"
+)
+
+// The fields of one batch item.
+var (
+	batchBodyFields    = []string{"items"}
+	reserveItemFields  = []string{"fingerprint", "key", "lease_ms", "owner_token"}
+	completeItemFields = []string{"key", "owner_token", "response", "retention_s"}
+)
+
+// forEachItem runs f(i) for i in [0, n) on at most batchItemWorkers
+// goroutines and returns when all are done.
+func forEachItem(n int, f func(i int)) {
+	sem := make(chan struct{}, batchItemWorkers)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f(i)
+		}()
+	}
+	wg.Wait()
+}
+
+// checkItemCount is the INVALID_ARGUMENT of a batch of n items, or nil.
+func checkItemCount(n int) *Error {
+	switch {
+	case n == 0:
+		return errorf(CodeInvalidArgument, "items is empty: a batch carries 1 to %d items", MaxBatchItems)
+	case n > MaxBatchItems:
+		return errorf(CodeInvalidArgument, "a batch carries %d items, more than %d: split it", n, MaxBatchItems)
+	}
+	return nil
+}
+
+// decodeBatchItems decodes {"items": [...]} into the items' raw values; a
+// body that is not such an object, or whose list is empty or too long, is
+// the whole call's error.
+func decodeBatchItems(data []byte) ([]json.RawMessage, *Error) {
+	var p problems
+	f := jsonObject(&p, data, batchBodyFields, "request body")
+	if e := p.err(); e != nil {
+		return nil, e
+	}
+	raw := f["items"]
+	if isNull(raw) {
+		return nil, errorf(CodeInvalidArgument, "items is missing: send {\"items\": [...]}, 1 to %d items", MaxBatchItems)
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, errorf(CodeInvalidArgument, "items must be a JSON array of objects, not %s", jsonKind(raw))
+	}
+	if e := checkItemCount(len(items)); e != nil {
+		return nil, e
+	}
+	return items, nil
+}
+
+// itemKey decodes the key of one item (p collects its problems).
+func itemKey(p *problems, f map[string]json.RawMessage) string {
+	if isNull(f["key"]) {
+		p.addf("key is missing: each item names its key")
+		return ""
+	}
+	return jsonString(p, f, "key", "key")
+}
+
+// itemObject checks that raw is a JSON object before jsonObject reads it
+// (jsonObject takes an empty value for an empty object).
+func itemObject(p *problems, raw json.RawMessage, allowed []string) map[string]json.RawMessage {
+	if len(raw) == 0 || raw[0] != '{' {
+		p.addf("an item must be a JSON object like {\"key\": ...}, not %s", jsonKind(raw))
+		return nil
+	}
+	return jsonObject(p, raw, allowed, "item")
+}
+
+func decodeReserveItem(ns string, raw json.RawMessage) (reserveParams, *Error) {
+	var p problems
+	f := itemObject(&p, raw, reserveItemFields)
+	r := reserveParams{
+		Namespace:   ns,
+		Key:         itemKey(&p, f),
+		Fingerprint: jsonString(&p, f, "fingerprint", "fingerprint"),
+		LeaseMs:     jsonInt(&p, f, "lease_ms", "lease_ms"),
+		OwnerToken:  jsonString(&p, f, "owner_token", "owner_token"),
+	}
+	return r, p.err()
+}
+
+func decodeCompleteItem(ns string, raw json.RawMessage) (completeParams, *Error) {
+	var p problems
+	f := itemObject(&p, raw, completeItemFields)
+	r := completeFromFields(&p, f)
+	r.Namespace, r.Key = ns, itemKey(&p, f)
+	return r, p.err()
+}
+
+// errorResult is an item's error as the JSON API writes it.
+func errorResult(e *Error) errorBodyJSON {
+	return errorBodyJSON{Error: errorJSON{Code: e.Code, Message: e.Message}}
+}
+
+// serveBatch serves :batch-reserve and :batch-complete.
+func (h *httpAPI) serveBatch(w http.ResponseWriter, r *http.Request, rt route, fail func(*Error)) (outcome string) {
+	if err := ValidateNamespace(rt.namespace); err != nil {
+		e := err.(*Error)
+		fail(e)
+		return string(e.Code)
+	}
+	body, e := h.readBatchBody(r, w)
+	if e != nil {
+		fail(e)
+		return string(e.Code)
+	}
+	items, e := decodeBatchItems(body)
+	if e != nil {
+		fail(e)
+		return string(e.Code)
+	}
+	results := make([]any, len(items))
+	ctx := r.Context()
+	forEachItem(len(items), func(i int) {
+		res, e := h.batchItem(ctx, rt, items[i])
+		if e != nil {
+			results[i] = errorResult(e)
+			return
+		}
+		results[i] = res
+	})
+	writeJSON(w, http.StatusOK, struct {
+		Results []any `json:"results"`
+	}{results})
+	return outcomeOK
+}
+
+// batchItem decodes, validates and applies one item of a JSON batch call and
+// is its answer, as the single call would have written it.
+func (h *httpAPI) batchItem(ctx context.Context, rt route, raw json.RawMessage) (any, *Error) {
+	var cmd *fsm.Command
+	var e *Error
+	if rt.endpoint == endpointBatchReserve {
+		var params reserveParams
+		if params, e = decodeReserveItem(rt.namespace, raw); e == nil {
+			cmd, e = h.s.validate.reserveCommand(params)
+		}
+	} else {
+		var params completeParams
+		if params, e = decodeCompleteItem(rt.namespace, raw); e == nil {
+			cmd, e = h.s.validate.completeCommand(params)
+		}
+	}
+	if e != nil {
+		return nil, e
+	}
+	res, e := h.s.apply(ctx, cmd)
+	if e != nil {
+		return nil, e
+	}
+	if cmd.Op == fsm.OpReserve {
+		return reserveJSON(cmd, res), nil
+	}
+	return completeJSON{CompletedAt: formatTime(res.CompletedAt), ExpiresAt: formatTime(res.ExpiresAt)}, nil
+}
+
+// readBatchBody reads a batch call's body, up to the larger of the single
+// call's limit and minBatchBodyBytes, never more than maxBatchBodyBytes.
+func (h *httpAPI) readBatchBody(r *http.Request, w http.ResponseWriter) ([]byte, *Error) {
+	limit := min(max(h.s.cfg.maxRequestBytes(), minBatchBodyBytes), maxBatchBodyBytes)
+	if r.ContentLength > limit {
+		return nil, errorf(CodePayloadTooLarge, "payload too large: a batch body is at most %d bytes: split it", limit)
+	}
+	body, err := readAllLimited(w, r, limit)
+	var maxErr *http.MaxBytesError
+	if errors.As(err, &maxErr) {
+		return nil, errorf(CodePayloadTooLarge, "payload too large: a batch body is at most %d bytes: split it", limit)
+	}
+	if err != nil {
+		return nil, errorf(CodeInvalidArgument, "could not read the request body (%v): send it again", err)
+	}
+	return body, nil
+}
+
+// itemError is an item's error as gRPC batch results carry it.
+func itemError(err error) *idemv1.BatchError {
+	return idemv1.BatchErrorFromStatus(status.Convert(err))
+}
+
+// itemNamespace is the namespace of a gRPC batch item: the request's, which
+// the item repeats or leaves empty.
+func itemNamespace(ns, item string) (string, error) {
+	if item != "" && item != ns {
+		return "", (&Error{Code: CodeInvalidArgument, Message: fmt.Sprintf(
+			"the item's namespace %q differs from the batch's %q: a batch is one namespace (leave the item's empty)", truncate(item, 64), truncate(ns, 64))}).GRPCStatus().Err()
+	}
+	return ns, nil
+}
+
+// runGRPCBatch checks a gRPC batch call of items in namespace ns and answers
+// each item with one (run on the item with the batch's namespace, its leader
+// hint kept out of the call's header) or with its error, in item order.
+func runGRPCBatch[I interface{ GetNamespace() string }, R any](ctx context.Context, ns string, items []I,
+	one func(ctx context.Context, ns string, item I) (R, error), result func(R, *idemv1.BatchError) R) ([]R, error) {
+	if e := checkItemCount(len(items)); e != nil {
+		return nil, e
+	}
+	if err := ValidateNamespace(ns); err != nil {
+		return nil, err
+	}
+	results := make([]R, len(items))
+	forEachItem(len(items), func(i int) {
+		_, err := itemNamespace(ns, items[i].GetNamespace())
+		var res R
+		if err == nil {
+			octx, _ := idemv1.WithBatchOpLeader(ctx)
+			res, err = one(octx, ns, items[i])
+		}
+		if err != nil {
+			results[i] = result(res, itemError(err))
+			return
+		}
+		results[i] = res
+	})
+	return results, nil
+}
+
+func (g *grpcService) BatchReserve(ctx context.Context, req *idemv1.BatchReserveRequest) (_ *idemv1.BatchReserveResponse, err error) {
+	defer g.recoverRPC("BatchReserve", &err)
+	results, err := runGRPCBatch(ctx, req.GetNamespace(), req.GetItems(),
+		func(ctx context.Context, ns string, item *idemv1.ReserveRequest) (*idemv1.BatchReserveResult, error) {
+			one := &idemv1.ReserveRequest{Namespace: ns, Key: item.GetKey(), Fingerprint: item.GetFingerprint(),
+				LeaseMs: item.GetLeaseMs(), OwnerToken: item.GetOwnerToken(), IfExpired: item.GetIfExpired()}
+			resp, err := g.Reserve(ctx, one)
+			return &idemv1.BatchReserveResult{Result: &idemv1.BatchReserveResult_Reserve{Reserve: resp}}, err
+		},
+		func(_ *idemv1.BatchReserveResult, e *idemv1.BatchError) *idemv1.BatchReserveResult {
+			return &idemv1.BatchReserveResult{Result: &idemv1.BatchReserveResult_Error{Error: e}}
+		})
+	if err != nil {
+		return nil, err
+	}
+	return &idemv1.BatchReserveResponse{Results: results}, nil
+}
+
+func (g *grpcService) BatchComplete(ctx context.Context, req *idemv1.BatchCompleteRequest) (_ *idemv1.BatchCompleteResponse, err error) {
+	defer g.recoverRPC("BatchComplete", &err)
+	results, err := runGRPCBatch(ctx, req.GetNamespace(), req.GetItems(),
+		func(ctx context.Context, ns string, item *idemv1.CompleteRequest) (*idemv1.BatchCompleteResult, error) {
+			one := &idemv1.CompleteRequest{Namespace: ns, Key: item.GetKey(), OwnerToken: item.GetOwnerToken(),
+				Response: item.GetResponse(), RetentionS: item.GetRetentionS()}
+			resp, err := g.Complete(ctx, one)
+			return &idemv1.BatchCompleteResult{Result: &idemv1.BatchCompleteResult_Complete{Complete: resp}}, err
+		},
+		func(_ *idemv1.BatchCompleteResult, e *idemv1.BatchError) *idemv1.BatchCompleteResult {
+			return &idemv1.BatchCompleteResult{Result: &idemv1.BatchCompleteResult_Error{Error: e}}
+		})
+	if err != nil {
+		return nil, err
+	}
+	return &idemv1.BatchCompleteResponse{Results: results}, nil
+}
