@@ -1,0 +1,170 @@
+package regionsim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/topology"
+)
+
+// reconfigure is the fault-free reconfiguration phase: at its start a new
+// node joins region (topology version +1, applied online while the
+// workload runs), at its end another node of the region, not the naive
+// lock server's host, leaves (version +2) and is stopped once the change
+// is done. Nothing is down at any moment; the checkers judge the workload
+// across both changes.
+func reconfigure(at, d time.Duration, region string) *Fault {
+	return &Fault{Name: "a node joins " + region + ", then another leaves (topology changes applied online)", At: at, For: d,
+		start: func(ctx context.Context, e *faultEnv) (string, error) {
+			id, took, err := e.c.joinNode(ctx, region)
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("%s joined in %s", id, took.Round(time.Millisecond)), nil
+		},
+		stop: func(ctx context.Context, e *faultEnv) error {
+			id, took, err := e.c.removeNode(ctx, region)
+			if err != nil {
+				return err
+			}
+			e.c.log.Info("node left the cluster", "node", id, "took", took.Round(time.Millisecond))
+			return nil
+		},
+	}
+}
+
+// joinNode starts a node with a new id in region, with fresh ports and its
+// region's view of the next topology version, and applies that version.
+func (c *simCluster) joinNode(ctx context.Context, region string) (string, time.Duration, error) {
+	ports, err := cluster.FreePorts(3)
+	if err != nil {
+		return "", 0, err
+	}
+	next := c.topology().Clone()
+	next.Version = next.EffectiveVersion() + 1
+	id := ""
+	for i := range next.Regions {
+		if next.Regions[i].Name != region {
+			continue
+		}
+		for k := len(next.Regions[i].Nodes) + 1; ; k++ {
+			id = region + "-" + strconv.Itoa(k)
+			if c.node(id) == nil {
+				break
+			}
+		}
+		addr := func(p int) string { return "127.0.0.1:" + strconv.Itoa(p) }
+		next.Regions[i].Nodes = append(next.Regions[i].Nodes, topology.Node{ID: id, Region: region,
+			RaftAddr: addr(ports[0]), GRPCAddr: addr(ports[1]), HTTPAddr: addr(ports[2])})
+	}
+	if id == "" {
+		return "", 0, fmt.Errorf("regionsim: no region %q", region)
+	}
+	c.nodesMu.Lock()
+	c.topo = next
+	c.nodesMu.Unlock()
+	if err := c.writeViews(); err != nil {
+		return "", 0, err
+	}
+	real, _ := next.NodeByID(id)
+	sn := &simNode{id: id, region: region, real: real}
+	sn.baseArgs = []string{"--config", c.views[region], "--id", id, "--data-dir", filepath.Join(c.dir, "data", id),
+		"--log-level", "info", "--clock-skew-margin", c.cfg.ClockSkewMargin.String()}
+	sn.proc = &cluster.Process{Name: id, Bin: c.anyNode().proc.Bin, Args: sn.baseArgs, Log: filepath.Join(c.dir, "logs", id+".log"),
+		Env: []string{cluster.FaultInjectionEnv}}
+	if err := sn.proc.Start(); err != nil {
+		return "", 0, err
+	}
+	c.nodesMu.Lock()
+	c.nodes[id] = sn
+	c.nodeIDs = append(c.nodeIDs, id)
+	c.nodesMu.Unlock()
+	took, err := c.applyTopology(ctx, next, nil)
+	return id, took, err
+}
+
+// removeNode applies the next version without one of region's nodes (the
+// first that is not the naive lock server's host), then stops it.
+func (c *simCluster) removeNode(ctx context.Context, region string) (string, time.Duration, error) {
+	victims := slices.DeleteFunc(c.nodesIn(region), func(id string) bool { return id == c.naiveHost })
+	if len(victims) == 0 {
+		return "", 0, fmt.Errorf("regionsim: no node of %s may leave", region)
+	}
+	id := victims[0]
+	next := c.topology().Clone()
+	next.Version = next.EffectiveVersion() + 1
+	for i := range next.Regions {
+		next.Regions[i].Nodes = slices.DeleteFunc(next.Regions[i].Nodes, func(n topology.Node) bool { return n.ID == id })
+	}
+	took, err := c.applyTopology(ctx, next, nil)
+	if err != nil {
+		return id, took, err
+	}
+	c.nodesMu.Lock()
+	c.topo = next
+	c.nodeIDs = slices.DeleteFunc(c.nodeIDs, func(x string) bool { return x == id })
+	c.nodesMu.Unlock()
+	if err := c.node(id).proc.Stop(15 * time.Second); err != nil {
+		c.log.Warn("stopping the node that left", "node", id, "err", err)
+	}
+	return id, took, nil
+}
+
+// applyTopology stores next as the cluster's target through a running node
+// and waits until it is the active version.
+func (c *simCluster) applyTopology(ctx context.Context, next *topology.Topology, dead []string) (time.Duration, error) {
+	raw, err := yaml.Marshal(next)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	stored := false
+	for ctx.Err() == nil {
+		for _, id := range c.running() {
+			conn, err := c.adminConn(id)
+			if err != nil {
+				continue
+			}
+			cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+			client := idemv1.NewTopologyClient(conn)
+			if !stored {
+				if _, err := client.SetTarget(cctx, &idemv1.SetTargetRequest{Topology: raw, Dead: dead}); err == nil {
+					stored = true
+				}
+			}
+			var active int
+			if resp, err := client.Get(cctx, &idemv1.GetTopologyRequest{}); err == nil {
+				var doc struct {
+					ActiveVersion int `json:"active_version"`
+				}
+				if json.Unmarshal(resp.GetJson(), &doc) == nil {
+					active = doc.ActiveVersion
+				}
+			}
+			ccancel()
+			if stored && active >= next.EffectiveVersion() {
+				return time.Since(start), nil
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return time.Since(start), fmt.Errorf("regionsim: topology version %d not active after %s (stored: %v)", next.EffectiveVersion(), time.Since(start).Round(time.Second), stored)
+}
+
+// anyNode returns one of the cluster's nodes.
+func (c *simCluster) anyNode() *simNode { return c.node(c.ids()[0]) }
