@@ -128,7 +128,7 @@
 // by every process it passes through, and counted there in
 // idem_operator_actions_total{action,outcome,forwarded}. In secure mode a
 // request's idem-hops, idem-leader and forwarded principal are honoured
-// only from node peers (security/auth), so a client cannot pass an action
+// only from node and router peers (security/auth), so a client cannot pass an action
 // off as forwarded.
 //
 // Waiting (v1.1). A reserve's wait_ms (0..30000) is validated here and

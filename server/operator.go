@@ -66,7 +66,7 @@ func actionOf(op fsm.Op) string {
 // operate runs a force-release or delete for principal and maps its
 // outcome: OK, 404 NOT_FOUND, or 409 FAILED_PRECONDITION. Every process an
 // action passes through logs it at INFO and counts it; hops > 0 (a request
-// another process forwarded: in secure mode only a node peer's hop count is
+// another process forwarded: in secure mode only a node or router peer's hop count is
 // honoured) is counted with forwarded="true", so the actions callers sent
 // are the sum over forwarded="false".
 func (s *Server) operate(ctx context.Context, cmd *fsm.Command, hops int, principal string) (fsm.Result, string, *Error) {

@@ -49,6 +49,13 @@ var certSubs = []certSub{
 		},
 	},
 	{
+		name: "create-router", args: "HOST...", nargs: [2]int{1, -1}, needsID: true,
+		summary: "router.crt and router.key for router --id, valid for each HOST; taken by nodes as a forwarding peer, never on the Raft port",
+		run: func(o *certOptions, hosts []string) ([]string, error) {
+			return []string{pki.RouterCertFile, pki.RouterKeyFile}, pki.CreateRouter(o.dir, o.caKey, o.id, hosts, pki.Options{Lifetime: o.lifetime})
+		},
+	},
+	{
 		name: "create-client", args: "NAME", nargs: [2]int{1, 1},
 		summary: "client.NAME.crt and client.NAME.key: a client certificate for principal NAME",
 		run: func(o *certOptions, args []string) ([]string, error) {
@@ -59,21 +66,23 @@ var certSubs = []certSub{
 }
 
 const certAbout = `Makes the certificates of a secure cluster (ECDSA P-256, PEM, keys mode 0600).
-create-node and create-client sign with DIR/ca.crt and DIR/ca.key, or with
---ca-key FILE when the CA key is kept elsewhere. A certs dir holds one node's
-certificate: make one dir per node, each with a copy of ca.crt, or move
-node.crt and node.key away before the next create-node. No file is ever
+create-node, create-router and create-client sign with DIR/ca.crt and
+DIR/ca.key, or with --ca-key FILE when the CA key is kept elsewhere. A certs
+dir holds one node's or router's certificate: make one dir per process, each
+with a copy of ca.crt, or move node.crt and node.key away before the next
+create-node. A router's certificate opens no Raft port. No file is ever
 overwritten.
 
   idemctl cert create-ca --certs-dir certs
   idemctl cert create-node --certs-dir certs --id us-east-1 127.0.0.1 node1.internal
+  idemctl cert create-router --certs-dir router-certs --id edge-1 router1.internal
   idemctl cert create-client --certs-dir certs root`
 
 func init() {
 	// Listed in the global help like any command; run dispatches it to runCert.
 	commands = append(commands, &command{
-		name: certCommandName, args: "create-ca|create-node|create-client", extra: "--certs-dir DIR",
-		summary: "make the CA, node and client certificates of a secure cluster",
+		name: certCommandName, args: "create-ca|create-node|create-router|create-client", extra: "--certs-dir DIR",
+		summary: "make the CA, node, router and client certificates of a secure cluster",
 		about:   certAbout,
 		flags:   func(fs *flag.FlagSet, _ *cmdOptions) { (&certOptions{}).register(fs) },
 		run:     func(ctx context.Context, e *env, args []string) error { return runCert(ctx, args, e.stdout) },
@@ -82,9 +91,9 @@ func init() {
 
 func (o *certOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.dir, "certs-dir", o.dir, "the certs `DIR` to write into (created if missing); required")
-	fs.StringVar(&o.id, "id", o.id, "create-node: the node `ID` of the topology the certificate is for; required")
+	fs.StringVar(&o.id, "id", o.id, "create-node: the node `ID` of the topology the certificate is for; create-router: the router's name; required")
 	fs.StringVar(&o.caKey, "ca-key", o.caKey, "the CA key `FILE` that signs (default: DIR/ca.key)")
-	fs.DurationVar(&o.lifetime, "lifetime", o.lifetime, "validity `D` from now (default: 87600h for a CA, 17520h for a node or client; never past the CA's)")
+	fs.DurationVar(&o.lifetime, "lifetime", o.lifetime, "validity `D` from now (default: 87600h for a CA, 17520h for a node, router or client; never past the CA's)")
 }
 
 func findCertSub(name string) *certSub {
@@ -142,13 +151,13 @@ func runCert(_ context.Context, args []string, stdout io.Writer) error {
 		problems = append(problems, "--certs-dir DIR is required")
 	}
 	if sub.needsID && o.id == "" {
-		problems = append(problems, "--id NODE_ID is required")
+		problems = append(problems, "--id ID is required")
 	}
 	if !sub.needsID && o.id != "" {
-		problems = append(problems, "--id applies to create-node only")
+		problems = append(problems, "--id applies to create-node and create-router only")
 	}
 	if sub.name == "create-ca" && o.caKey != "" {
-		problems = append(problems, "--ca-key applies to create-node and create-client only")
+		problems = append(problems, "--ca-key applies to create-node, create-router and create-client only")
 	}
 	if len(rest) < sub.nargs[0] || (sub.nargs[1] >= 0 && len(rest) > sub.nargs[1]) {
 		if sub.args == "" {

@@ -42,7 +42,7 @@ func TestCert(t *testing.T) {
 		wantOut string
 	}{
 		{name: "help", args: []string{"cert", "--help"}, wantOut: "idemctl cert create-node --certs-dir DIR --id ID HOST..."},
-		{name: "global help lists cert", args: []string{"--help"}, wantOut: "cert create-ca|create-node|create-client"},
+		{name: "global help lists cert", args: []string{"--help"}, wantOut: "cert create-ca|create-node|create-router|create-client"},
 		{name: "no subcommand", args: []string{"cert", "--certs-dir", dir}, wantErr: "cert needs a subcommand"},
 		{name: "unknown subcommand", args: []string{"cert", "create-root", "--certs-dir", dir}, wantErr: `unknown subcommand "create-root"`},
 		{name: "ca without dir", args: []string{"cert", "create-ca"}, wantErr: "--certs-dir DIR is required"},
@@ -50,14 +50,17 @@ func TestCert(t *testing.T) {
 		{name: "create-ca", args: []string{"cert", "create-ca", "--certs-dir", dir}, wantOut: "wrote " + filepath.Join(dir, "ca.key")},
 		{name: "create-ca again", args: []string{"cert", "create-ca", "--certs-dir", dir}, wantErr: "already exists"},
 		{name: "ca takes no args", args: []string{"cert", "create-ca", "--certs-dir", t.TempDir(), "extra"}, wantErr: "takes no arguments"},
-		{name: "node without id", args: []string{"cert", "create-node", "--certs-dir", dir, "127.0.0.1"}, wantErr: "--id NODE_ID is required"},
+		{name: "node without id", args: []string{"cert", "create-node", "--certs-dir", dir, "127.0.0.1"}, wantErr: "--id ID is required"},
 		{name: "node without hosts", args: []string{"cert", "create-node", "--certs-dir", dir, "--id", "n1"}, wantErr: "needs HOST..., got 0"},
 		{name: "node bad host", args: []string{"cert", "create-node", "--certs-dir", dir, "--id", "n1", "bad host"}, wantErr: "neither an IP address nor a DNS name"},
 		{name: "create-node", args: []string{"cert", "create-node", "--certs-dir", dir, "--id", "us-east-1", "127.0.0.1", "::1", "node1.internal"}, wantOut: "wrote " + filepath.Join(dir, "node.crt")},
 		{name: "create-node again", args: []string{"cert", "create-node", "--certs-dir", dir, "--id", "us-east-2", "127.0.0.1"}, wantErr: "move it away"},
+		{name: "router without id", args: []string{"cert", "create-router", "--certs-dir", dir, "127.0.0.1"}, wantErr: "--id ID is required"},
+		{name: "create-router", args: []string{"cert", "create-router", "--certs-dir", dir, "--id", "edge-1", "127.0.0.1", "router1.internal"}, wantOut: "wrote " + filepath.Join(dir, "router.crt")},
+		{name: "create-router again", args: []string{"cert", "create-router", "--certs-dir", dir, "--id", "edge-2", "127.0.0.1"}, wantErr: "move it away"},
 		{name: "create-client", args: []string{"cert", "create-client", "root", "--certs-dir", dir}, wantOut: "client.root.crt"},
 		{name: "create-client --json", args: []string{"cert", "create-client", "--json", "--certs-dir", dir, "ci"}, wantOut: `{"files":["` + filepath.Join(dir, "client.ci.crt")},
-		{name: "client with --id", args: []string{"cert", "create-client", "--certs-dir", dir, "--id", "x", "bob"}, wantErr: "--id applies to create-node only"},
+		{name: "client with --id", args: []string{"cert", "create-client", "--certs-dir", dir, "--id", "x", "bob"}, wantErr: "--id applies to create-node and create-router only"},
 		{name: "client bad name", args: []string{"cert", "create-client", "--certs-dir", dir, "a/b"}, wantErr: "principal name"},
 		{name: "client arity", args: []string{"cert", "create-client", "--certs-dir", dir, "a", "b"}, wantErr: "needs NAME, got 2"},
 		{name: "CA key elsewhere, missing", args: []string{"cert", "create-node", "--certs-dir", node2, "--id", "n2", "127.0.0.1"}, wantErr: "no usable CA"},
@@ -77,13 +80,20 @@ func TestCert(t *testing.T) {
 			}
 		})
 	}
-	for _, f := range []string{"ca.key", "node.key", "client.root.key"} {
+	for _, f := range []string{"ca.key", "node.key", "router.key", "client.root.key"} {
 		if fi, err := os.Stat(filepath.Join(dir, f)); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Fatalf("%s: mode %v, %v; want 0600", f, fi.Mode(), err)
 		}
 	}
 	if id, err := pki.IdentifyNode(readCert(t, filepath.Join(dir, "node.crt"))); err != nil || id.Name != "us-east-1" {
 		t.Fatalf("node.crt identity %v, %v", id, err)
+	}
+	router := readCert(t, filepath.Join(dir, "router.crt"))
+	if id, err := pki.Identify(router); err != nil || id != (pki.Identity{Kind: pki.KindRouter, Name: "edge-1"}) {
+		t.Fatalf("router.crt identity %v, %v", id, err)
+	}
+	if _, err := pki.IdentifyNode(router); err == nil {
+		t.Fatal("router.crt passes as a node certificate")
 	}
 	if id, err := pki.Identify(readCert(t, filepath.Join(dir, "client.root.crt"))); err != nil || id != (pki.Identity{Kind: pki.KindClient, Name: "root"}) {
 		t.Fatalf("client.root.crt identity %v, %v", id, err)

@@ -196,7 +196,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if o.proxyKeyRandom {
 		cfg.Logger.Warn("proxy: no --proxy-key-file (nor proxy.key in --certs-dir): callers named by their Authorization header get namespaces that change with every restart and differ between routers, so their replays do not survive either")
 	}
-	if cfg.Security, err = o.sec.Kit("", cfg.Logger, cfg.Registry); err != nil {
+	if cfg.Security, err = o.sec.RouterKit(cfg.Logger, cfg.Registry); err != nil {
 		return err
 	}
 	cfg.Security.ReloadOnSIGHUP(ctx)

@@ -443,22 +443,7 @@ func pollLog(t *testing.T, p *cluster.Process, text string) {
 // which the nodes judge with their auth file. Before, the router made every
 // caller root: an anonymous DELETE answered 200.
 func TestSecureRouterWithoutAuthFile(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "noauth", NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	authFile := filepath.Join(dir, "auth.yaml")
-	if err := os.WriteFile(authFile, []byte("principals:\n  - {name: root, namespaces: [\"*\"], role: admin}\n  - {name: bob, namespaces: [bob], role: writer}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Secure(authFile, "root", "bob"); err != nil {
-		t.Fatal(err)
-	}
+	c := newRootBobRegion(t, "noauth")
 	r, err := c.NewRouter(binaries["idemrouter"], "edge", "r1")
 	if err != nil {
 		t.Fatal(err)
@@ -525,4 +510,28 @@ func TestSecureRouterWithoutAuthFile(t *testing.T) {
 	if g, err := root.Get(ctx, "pay", "k1"); err != nil || g.Str("state") != "IN_PROGRESS" {
 		t.Fatalf("pay/k1 after the refused deletes: %v %v", g, err)
 	}
+}
+
+// newRootBobRegion lays out a secure region (r1) of three nodes and one
+// shard, not started, whose auth file lists root (admin on "*") and bob
+// (writer on bob), each with a client certificate.
+func newRootBobRegion(t *testing.T, name string) *cluster.Cluster {
+	t.Helper()
+	topo, err := cluster.Topology(cluster.Spec{Cluster: name, NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	authFile := filepath.Join(dir, "auth.yaml")
+	if err := os.WriteFile(authFile, []byte("principals:\n  - {name: root, namespaces: [\"*\"], role: admin}\n  - {name: bob, namespaces: [bob], role: writer}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Secure(authFile, "root", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

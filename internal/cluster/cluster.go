@@ -353,6 +353,9 @@ type Cluster struct {
 	// CADir and AuthFile are set by Secure: the CA (and client
 	// certificates) of a secure cluster, and the auth file of its processes.
 	CADir, AuthFile string
+	// RouterNodeCerts makes NewRouter give secure routers a node
+	// certificate (as in v1.1) instead of a router certificate.
+	RouterNodeCerts bool
 }
 
 // NewNodes lays out (but does not start) one idemnode process per node of

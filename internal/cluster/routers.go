@@ -41,7 +41,11 @@ func (c *Cluster) NewRouter(idemrouter, name, region string, extraArgs ...string
 	args := append([]string{"--config", c.TopologyPath, "--region", region,
 		"--http-addr", r.HTTPAddr, "--grpc-addr", r.GRPCAddr, "--log-level", "debug"}, extraArgs...)
 	if c.CADir != "" {
-		dir, err := c.NodeCertsDir(name)
+		certsDir := c.RouterCertsDir
+		if c.RouterNodeCerts {
+			certsDir = c.NodeCertsDir
+		}
+		dir, err := certsDir(name)
 		if err != nil {
 			return nil, err
 		}

@@ -15,7 +15,8 @@ import (
 // Secure turns the cluster's processes into secure ones (call it after
 // NewNodes, before NewRouter and before starting anything): it makes a CA
 // under Dir/certs/ca, one certs dir per node (Dir/certs/<id>, node
-// certificate for 127.0.0.1 and localhost) and one per router, a client
+// certificate for 127.0.0.1 and localhost) and one per router (a router
+// certificate, or a node certificate with RouterNodeCerts), a client
 // certificate for each of clients in the CA dir, and adds --certs-dir (and
 // --auth-file when authFile is not empty) to every node; NewRouter does the
 // same for routers. Probes and APIs of the cluster then speak TLS.
@@ -40,11 +41,25 @@ func (c *Cluster) Secure(authFile string, clients ...string) error {
 	return nil
 }
 
-// NodeCertsDir makes (once) and returns the certs dir of node or router id:
-// a copy of ca.crt and a node certificate for 127.0.0.1 and localhost.
+// NodeCertsDir makes (once) and returns the certs dir of node (or v1.1
+// router) id: a copy of ca.crt and a node certificate for 127.0.0.1 and
+// localhost.
 func (c *Cluster) NodeCertsDir(id string) (string, error) {
+	return c.certsDir(id, pki.KindNode)
+}
+
+// RouterCertsDir is NodeCertsDir with a router certificate (router.crt).
+func (c *Cluster) RouterCertsDir(name string) (string, error) {
+	return c.certsDir(name, pki.KindRouter)
+}
+
+func (c *Cluster) certsDir(id string, kind pki.Kind) (string, error) {
 	dir := filepath.Join(c.Dir, "certs", id)
-	if _, err := os.Stat(filepath.Join(dir, pki.NodeCertFile)); err == nil {
+	certFile, create := pki.NodeCertFile, pki.CreateNode
+	if kind == pki.KindRouter {
+		certFile, create = pki.RouterCertFile, pki.CreateRouter
+	}
+	if _, err := os.Stat(filepath.Join(dir, certFile)); err == nil {
 		return dir, nil
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -57,7 +72,7 @@ func (c *Cluster) NodeCertsDir(id string) (string, error) {
 	if err := os.WriteFile(filepath.Join(dir, pki.CACertFile), ca, 0o644); err != nil {
 		return "", err
 	}
-	if err := pki.CreateNode(dir, filepath.Join(c.CADir, pki.CAKeyFile), id, []string{"127.0.0.1", "localhost"}, pki.Options{}); err != nil {
+	if err := create(dir, filepath.Join(c.CADir, pki.CAKeyFile), id, []string{"127.0.0.1", "localhost"}, pki.Options{}); err != nil {
 		return "", fmt.Errorf("cluster: certificate of %s: %w", id, err)
 	}
 	return dir, nil

@@ -53,3 +53,10 @@ func (f *Flags) Kit(nodeID string, log *slog.Logger, reg *prometheus.Registry) (
 	return New(Config{CertsDir: f.CertsDir, AuthFile: f.AuthFile, NodeID: nodeID,
 		Limits: Limits{MaxConns: f.MaxConns, HTTP: f.HTTP}, Logger: log, Registry: reg})
 }
+
+// RouterKit is Kit for a router: router.crt when the certs dir holds one,
+// else a node certificate (v1.1) with a warning.
+func (f *Flags) RouterKit(log *slog.Logger, reg *prometheus.Registry) (*Kit, error) {
+	return New(Config{CertsDir: f.CertsDir, AuthFile: f.AuthFile, Router: true,
+		Limits: Limits{MaxConns: f.MaxConns, HTTP: f.HTTP}, Logger: log, Registry: reg})
+}

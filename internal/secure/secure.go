@@ -63,6 +63,9 @@ type Config struct {
 	// NodeID, when set, must be the node id of node.crt (a node refuses
 	// another node's certs dir). Routers leave it empty.
 	NodeID string
+	// Router: the process is a router; it presents router.crt when the
+	// certs dir holds one, else node.crt with a warning at start.
+	Router bool
 	// Limits at the listeners.
 	Limits Limits
 	// Logger; nil discards.
@@ -104,9 +107,14 @@ func New(cfg Config) (*Kit, error) {
 	}
 	k := &Kit{cfg: cfg, log: cfg.Logger, gate: newConnGate(cfg.Limits.UnauthenticatedIdle, closed)}
 	if cfg.CertsDir != "" {
-		r, err := pki.NewReloader(pki.ReloaderConfig{Dir: cfg.CertsDir, NodeID: cfg.NodeID, Logger: cfg.Logger})
+		r, err := pki.NewReloader(pki.ReloaderConfig{Dir: cfg.CertsDir, NodeID: cfg.NodeID, Router: cfg.Router, Logger: cfg.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("--certs-dir %s: %w", cfg.CertsDir, err)
+		}
+		if cfg.Router && r.Kind() == pki.KindNode {
+			cfg.Logger.Warn("this router presents a node certificate ("+pki.NodeCertFile+"), which also opens the Raft port of the nodes' shards; "+
+				"give it a router certificate (idemctl cert create-router) and remove node.crt and node.key from its certs dir",
+				"certs_dir", cfg.CertsDir, "node", r.NodeID())
 		}
 		k.certs = r
 	}

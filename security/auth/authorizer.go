@@ -162,9 +162,9 @@ func (a *Authorizer) Reload() error {
 
 // Authenticate maps c to a principal:
 //   - without an auth file, root;
-//   - a node peer: the principal it forwards (which must exist here), or
-//     else an internal principal "node:<id>" with admin on "*" (a node
-//     certificate already holds the keys to the Raft port);
+//   - a node or router peer: the principal it forwards (which must exist
+//     here), or else an internal principal "node:<id>" or "router:<name>"
+//     with admin on "*" (the process's own calls);
 //   - a client certificate and/or a bearer token, each of which must name a
 //     known principal, the same one when both are presented.
 func (a *Authorizer) Authenticate(c Credentials) (*Principal, error) {
@@ -180,9 +180,9 @@ func (a *Authorizer) authenticate(st *state, c Credentials) (*Principal, bool, e
 			return root, false, nil
 		}
 		switch c.Peer.Kind {
-		case pki.KindNode:
+		case pki.KindNode, pki.KindRouter:
 			if c.Forwarded == "" {
-				return &Principal{Name: "node:" + c.Peer.Name, Role: RoleAdmin, Namespaces: []string{"*"}, Internal: true}, true, nil
+				return peerPrincipal(c.Peer), true, nil
 			}
 			return &Principal{Name: c.Forwarded, Role: RoleAdmin, Namespaces: []string{"*"}}, true, nil
 		case pki.KindClient:
@@ -190,13 +190,13 @@ func (a *Authorizer) authenticate(st *state, c Credentials) (*Principal, bool, e
 		}
 		return nil, false, unauthenticated("credentials required: this process has no --auth-file, so it accepts only clients presenting a certificate signed by the cluster CA (idemctl cert create-client)")
 	}
-	if c.Peer.Kind == pki.KindNode {
+	if c.Peer.Kind.Peer() {
 		if c.Forwarded == "" {
-			return &Principal{Name: "node:" + c.Peer.Name, Role: RoleAdmin, Namespaces: []string{"*"}, Internal: true}, true, nil
+			return peerPrincipal(c.Peer), true, nil
 		}
 		p, ok := st.policy.Lookup(c.Forwarded)
 		if !ok {
-			return nil, false, unauthenticated("node %q forwarded a request of principal %q, which this process's auth file does not list: keep the auth files of all processes the same", c.Peer.Name, c.Forwarded)
+			return nil, false, unauthenticated("%s %q forwarded a request of principal %q, which this process's auth file does not list: keep the auth files of all processes the same", c.Peer.Kind, c.Peer.Name, c.Forwarded)
 		}
 		return p, true, nil
 	}
@@ -385,4 +385,10 @@ func (m *metrics) stats() Stats {
 		Allowed: m.ok.Load(), Unauthenticated: m.unauth.Load(), PermissionDenied: m.deny.Load(),
 		RateLimited: m.rl.Load(), Reloads: m.reloadOK.Load(), ReloadFailures: m.reloadErr.Load(),
 	}
+}
+
+// peerPrincipal is the internal principal of a node or router peer's own
+// calls (no forwarded principal).
+func peerPrincipal(id pki.Identity) *Principal {
+	return &Principal{Name: id.Kind.String() + ":" + id.Name, Role: RoleAdmin, Namespaces: []string{"*"}, Internal: true}
 }

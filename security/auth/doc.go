@@ -27,15 +27,17 @@
 //
 // # Forwarding
 //
-// A node or router that forwards a request (over mTLS with its node
-// certificate) sends the principal it authenticated in
+// A node or router that forwards a request (over mTLS with its node or
+// router certificate) sends the principal it authenticated in
 // Idem-Forwarded-Principal (gRPC metadata idem-forwarded-principal):
 // ForwardHTTP and ForwardUnaryClientInterceptor do it. The receiver honours
-// it only when the peer's verified certificate is a node certificate, and
+// it only when the peer's verified certificate is a node or router
+// certificate, and
 // then checks that principal against its own auth file (so every process
 // should have the same file); from any other peer the header is ignored and
-// stripped. A node peer that forwards no principal is the internal principal
-// node:<id>, admin on "*": a node certificate already opens the Raft port.
+// stripped. A node or router peer that forwards no principal is the internal
+// principal node:<id> or router:<name>, admin on "*" (the process's own
+// calls; a router may claim any principal anyway).
 // A forwarded request is not charged to the rate limit again (the process
 // the caller sent it to charged it). SECURITY.md gives the reasoning.
 //

@@ -18,7 +18,7 @@ var ForwardedPrincipalMetadata = strings.ToLower(ForwardedPrincipalHeader)
 
 // CredentialsFromGRPC collects what the RPC in ctx presents: the verified
 // client certificate of its connection, the "authorization" metadata, and,
-// from a node peer only, the forwarded principal.
+// from a node or router peer only, the forwarded principal.
 func CredentialsFromGRPC(ctx context.Context) Credentials {
 	var c Credentials
 	if p, ok := peer.FromContext(ctx); ok {
@@ -31,7 +31,7 @@ func CredentialsFromGRPC(ctx context.Context) Credentials {
 	if v := metadata.ValueFromIncomingContext(ctx, "authorization"); len(v) > 0 {
 		c.Authorization = v[0]
 	}
-	if c.Peer.Kind == pki.KindNode {
+	if c.Peer.Kind.Peer() {
 		if v := metadata.ValueFromIncomingContext(ctx, ForwardedPrincipalMetadata); len(v) > 0 {
 			c.Forwarded = v[0]
 		}
@@ -46,19 +46,20 @@ func CredentialsFromGRPC(ctx context.Context) Credentials {
 var internalMetadata = []string{idemv1.HopsHeader, idemv1.LeaderHeader, ForwardedPrincipalMetadata}
 
 // withoutForeignInternalMetadata returns ctx with internalMetadata removed
-// from the incoming metadata unless the RPC came over TLS from a node peer
-// (a verified node certificate): a client cannot claim that its request was
-// forwarded, and so hide an operator action as a forwarded one or steer
-// forwarding. Without TLS (an insecure process: loopback, every caller
-// root) there is no identity to judge by and the metadata is honoured, as
-// the processes of an insecure cluster need it from each other.
+// from the incoming metadata unless the RPC came over TLS from a node or
+// router peer (a verified node or router certificate): a client cannot
+// claim that its request was forwarded, and so hide an operator action as
+// a forwarded one or steer forwarding. Without TLS (an insecure process:
+// loopback, every caller root) there is no identity to judge by and the
+// metadata is honoured, as the processes of an insecure cluster need it
+// from each other.
 func withoutForeignInternalMetadata(ctx context.Context) context.Context {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
 		return ctx
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || PeerIdentity(&info.State).Kind == pki.KindNode {
+	if !ok || PeerIdentity(&info.State).Kind.Peer() {
 		return ctx
 	}
 	found := false

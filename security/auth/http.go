@@ -12,7 +12,8 @@ import (
 
 // ForwardedPrincipalHeader carries, on a request one node or router
 // forwards to another over mTLS, the principal the first one authenticated.
-// A receiver honours it only from a verified node certificate; from anyone
+// A receiver honours it only from a verified node or router certificate;
+// from anyone
 // else it is ignored (and the middleware strips it).
 const ForwardedPrincipalHeader = "Idem-Forwarded-Principal"
 
@@ -46,11 +47,11 @@ func PeerIdentity(cs *tls.ConnectionState) pki.Identity {
 }
 
 // CredentialsFromHTTP collects what r presents: its verified client
-// certificate, its Authorization header, and, from a node peer only, the
+// certificate, its Authorization header, and, from a node or router peer only, the
 // forwarded principal.
 func CredentialsFromHTTP(r *http.Request) Credentials {
 	c := Credentials{Peer: PeerIdentity(r.TLS), Authorization: r.Header.Get("Authorization")}
-	if c.Peer.Kind == pki.KindNode {
+	if c.Peer.Kind.Peer() {
 		c.Forwarded = r.Header.Get(ForwardedPrincipalHeader)
 	}
 	return c
@@ -112,7 +113,7 @@ func WriteJSONError(w http.ResponseWriter, _ *http.Request, e *Error) {
 }
 
 // ForwardHTTP sets the forwarded-principal header on an outgoing request
-// that a node or router forwards (over mTLS with its node certificate) for
+// that a node or router forwards (over mTLS with its own certificate) for
 // the principal in ctx. Internal principals are not forwarded: the next hop
 // sees the node itself.
 func ForwardHTTP(ctx context.Context, out *http.Request) {

@@ -14,12 +14,21 @@ type Kind int
 
 // The kinds of idem leaf certificates.
 const (
-	// KindNode: a node (idemnode) or router process; server and client usage.
+	// KindNode: a node (idemnode); server and client usage. Routers of
+	// v1.1 hold node certificates too.
 	KindNode Kind = iota + 1
 	// KindClient: a user or program; client usage only; its name is the
 	// principal of the auth file.
 	KindClient
+	// KindRouter: a router (idemrouter); server and client usage. Nodes
+	// take it as a forwarding peer on their gRPC port, never on the Raft
+	// port.
+	KindRouter
 )
+
+// Peer reports whether k is one of idem's own processes (a node or a
+// router): the peers whose forwarding metadata a node honours.
+func (k Kind) Peer() bool { return k == KindNode || k == KindRouter }
 
 func (k Kind) String() string {
 	switch k {
@@ -27,6 +36,8 @@ func (k Kind) String() string {
 		return "node"
 	case KindClient:
 		return "client"
+	case KindRouter:
+		return "router"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -34,32 +45,40 @@ func (k Kind) String() string {
 // Identity is who a verified idem certificate names.
 type Identity struct {
 	Kind Kind
-	// Name is the node id (KindNode) or the principal name (KindClient).
+	// Name is the node id (KindNode), the principal name (KindClient) or
+	// the router's name (KindRouter).
 	Name string
 }
 
 func (id Identity) String() string { return id.Kind.String() + ":" + id.Name }
 
 // The marker scheme (see doc.go): every idem leaf certificate carries exactly
-// one URI SAN idem://node/<id> or idem://client/<name>, and a matching
+// one URI SAN idem://node/<id>, idem://router/<name> or
+// idem://client/<name>, and a matching
 // OrganizationalUnit. Only the URI decides; the OU and the CN are for people
 // reading the certificate with openssl.
 const (
 	uriScheme  = "idem"
 	hostNode   = "node"
 	hostClient = "client"
+	hostRouter = "router"
 	// OUNode and OUClient are the OrganizationalUnit of node and client
 	// certificates.
 	OUNode   = "idem-node"
 	OUClient = "idem-client"
+	// OURouter is the OrganizationalUnit of router certificates.
+	OURouter = "idem-router"
 	// Organization is the O of every certificate pki issues.
 	Organization = "idem"
 )
 
 func identityURI(kind Kind, name string) *url.URL {
 	host := hostNode
-	if kind == KindClient {
+	switch kind {
+	case KindClient:
 		host = hostClient
+	case KindRouter:
+		host = hostRouter
 	}
 	return &url.URL{Scheme: uriScheme, Host: host, Path: "/" + name}
 }
@@ -89,6 +108,8 @@ func Identify(cert *x509.Certificate) (Identity, error) {
 			kind = KindNode
 		case hostClient:
 			kind = KindClient
+		case hostRouter:
+			kind = KindRouter
 		default:
 			return Identity{}, fmt.Errorf("%w: unknown identity URI %q", ErrNotIdem, u)
 		}
@@ -106,15 +127,16 @@ func Identify(cert *x509.Certificate) (Identity, error) {
 	switch {
 	case cert.IsCA:
 		return Identity{}, fmt.Errorf("%w: a CA certificate is no leaf identity", ErrNotIdem)
-	case id.Kind == KindNode && !(server && client):
-		return Identity{}, fmt.Errorf("%w: node certificate %q lacks server or client usage", ErrNotIdem, id.Name)
+	case (id.Kind == KindNode || id.Kind == KindRouter) && !(server && client):
+		return Identity{}, fmt.Errorf("%w: %s certificate %q lacks server or client usage", ErrNotIdem, id.Kind, id.Name)
 	case id.Kind == KindClient && (server || !client):
 		return Identity{}, fmt.Errorf("%w: client certificate %q must have client usage only", ErrNotIdem, id.Name)
 	}
 	return id, nil
 }
 
-// IdentifyNode is Identify that also requires a node certificate.
+// IdentifyNode is Identify that also requires a node certificate: a router
+// or client certificate is ErrNotNode (the Raft port's rule).
 func IdentifyNode(cert *x509.Certificate) (Identity, error) {
 	id, err := Identify(cert)
 	if err != nil {
@@ -122,6 +144,19 @@ func IdentifyNode(cert *x509.Certificate) (Identity, error) {
 	}
 	if id.Kind != KindNode {
 		return Identity{}, fmt.Errorf("%w: %s", ErrNotNode, id)
+	}
+	return id, nil
+}
+
+// IdentifyServer is Identify that also requires a certificate a server may
+// present to clients: a node's or a router's.
+func IdentifyServer(cert *x509.Certificate) (Identity, error) {
+	id, err := Identify(cert)
+	if err != nil {
+		return Identity{}, err
+	}
+	if !id.Kind.Peer() {
+		return Identity{}, fmt.Errorf("%w: %s presented as a server certificate", ErrNotNode, id)
 	}
 	return id, nil
 }

@@ -25,6 +25,10 @@ const (
 	CAKeyFile    = "ca.key"
 	NodeCertFile = "node.crt"
 	NodeKeyFile  = "node.key"
+	// RouterCertFile and RouterKeyFile are a router's identity
+	// (CreateRouter).
+	RouterCertFile = "router.crt"
+	RouterKeyFile  = "router.key"
 )
 
 // ClientCertFile and ClientKeyFile name the files of principal name's client
@@ -110,11 +114,24 @@ func CreateCA(dir string, opts Options) error {
 // the key caKeyPath (empty: dir/ca.key). It refuses (ErrExists) to overwrite
 // an existing node.crt or node.key.
 func CreateNode(dir, caKeyPath, nodeID string, hosts []string, opts Options) error {
-	if !ValidName(nodeID) {
-		return fmt.Errorf("%w: node id %q must be 1-128 bytes of [A-Za-z0-9._@-], starting with a letter or digit", ErrInvalid, nodeID)
+	return createServer(dir, caKeyPath, KindNode, nodeID, hosts, opts)
+}
+
+// CreateRouter writes router.crt and router.key (mode 0600) into dir: a
+// router identity named name, valid for every host, usable as server (the
+// router's listeners) and client (its calls to the nodes), signed like
+// CreateNode's. Nodes accept it on their gRPC port as a forwarding peer and
+// never on the Raft port. It refuses (ErrExists) to overwrite.
+func CreateRouter(dir, caKeyPath, name string, hosts []string, opts Options) error {
+	return createServer(dir, caKeyPath, KindRouter, name, hosts, opts)
+}
+
+func createServer(dir, caKeyPath string, kind Kind, name string, hosts []string, opts Options) error {
+	if !ValidName(name) {
+		return fmt.Errorf("%w: %s id %q must be 1-128 bytes of [A-Za-z0-9._@-], starting with a letter or digit", ErrInvalid, kind, name)
 	}
 	if len(hosts) == 0 {
-		return fmt.Errorf("%w: a node certificate needs at least one HOST (DNS name or IP address) it is reached at", ErrInvalid)
+		return fmt.Errorf("%w: a %s certificate needs at least one HOST (DNS name or IP address) it is reached at", ErrInvalid, kind)
 	}
 	var dns []string
 	var ips []net.IP
@@ -128,13 +145,17 @@ func CreateNode(dir, caKeyPath, nodeID string, hosts []string, opts Options) err
 		}
 		dns = append(dns, h)
 	}
+	ou, certFile, keyFile := OUNode, NodeCertFile, NodeKeyFile
+	if kind == KindRouter {
+		ou, certFile, keyFile = OURouter, RouterCertFile, RouterKeyFile
+	}
 	tmpl := &x509.Certificate{
-		Subject:     pkix.Name{Organization: []string{Organization}, OrganizationalUnit: []string{OUNode}, CommonName: nodeID},
+		Subject:     pkix.Name{Organization: []string{Organization}, OrganizationalUnit: []string{ou}, CommonName: name},
 		DNSNames:    dns,
 		IPAddresses: ips,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
-	return issueLeaf(dir, caKeyPath, KindNode, nodeID, tmpl, NodeCertFile, NodeKeyFile, opts)
+	return issueLeaf(dir, caKeyPath, kind, name, tmpl, certFile, keyFile, opts)
 }
 
 // CreateClient writes client.NAME.crt and client.NAME.key (mode 0600) into

@@ -415,3 +415,79 @@ func TestCARotation(t *testing.T) {
 		t.Fatal("an old-signed node still passes after the old CA was dropped")
 	}
 }
+
+// TestRouterCertificate: a router certificate names a router, serves the
+// router's public listeners, is a client of the nodes' public port, and
+// never passes the Raft port's node-only handshake. A router's reloader
+// prefers router.crt and falls back to node.crt (Kind says which).
+func TestRouterCertificate(t *testing.T) {
+	caDir := newCA(t)
+	dir := t.TempDir()
+	copyFile(t, filepath.Join(caDir, CACertFile), filepath.Join(dir, CACertFile))
+	if err := CreateRouter(dir, filepath.Join(caDir, CAKeyFile), "edge-1", []string{"127.0.0.1"}, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := CreateRouter(dir, filepath.Join(caDir, CAKeyFile), "edge-1", []string{"127.0.0.1"}, Options{}); !errors.Is(err, ErrExists) {
+		t.Fatalf("second create-router: %v, want ErrExists", err)
+	}
+	if err := CreateRouter(dir, filepath.Join(caDir, CAKeyFile), "edge-2", nil, Options{}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("create-router without hosts: %v, want ErrInvalid", err)
+	}
+	leaf := readLeaf(t, filepath.Join(dir, RouterCertFile))
+	if id, err := Identify(leaf); err != nil || id != (Identity{Kind: KindRouter, Name: "edge-1"}) {
+		t.Fatalf("Identify(router.crt) = %v, %v", id, err)
+	}
+	if leaf.Subject.OrganizationalUnit[0] != OURouter {
+		t.Fatalf("OU %v, want %s", leaf.Subject.OrganizationalUnit, OURouter)
+	}
+	if _, err := IdentifyNode(leaf); !errors.Is(err, ErrNotNode) {
+		t.Fatalf("IdentifyNode(router.crt): %v, want ErrNotNode", err)
+	}
+	if _, err := IdentifyServer(leaf); err != nil {
+		t.Fatalf("IdentifyServer(router.crt): %v", err)
+	}
+
+	rt, err := NewReloader(ReloaderConfig{Dir: dir, Router: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rt.Kind() != KindRouter || rt.NodeID() != "edge-1" {
+		t.Fatalf("router reloader: kind %v id %q", rt.Kind(), rt.NodeID())
+	}
+	if _, err := NewReloader(ReloaderConfig{Dir: dir}); err == nil {
+		t.Fatal("a node's reloader loaded a dir holding only router.crt")
+	}
+	legacy, err := NewReloader(ReloaderConfig{Dir: nodeDir(t, caDir, "old-router"), Router: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if legacy.Kind() != KindNode {
+		t.Fatalf("router with node.crt: kind %v, want node", legacy.Kind())
+	}
+	n1, err := NewReloader(ReloaderConfig{Dir: nodeDir(t, caDir, "n1"), NodeID: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := ClientTLS(caDir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client.ServerName = "127.0.0.1"
+	for _, tc := range []struct {
+		name           string
+		server, client *tls.Config
+		wantOK         bool
+	}{
+		{"router on the Raft port", n1.NodeServerTLS(), rt.NodeClientTLS("127.0.0.1"), false},
+		{"router on a node's public port", n1.PublicServerTLS(), rt.NodeClientTLS("127.0.0.1"), true},
+		{"client of a router", rt.PublicServerTLS(), client, true},
+		{"node on the Raft port", n1.NodeServerTLS(), legacy.NodeClientTLS("127.0.0.1"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			serr, cerr, _ := handshake(t, tc.server, tc.client)
+			if ok := serr == nil && cerr == nil; ok != tc.wantOK {
+				t.Fatalf("server err %v, client err %v; want ok=%v", serr, cerr, tc.wantOK)
+			}
+		})
+	}
+}

@@ -25,6 +25,10 @@ type ReloaderConfig struct {
 	// with another node's certs dir then refuses to start (and a renewal for
 	// the wrong node is not picked up). Empty accepts any node certificate.
 	NodeID string
+	// Router: the process is a router. It presents router.crt/router.key
+	// when the certs dir holds them (CreateRouter), else node.crt/node.key
+	// as in v1.1 (Kind then says KindNode, so the router can warn).
+	Router bool
 	// CheckInterval is how often, at most, a TLS handshake stats the three
 	// files and reloads them if any changed. Zero means
 	// DefaultCheckInterval; negative disables the check (Reload only, e.g.
@@ -44,6 +48,7 @@ type ReloaderConfig struct {
 // renewal, a key that does not match) keeps the previous material.
 type Reloader struct {
 	cfg    ReloaderConfig
+	kind   Kind // of the certificate files in use: KindNode or KindRouter
 	logger *slog.Logger
 	cur    atomic.Pointer[material]
 
@@ -77,7 +82,15 @@ func NewReloader(cfg ReloaderConfig) (*Reloader, error) {
 	if cfg.NodeID != "" && !ValidName(cfg.NodeID) {
 		return nil, fmt.Errorf("%w: node id %q", ErrInvalid, cfg.NodeID)
 	}
-	r := &Reloader{cfg: cfg, logger: cfg.Logger}
+	r := &Reloader{cfg: cfg, logger: cfg.Logger, kind: KindNode}
+	if cfg.Router {
+		if cfg.NodeID != "" {
+			return nil, fmt.Errorf("%w: a router's ReloaderConfig has no NodeID", ErrInvalid)
+		}
+		if _, err := os.Stat(filepath.Join(cfg.Dir, RouterCertFile)); err == nil {
+			r.kind = KindRouter
+		}
+	}
 	if r.logger == nil {
 		r.logger = slog.New(slog.DiscardHandler)
 	}
@@ -98,10 +111,14 @@ func (r *Reloader) now() time.Time {
 }
 
 func (r *Reloader) paths() [3]string {
+	certFile, keyFile := NodeCertFile, NodeKeyFile
+	if r.kind == KindRouter {
+		certFile, keyFile = RouterCertFile, RouterKeyFile
+	}
 	return [3]string{
 		filepath.Join(r.cfg.Dir, CACertFile),
-		filepath.Join(r.cfg.Dir, NodeCertFile),
-		filepath.Join(r.cfg.Dir, NodeKeyFile),
+		filepath.Join(r.cfg.Dir, certFile),
+		filepath.Join(r.cfg.Dir, keyFile),
 	}
 }
 
@@ -136,12 +153,15 @@ func (r *Reloader) load() (*material, error) {
 	}
 	cert, err := tls.LoadX509KeyPair(p[1], p[2])
 	if err != nil {
-		return nil, fmt.Errorf("pki: node certificate: %w", err)
+		return nil, fmt.Errorf("pki: %s certificate: %w", r.kind, err)
 	}
 	if _, err := verifyLeaf(pool, cert.Leaf, cert.Certificate, r.now(), x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth); err != nil {
 		return nil, fmt.Errorf("pki: %s is not signed by %s or not valid now: %w", p[1], p[0], err)
 	}
-	id, err := IdentifyNode(cert.Leaf)
+	id, err := Identify(cert.Leaf)
+	if err == nil && id.Kind != r.kind {
+		err = fmt.Errorf("%w: %s holds a %s certificate, want a %s certificate", ErrNotNode, p[1], id.Kind, r.kind)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pki: %s: %w", p[1], err)
 	}
@@ -228,13 +248,16 @@ func (r *Reloader) Stats() ReloaderStats {
 	return s
 }
 
-// NodeID is the node id of the certificate in use.
+// NodeID is the node id (or the router's name) of the certificate in use.
 func (r *Reloader) NodeID() string { return r.cur.Load().id.Name }
 
-// NodeServerTLS is the server side of node-to-node links (the Raft port,
-// forwarding between nodes): the peer must present a node certificate
-// signed by the current CA; a client certificate, a foreign CA or none fail
-// the handshake.
+// Kind is the kind of the certificate in use: KindNode, or KindRouter for a
+// router whose certs dir holds router.crt.
+func (r *Reloader) Kind() Kind { return r.kind }
+
+// NodeServerTLS is the server side of node-to-node links (the Raft port):
+// the peer must present a node certificate signed by the current CA; a
+// router or client certificate, a foreign CA or none fail the handshake.
 func (r *Reloader) NodeServerTLS(nextProtos ...string) *tls.Config {
 	return r.serverTLS(true, nextProtos)
 }
@@ -341,7 +364,8 @@ func verifyNodeServer(pool *x509.CertPool, peer []*x509.Certificate, serverName 
 // ClientTLS is the configuration of a client (idemctl, the Go client) of a
 // secure cluster: it trusts dir/ca.crt, presents client.NAME.crt when name
 // is not empty (token users pass ""), and accepts only servers with a node
-// certificate. It is read once; clients are short-lived or restarted to
+// certificate or a router certificate. It is read once; clients are
+// short-lived or restarted to
 // pick up a renewal.
 func ClientTLS(dir, name string) (*tls.Config, error) {
 	cas, err := readCerts(filepath.Join(dir, CACertFile))
@@ -356,12 +380,12 @@ func ClientTLS(dir, name string) (*tls.Config, error) {
 		MinVersion: tls.VersionTLS12,
 		RootCAs:    pool,
 		// The standard verification (chain, host name) has run; this adds
-		// the node-certificate rule.
+		// the rule that the server is a node or a router.
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			if len(cs.VerifiedChains) == 0 {
 				return errors.New("pki: the server's certificate was not verified")
 			}
-			_, err := IdentifyNode(cs.VerifiedChains[0][0])
+			_, err := IdentifyServer(cs.VerifiedChains[0][0])
 			return err
 		},
 	}
