@@ -5,11 +5,12 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idem-dev/idem/internal/cluster"
 )
 
 // suiteTimeout bounds one language's whole test suite.
@@ -22,12 +23,14 @@ const debianNodePath = "/usr/share/nodejs"
 var (
 	buildOnce sync.Once
 	binDir    string
+	bins      map[string]string
 	buildErr  error
-	buildOut  []byte
 )
 
-// binaries builds cmd/idemnode and cmd/idemctl once per test binary and
-// returns the environment that hands them to a suite.
+// binaries builds cmd/idemnode and cmd/idemctl once per test binary (with
+// -race when the tests run with it, as every multi-process test here does:
+// the suites fail when a node reports a data race) and returns the
+// environment that hands them to a suite.
 func binaries(t *testing.T) []string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -35,17 +38,12 @@ func binaries(t *testing.T) []string {
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir+string(os.PathSeparator),
-			"github.com/idem-dev/idem/cmd/idemnode", "github.com/idem-dev/idem/cmd/idemctl")
-		buildOut, buildErr = cmd.CombinedOutput()
+		bins, buildErr = cluster.Build(binDir, "idemnode", "idemctl")
 	})
 	if buildErr != nil {
-		t.Fatalf("go build idemnode idemctl: %v\n%s", buildErr, buildOut)
+		t.Fatal(buildErr)
 	}
-	return []string{
-		"IDEM_NODE_BIN=" + filepath.Join(binDir, "idemnode"),
-		"IDEM_CTL_BIN=" + filepath.Join(binDir, "idemctl"),
-	}
+	return []string{"IDEM_NODE_BIN=" + bins["idemnode"], "IDEM_CTL_BIN=" + bins["idemctl"]}
 }
 
 func TestMain(m *testing.M) {

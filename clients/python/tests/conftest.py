@@ -90,12 +90,17 @@ def start_node(tmp: Path, certs: Optional[Path] = None, auth_file: Optional[Path
 
 
 def stop_node(n: DevNode) -> None:
+    """Stops the node; fails when it reported a data race (a -race build)."""
     n.proc.terminate()
     try:
         n.proc.wait(10)
     except subprocess.TimeoutExpired:
         n.proc.kill()
         n.proc.wait()
+    log = n.log.read_text(errors="replace")
+    race = log.find("WARNING: DATA RACE")
+    if race >= 0:
+        raise AssertionError(f"idemnode reported a data race:\n{log[race:race + 4000]}")
 
 
 @pytest.fixture(scope="session")
@@ -103,8 +108,10 @@ def node():
     tmp = Path(tempfile.mkdtemp(prefix="idem-py-"))
     n = start_node(tmp)
     yield n
-    stop_node(n)
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        stop_node(n)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def spawn_until(args, prefix: str, timeout: float = 30.0):

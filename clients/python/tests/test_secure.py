@@ -33,8 +33,10 @@ def secure():
     ]))
     n = start_node(tmp, certs=certs, auth_file=auth)
     yield n, certs
-    stop_node(n)
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        stop_node(n)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_bearer_token_over_tls(secure):

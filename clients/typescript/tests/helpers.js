@@ -129,6 +129,7 @@ export async function startNode(options = {}) {
   return {
     url,
     log: () => log,
+    /** Stops the node; fails when it reported a data race (a -race build). */
     async stop() {
       if (!exited) {
         child.kill('SIGTERM');
@@ -137,6 +138,8 @@ export async function startNode(options = {}) {
         clearTimeout(t);
       }
       rmSync(dir, { recursive: true, force: true });
+      const race = log.indexOf('WARNING: DATA RACE');
+      if (race >= 0) throw new Error(`idemnode reported a data race:\n${log.slice(race, race + 4000)}`);
     },
   };
 }
