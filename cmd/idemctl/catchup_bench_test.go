@@ -13,7 +13,7 @@ import (
 	"github.com/idem-dev/idem/internal/cluster"
 )
 
-// BenchmarkFollowerCatchUp measures what issue 9 asks of a snapshot install:
+// BenchmarkFollowerCatchUp measures a snapshot install under retained state:
 // a three-node region (two shards, three replicas) retains
 // IDEM_CATCHUP_RECORDS completed records of 512-byte bodies (default
 // 100,000); one node is killed and loses its data dir, every leader

@@ -65,7 +65,7 @@ func TestParseInterleaved(t *testing.T) {
 }
 
 // TestIdemctlLinksNoServer keeps idemctl a small client: it must link neither
-// the API server, the node nor the Prometheus client (issue 8's seams).
+// the API server, the node nor the Prometheus client.
 func TestIdemctlLinksNoServer(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "github.com/idem-dev/idem/cmd/idemctl").CombinedOutput()
 	if err != nil {

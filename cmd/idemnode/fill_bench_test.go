@@ -14,7 +14,7 @@ import (
 	"github.com/idem-dev/idem/internal/cluster"
 )
 
-// BenchmarkNodeFill is issue 9's fill at the API: a dev node (one node,
+// BenchmarkNodeFill fills retained state through the API: a dev node (one node,
 // four shards) retains IDEM_NODE_FILL_RECORDS completed records of 512-byte
 // random bodies (default 1,000,000), filled by 64 gRPC clients doing
 // reserve+complete cycles, and prints (stderr) at 0, 1M and 10M retained,

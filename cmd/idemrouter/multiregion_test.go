@@ -20,7 +20,7 @@ import (
 	"github.com/idem-dev/idem/topology"
 )
 
-// Multi-region tests (issue 3, "What must be shown") on real processes:
+// Multi-region tests on real processes:
 // three regions of three idemnode processes each, two shards homed per
 // region with three replicas, and one idemrouter per region, all on
 // loopback.
