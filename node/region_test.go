@@ -56,8 +56,10 @@ func startRegion(t *testing.T, n int, mod func(*Config)) *testRegion {
 		t.Fatal(err)
 	}
 	r := &testRegion{t: t, topo: topo}
-	t.Cleanup(r.close)
+	// The dir first: cleanups run last-registered first, so the nodes
+	// stop before their data dirs are removed.
 	dir := t.TempDir()
+	t.Cleanup(r.close)
 	for _, nd := range region.Nodes {
 		rc := raftstore.DefaultConfig()
 		rc.NoFsync = true

@@ -21,6 +21,7 @@ import (
 // down, and every shard must stay writable from the other regions (the
 // promise of region survival).
 func TestRaftCrossesTheWAN(t *testing.T) {
+	needBinaries(t)
 	cfg := DefaultConfig()
 	cfg.Survival = "region"
 	cfg.Compare = false

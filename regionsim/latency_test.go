@@ -18,6 +18,7 @@ import (
 // simulated WAN. How fast anything is stays a figure of `regionsim
 // --latency` (README), never an assertion here.
 func TestMeasureLatency(t *testing.T) {
+	needBinaries(t)
 	cfg := DefaultConfig()
 	cfg.LatencyCycles, cfg.LatencyWarmup = 12, 2
 	cfg.LatencyBudget = 40 * time.Second

@@ -27,8 +27,20 @@ var long = flag.Bool("regionsim.long", os.Getenv("REGIONSIM_LONG") != "", "run t
 
 var bins map[string]string
 
+// needBinaries skips a test that starts real processes under -short (the
+// fast inner loop), which builds none.
+func needBinaries(t *testing.T) {
+	t.Helper()
+	if bins == nil {
+		t.Skip("process-level: skipped with -short")
+	}
+}
+
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run()) // unit tests only: needBinaries skips the rest
+	}
 	dir, err := os.MkdirTemp("", "regionsim-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -171,6 +183,7 @@ func shortConfig(t *testing.T) Config {
 	cfg.ClockSkewMargin = 500 * time.Millisecond
 	cfg.AttemptTimeout = 2500 * time.Millisecond
 	cfg.RouterTimeout = 2 * time.Second
+	needBinaries(t)
 	cfg.Binaries = bins
 	cfg.WorkDir = t.TempDir()
 	cfg.Logger = testutil.Logger(t, slog.LevelWarn)
