@@ -142,7 +142,8 @@ type attemptFunc func(ctx context.Context, stub idemv1.IdempotencyClient, opts .
 
 // invoke runs attempt with retries for the key (namespace, key): the first
 // attempt goes to the leader of the key's shard when routing knows it and
-// its connection is up, else to the next endpoint round-robin; on a
+// its connection is up (an empty key names no shard: a batch call), else to
+// the next endpoint round-robin; on a
 // retryable failure it backs off and tries again on the next endpoint, up
 // to MaxAttempts in all. retried reports whether an earlier attempt failed
 // in a way that may have been applied (its answer was lost), which matters
@@ -160,7 +161,7 @@ func (c *Client) invokeWaiting(ctx context.Context, op, namespace, key string, w
 	}
 	var route callRoute
 	routed := false
-	if c.routing != nil {
+	if c.routing != nil && key != "" {
 		route, routed = c.routing.route(namespace, key)
 	}
 	start := c.next.Add(1)

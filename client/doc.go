@@ -93,6 +93,16 @@
 // gRPC metadata always go alone. Config.DisableBatching turns it off; Stats
 // counts Batch RPCs and the calls they answered.
 //
+// # Batch calls
+//
+// ReserveMany and CompleteMany send the keys of one namespace in few
+// BatchReserve / BatchComplete RPCs (up to MaxBatchItems items each). A
+// batch goes to any endpoint, not to a leader: the node fans its items out
+// to their shards' leaders, so one batch carries keys of every shard. Each
+// item is answered as its single call, in order, and fails alone.
+// OnceBatch builds Once on them for consumers that receive events in
+// batches.
+//
 // # Keys
 //
 // NewKey makes a key (a UUIDv7, so keys sort by creation time). Make it

@@ -21,6 +21,24 @@ import (
 // acquisition. On error the returned Reservation still holds the owner token
 // used, so the caller can retry with it.
 func (c *Client) Reserve(ctx context.Context, req ReserveRequest) (Reservation, error) {
+	pb, err := reserveProto(req)
+	if err != nil {
+		return Reservation{OwnerToken: pb.GetOwnerToken()}, err
+	}
+	var resp *idemv1.ReserveResponse
+	_, err = c.invokeWaiting(ctx, "reserve "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, req.Wait, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
+		resp, err = stub.Reserve(ctx, pb, opts...)
+		return err
+	})
+	if err != nil {
+		return Reservation{OwnerToken: pb.OwnerToken}, err
+	}
+	return reservationFromProto(req, pb.OwnerToken, resp)
+}
+
+// reserveProto validates req and is its request, with the owner token it
+// names or a new one. On error it is nil but for the token req named.
+func reserveProto(req ReserveRequest) (*idemv1.ReserveRequest, error) {
 	var errs []error
 	errs = append(errs, validateNames(req.Namespace, req.Key))
 	if n := utf8.RuneCountInString(req.Fingerprint); n > MaxFingerprintLen {
@@ -35,28 +53,25 @@ func (c *Client) Reserve(ctx context.Context, req ReserveRequest) (Reservation, 
 		errs = append(errs, invalid("wait %v is out of range: use 0..%v in whole milliseconds", req.Wait, MaxWait))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return Reservation{OwnerToken: req.OwnerToken}, err
+		return &idemv1.ReserveRequest{OwnerToken: req.OwnerToken}, err
 	}
 	token := req.OwnerToken
 	if token == "" {
 		token = NewOwnerToken()
 	}
-	pb := &idemv1.ReserveRequest{
+	return &idemv1.ReserveRequest{
 		Namespace:   req.Namespace,
 		Key:         req.Key,
 		Fingerprint: req.Fingerprint,
 		LeaseMs:     leaseMs,
 		OwnerToken:  token,
 		WaitMs:      req.Wait.Milliseconds(),
-	}
-	var resp *idemv1.ReserveResponse
-	_, err = c.invokeWaiting(ctx, "reserve "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, req.Wait, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
-		resp, err = stub.Reserve(ctx, pb, opts...)
-		return err
-	})
-	if err != nil {
-		return Reservation{OwnerToken: token}, err
-	}
+	}, nil
+}
+
+// reservationFromProto is the store's answer resp to the reserve of req
+// with owner token token, checked.
+func reservationFromProto(req ReserveRequest, token string, resp *idemv1.ReserveResponse) (Reservation, error) {
 	res := Reservation{
 		Outcome:              idemv1.OutcomeFromProto(resp.GetOutcome()),
 		OwnerToken:           token,
@@ -109,16 +124,9 @@ func (c *Client) Heartbeat(ctx context.Context, req HeartbeatRequest) (time.Time
 // completed with another response); ErrPayloadTooLarge that the body exceeds
 // the store's limit.
 func (c *Client) Complete(ctx context.Context, req CompleteRequest) (Completion, error) {
-	retentionS, err := retentionSeconds(req.Retention)
-	if err := errors.Join(validateNames(req.Namespace, req.Key), validateOwnerToken(req.OwnerToken), validateResponse(req.Response), err); err != nil {
+	pb, err := completeProto(req)
+	if err != nil {
 		return Completion{}, err
-	}
-	pb := &idemv1.CompleteRequest{
-		Namespace:  req.Namespace,
-		Key:        req.Key,
-		OwnerToken: req.OwnerToken,
-		Response:   responseToProto(req.Response),
-		RetentionS: retentionS,
 	}
 	var resp *idemv1.CompleteResponse
 	_, err = c.invoke(ctx, "complete "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
@@ -129,6 +137,21 @@ func (c *Client) Complete(ctx context.Context, req CompleteRequest) (Completion,
 		return Completion{}, err
 	}
 	return Completion{CompletedAt: timeFromProto(resp.GetCompletedAt()), ExpiresAt: timeFromProto(resp.GetExpiresAt())}, nil
+}
+
+// completeProto validates req and is its request.
+func completeProto(req CompleteRequest) (*idemv1.CompleteRequest, error) {
+	retentionS, err := retentionSeconds(req.Retention)
+	if err := errors.Join(validateNames(req.Namespace, req.Key), validateOwnerToken(req.OwnerToken), validateResponse(req.Response), err); err != nil {
+		return nil, err
+	}
+	return &idemv1.CompleteRequest{
+		Namespace:  req.Namespace,
+		Key:        req.Key,
+		OwnerToken: req.OwnerToken,
+		Response:   responseToProto(req.Response),
+		RetentionS: retentionS,
+	}, nil
 }
 
 // Release frees a key its owner did not complete, so that the next reserve
