@@ -19,8 +19,12 @@ var update = flag.Bool("update", false, "rewrite docs/flags.md from the binaries
 const page = "../../docs/flags.md"
 
 // TestFlagsDocMatchesBinaries builds every command, renders their --help
-// and compares the result with docs/flags.md byte for byte.
+// and compares the result with docs/flags.md byte for byte (skipped with
+// -short, like the other tests that build the commands).
 func TestFlagsDocMatchesBinaries(t *testing.T) {
+	if testing.Short() && !*update {
+		t.Skip("builds the five commands; runs without -short")
+	}
 	bins, err := cluster.Build(t.TempDir(), Commands...)
 	if err != nil {
 		t.Fatal(err)
