@@ -5,10 +5,10 @@
 package cluster
 
 import (
-	"flag"
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/http"
 	"os"
