@@ -3,9 +3,14 @@ package server
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,5 +136,135 @@ func TestGRPCBatchAuthorization(t *testing.T) {
 	_, unaryErr := api.Reserve(ctx, &idemv1.ReserveRequest{Namespace: "billing", Key: "e"})
 	if got, want := idemv1.BatchErrorStatus(resp.GetResults()[1].GetError()).Proto(), status.Convert(unaryErr).Proto(); !proto.Equal(got, want) {
 		t.Fatalf("batch denial %v, unary denial %v", got, want)
+	}
+}
+
+// TestBatchCallsChargeEachItem: a BatchReserve or keys:batch-reserve of N
+// items is charged N against the principal's rate, as N single calls: with
+// a burst of 3 and a frozen clock, three items pass, the others are refused
+// RESOURCE_EXHAUSTED alone, and the next call of either kind is refused.
+func TestBatchCallsChargeEachItem(t *testing.T) {
+	hash := func(tok string) string { s := sha256.Sum256([]byte(tok)); return hex.EncodeToString(s[:]) }
+	file := filepath.Join(t.TempDir(), "auth.yaml")
+	body := fmt.Sprintf(`principals:
+  - name: grpc-user
+    token_sha256: %s
+    namespaces: [billing]
+    role: writer
+    rate_per_s: 3
+  - name: json-user
+    token_sha256: %s
+    namespaces: [billing]
+    role: writer
+    rate_per_s: 3
+`, hash("tok-grpc"), hash("tok-json"))
+	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Unix(1_800_000_000, 0)
+	a, err := auth.New(auth.Config{File: file, Now: func() time.Time { return frozen }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Backend = newMemBackend(newFakeClock())
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// gRPC: five items, three pass.
+	gs := srv.NewGRPCServer(grpc.ChainUnaryInterceptor(a.UnaryServerInterceptor(nil)))
+	lis := listenLoopback(t)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	api := idemv1.NewIdempotencyClient(conn)
+	ctx := metadata.NewOutgoingContext(t.Context(), metadata.Pairs("authorization", "Bearer tok-grpc"))
+	items := make([]*idemv1.ReserveRequest, 5)
+	for i := range items {
+		items[i] = &idemv1.ReserveRequest{Key: fmt.Sprintf("g%d", i), OwnerToken: fmt.Sprintf("owner-token-%010d", i)}
+	}
+	resp, err := api.BatchReserve(ctx, &idemv1.BatchReserveRequest{Namespace: "billing", Items: items})
+	if err != nil {
+		t.Fatal(err)
+	}
+	passed, limited := 0, 0
+	for i, r := range resp.GetResults() {
+		switch {
+		case r.GetReserve().GetOutcome() == idemv1.Outcome_ACQUIRED:
+			passed++
+		case idemv1.BatchErrorStatus(r.GetError()).Code() == codes.ResourceExhausted:
+			limited++
+		default:
+			t.Fatalf("item %d: %v", i, r)
+		}
+	}
+	if passed != 3 || limited != 2 {
+		t.Fatalf("gRPC batch of 5 with a burst of 3: %d passed, %d rate-limited", passed, limited)
+	}
+	if _, err := api.Get(ctx, &idemv1.GetRequest{Namespace: "billing", Key: "g0"}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("unary get after the batch: %v, want ResourceExhausted", err)
+	}
+	// A batch in a namespace the principal may not use is refused whole,
+	// before any item runs.
+	_, err = api.BatchReserve(ctx, &idemv1.BatchReserveRequest{Namespace: "shop", Items: items[:1]})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("batch in another namespace: %v, want PermissionDenied", err)
+	}
+
+	// JSON: four items, three pass.
+	hs := httptest.NewServer(a.Middleware(srv.HTTPHandler(), auth.JSONAPITarget, nil))
+	t.Cleanup(hs.Close)
+	post := func(path, body string) (int, []byte) {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, hs.URL+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer tok-json")
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, b
+	}
+	code, out := post("/v1/namespaces/billing/keys:batch-reserve", `{"items": [{"key": "j0"}, {"key": "j1"}, {"key": "j2"}, {"key": "j3"}]}`)
+	if code != http.StatusOK {
+		t.Fatalf("JSON batch: %d %s", code, out)
+	}
+	var got struct {
+		Results []struct {
+			Outcome string `json:"outcome"`
+			Error   struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	passed, limited = 0, 0
+	for i, r := range got.Results {
+		switch {
+		case r.Outcome == "ACQUIRED":
+			passed++
+		case r.Error.Code == "RESOURCE_EXHAUSTED":
+			limited++
+		default:
+			t.Fatalf("JSON item %d: %s", i, out)
+		}
+	}
+	if passed != 3 || limited != 1 {
+		t.Fatalf("JSON batch of 4 with a burst of 3: %d passed, %d rate-limited: %s", passed, limited, out)
+	}
+	if code, out := post("/v1/namespaces/billing/keys/j9:reserve", `{}`); code != http.StatusTooManyRequests {
+		t.Fatalf("single reserve after the batch: %d %s, want 429", code, out)
 	}
 }

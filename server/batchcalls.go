@@ -10,6 +10,8 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/security/auth"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 )
 
@@ -195,6 +197,15 @@ func (h *httpAPI) batchItem(ctx context.Context, rt route, raw json.RawMessage) 
 	if e != nil {
 		return nil, e
 	}
+	if charge, ok := auth.ItemCharge(ctx); ok {
+		if err := charge(); err != nil {
+			var ae *auth.Error
+			if errors.As(err, &ae) {
+				return nil, &Error{Code: Code(ae.Code), Message: ae.Message, RetryAfter: ae.RetryAfter}
+			}
+			return nil, errorf(CodeInternal, "%s", internalMessage)
+		}
+	}
 	res, e := h.s.apply(ctx, cmd)
 	if e != nil {
 		return nil, e
@@ -266,14 +277,25 @@ func runGRPCBatch[I interface{ GetNamespace() string }, R any](ctx context.Conte
 	return results, nil
 }
 
+// item runs one item of a gRPC batch call as its unary RPC (method),
+// through the interceptors registered for the call's items
+// (idemv1.WithBatchOpInterceptor: the authorizer's, which charges each item
+// to the caller's rate).
+func (g *grpcService) item(ctx context.Context, method string, req any, handler grpc.UnaryHandler) (any, error) {
+	return idemv1.ChainBatchOp(ctx, idemv1.BatchOpInterceptors(ctx), req, &grpc.UnaryServerInfo{Server: g, FullMethod: method}, handler)
+}
+
 func (g *grpcService) BatchReserve(ctx context.Context, req *idemv1.BatchReserveRequest) (_ *idemv1.BatchReserveResponse, err error) {
 	defer g.recoverRPC("BatchReserve", &err)
 	results, err := runGRPCBatch(ctx, req.GetNamespace(), req.GetItems(),
 		func(ctx context.Context, ns string, item *idemv1.ReserveRequest) (*idemv1.BatchReserveResult, error) {
 			one := &idemv1.ReserveRequest{Namespace: ns, Key: item.GetKey(), Fingerprint: item.GetFingerprint(),
 				LeaseMs: item.GetLeaseMs(), OwnerToken: item.GetOwnerToken(), IfExpired: item.GetIfExpired()}
-			resp, err := g.Reserve(ctx, one)
-			return &idemv1.BatchReserveResult{Result: &idemv1.BatchReserveResult_Reserve{Reserve: resp}}, err
+			resp, err := g.item(ctx, idemv1.Idempotency_Reserve_FullMethodName, one, func(ctx context.Context, req any) (any, error) {
+				return g.Reserve(ctx, req.(*idemv1.ReserveRequest))
+			})
+			r, _ := resp.(*idemv1.ReserveResponse)
+			return &idemv1.BatchReserveResult{Result: &idemv1.BatchReserveResult_Reserve{Reserve: r}}, err
 		},
 		func(_ *idemv1.BatchReserveResult, e *idemv1.BatchError) *idemv1.BatchReserveResult {
 			return &idemv1.BatchReserveResult{Result: &idemv1.BatchReserveResult_Error{Error: e}}
@@ -290,8 +312,11 @@ func (g *grpcService) BatchComplete(ctx context.Context, req *idemv1.BatchComple
 		func(ctx context.Context, ns string, item *idemv1.CompleteRequest) (*idemv1.BatchCompleteResult, error) {
 			one := &idemv1.CompleteRequest{Namespace: ns, Key: item.GetKey(), OwnerToken: item.GetOwnerToken(),
 				Response: item.GetResponse(), RetentionS: item.GetRetentionS()}
-			resp, err := g.Complete(ctx, one)
-			return &idemv1.BatchCompleteResult{Result: &idemv1.BatchCompleteResult_Complete{Complete: resp}}, err
+			resp, err := g.item(ctx, idemv1.Idempotency_Complete_FullMethodName, one, func(ctx context.Context, req any) (any, error) {
+				return g.Complete(ctx, req.(*idemv1.CompleteRequest))
+			})
+			r, _ := resp.(*idemv1.CompleteResponse)
+			return &idemv1.BatchCompleteResult{Result: &idemv1.BatchCompleteResult_Complete{Complete: r}}, err
 		},
 		func(_ *idemv1.BatchCompleteResult, e *idemv1.BatchError) *idemv1.BatchCompleteResult {
 			return &idemv1.BatchCompleteResult{Result: &idemv1.BatchCompleteResult_Error{Error: e}}

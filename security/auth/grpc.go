@@ -102,7 +102,19 @@ func (a *Authorizer) UnaryServerInterceptor(target GRPCTargetFunc) grpc.UnarySer
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		ctx = withoutForeignInternalMetadata(ctx)
-		if info.FullMethod != idemv1.Idempotency_Batch_FullMethodName {
+		switch info.FullMethod {
+		case idemv1.Idempotency_BatchReserve_FullMethodName, idemv1.Idempotency_BatchComplete_FullMethodName:
+			// A batch call of N items is charged N: the call is authorized
+			// for its verb and namespace without a charge, then each item
+			// is authorized and charged as its unary RPC (one over the
+			// rate fails alone).
+			p, err := a.authorize(CredentialsFromGRPC(ctx), target(info.FullMethod, req), false)
+			if err != nil {
+				return nil, err.(*Error).GRPCStatus().Err()
+			}
+			return handler(idemv1.WithBatchOpInterceptor(WithPrincipal(ctx, p), authorize), req)
+		case idemv1.Idempotency_Batch_FullMethodName:
+		default:
 			return authorize(ctx, req, info, handler)
 		}
 		// A batch needs a known caller and takes no share of its rate;

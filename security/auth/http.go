@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/idem-dev/idem/security/pki"
 )
@@ -82,17 +83,44 @@ func (a *Authorizer) Middleware(next http.Handler, target TargetFunc, writeErr E
 			return
 		}
 		creds := CredentialsFromHTTP(r)
-		p, err := a.Authorize(creds, t)
+		batch := isBatchCall(r)
+		p, err := a.authorize(creds, t, !batch)
 		if err != nil {
 			writeErr(w, r, err.(*Error))
 			return
+		}
+		ctx := WithPrincipal(r.Context(), p)
+		if batch {
+			// A batch call of N items is charged N: each item is
+			// authorized and charged as its single call (ItemCharge).
+			ctx = context.WithValue(ctx, itemChargeKey{}, func() error {
+				_, err := a.Authorize(creds, t)
+				return err
+			})
 		}
 		if creds.Forwarded == "" && r.Header.Get(ForwardedPrincipalHeader) != "" {
 			r = r.Clone(r.Context())
 			r.Header.Del(ForwardedPrincipalHeader)
 		}
-		next.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), p)))
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+type itemChargeKey struct{}
+
+// isBatchCall reports whether r is a JSON batch call (keys:batch-reserve,
+// keys:batch-complete), whose items are charged one by one.
+func isBatchCall(r *http.Request) bool {
+	return r.Method == http.MethodPost && (strings.HasSuffix(r.URL.Path, "/keys:batch-reserve") || strings.HasSuffix(r.URL.Path, "/keys:batch-complete"))
+}
+
+// ItemCharge authorizes and charges one item of the batch call of ctx
+// against its principal's rate, as its single call would be: nil, or the
+// *Error that refuses the item alone. ok is false outside a batch call
+// that Middleware let through.
+func ItemCharge(ctx context.Context) (charge func() error, ok bool) {
+	charge, ok = ctx.Value(itemChargeKey{}).(func() error)
+	return charge, ok
 }
 
 // WriteJSONError writes e as the JSON API's error body,
