@@ -151,9 +151,16 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 	for reason, name := range rejectReasonNames {
 		m.rejectedConns = append(m.rejectedConns, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "idem_raft_rejected_connections_total",
-			Help:        "Inbound Raft connections closed before routing: reason header (bad header, unknown shard), tls (failed handshake, no node certificate of the CA), limit (over the connection cap).",
+			Help:        "Inbound Raft connections closed before routing: reason header (bad header, unknown shard), tls (failed handshake, no node certificate of the CA), limit (over the connection cap), seat (the certificate's node holds no seat in the shard's current configuration).",
 			ConstLabels: prometheus.Labels{"reason": name},
 		}, func() float64 { return float64(h.mux.rejected[reason].Load()) }))
+	}
+	for reason, name := range dropReasonNames {
+		m.rejectedConns = append(m.rejectedConns, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "idem_raft_dropped_messages_total",
+			Help:        "Inbound Raft messages dropped, their connection closed: reason source (the message claims another node than the connection's certificate), seat (the node lost its seat in the shard), decode (not a Raft request).",
+			ConstLabels: prometheus.Labels{"reason": name},
+		}, func() float64 { return float64(h.mux.dropped[reason].Load()) }))
 	}
 	if reg == nil {
 		return m, nil

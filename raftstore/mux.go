@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/idem-dev/idem/security/pki"
 )
 
 // Connection header written by the dialer on every Raft connection, before
@@ -73,10 +75,11 @@ const (
 	rejectHeader = iota // bad header or unknown shard
 	rejectTLS           // failed handshake, or no verified node certificate
 	rejectLimit         // over Config.MaxInboundConns
+	rejectSeat          // the certificate's node holds no seat in the shard
 	numRejectReasons
 )
 
-var rejectReasonNames = [numRejectReasons]string{"header", "tls", "limit"}
+var rejectReasonNames = [numRejectReasons]string{"header", "tls", "limit", "seat"}
 
 // mux owns the host's one TCP listener and demultiplexes accepted
 // connections onto per-group virtual listeners by the header's shard id.
@@ -109,6 +112,7 @@ type mux struct {
 	rejectDropped  int
 	rejectedTotal  atomic.Uint64
 	rejected       [numRejectReasons]atomic.Uint64
+	dropped        [numDropReasons]atomic.Uint64
 	acceptLoopDone chan struct{}
 }
 
@@ -164,9 +168,14 @@ func (m *mux) route(c net.Conn) {
 	}
 	deadline := time.Now().Add(muxHeaderTimeout)
 	_ = c.SetDeadline(deadline)
+	var node string // the peer certificate's node id (secure mode)
 	if m.tlsCfg != nil {
 		tc, err := m.handshake(c)
 		if err != nil {
+			m.reject(c, rejectTLS, err)
+			return
+		}
+		if node, err = peerNode(tc); err != nil {
 			m.reject(c, rejectTLS, err)
 			return
 		}
@@ -177,7 +186,6 @@ func (m *mux) route(c net.Conn) {
 		m.reject(c, rejectHeader, err)
 		return
 	}
-	_ = c.SetDeadline(time.Time{})
 	m.mu.Lock()
 	sl := m.groups[id]
 	m.mu.Unlock()
@@ -185,12 +193,30 @@ func (m *mux) route(c net.Conn) {
 		m.reject(c, rejectHeader, fmt.Errorf("unknown shard %q", id))
 		return
 	}
+	if m.tlsCfg != nil {
+		// A group registers before its raft exists; wait for it within
+		// the header deadline.
+		select {
+		case <-sl.seatReady:
+		case <-sl.done:
+		case <-time.After(time.Until(deadline)):
+		}
+		if !sl.admits(node) {
+			m.reject(c, rejectSeat, fmt.Errorf("node %q holds no seat in shard %s", node, id))
+			return
+		}
+	}
+	_ = c.SetDeadline(time.Time{})
 	tc := m.track(c)
 	if tc == nil {
 		return
 	}
+	var conn net.Conn = tc
+	if m.tlsCfg != nil {
+		conn = newCheckedConn(tc, node, sl)
+	}
 	select {
-	case sl.accepted <- tc:
+	case sl.accepted <- conn:
 	case <-sl.done:
 		tc.Close()
 	}
@@ -214,6 +240,16 @@ func (m *mux) handshake(c net.Conn) (*tls.Conn, error) {
 		return nil, errors.New("tls: peer presented no verified certificate")
 	}
 	return tc, nil
+}
+
+// peerNode is the node id of the verified certificate of tc: a router's or
+// client's certificate is refused here too, whatever the tls.Config says.
+func peerNode(tc *tls.Conn) (string, error) {
+	id, err := pki.IdentifyNode(tc.ConnectionState().VerifiedChains[0][0])
+	if err != nil {
+		return "", err
+	}
+	return id.Name, nil
 }
 
 // reject closes c and logs why, at most once per muxRejectLogEvery (a
@@ -263,11 +299,12 @@ func (m *mux) register(id string) (*streamLayer, error) {
 		return nil, shardErr(id, "%w", ErrGroupExists)
 	}
 	sl := &streamLayer{
-		m:        m,
-		id:       id,
-		header:   encodeMuxHeader(id),
-		accepted: make(chan net.Conn, 16),
-		done:     make(chan struct{}),
+		m:         m,
+		id:        id,
+		header:    encodeMuxHeader(id),
+		accepted:  make(chan net.Conn, 16),
+		done:      make(chan struct{}),
+		seatReady: make(chan struct{}),
 	}
 	m.groups[id] = sl
 	return sl, nil
@@ -333,11 +370,16 @@ type MuxStats struct {
 	// Inbound is how many accepted connections are open now (handshaking,
 	// reading the header, or routed to a group).
 	Inbound int64
-	// RejectedHeader, RejectedTLS and RejectedLimit count inbound
-	// connections closed for a bad header or unknown shard, for a failed
-	// TLS handshake or a missing node certificate, and for exceeding
-	// Config.MaxInboundConns.
-	RejectedHeader, RejectedTLS, RejectedLimit uint64
+	// RejectedHeader, RejectedTLS, RejectedLimit and RejectedSeat count
+	// inbound connections closed for a bad header or unknown shard, for a
+	// failed TLS handshake or a missing node certificate, for exceeding
+	// Config.MaxInboundConns, and for a node without a seat in the shard.
+	RejectedHeader, RejectedTLS, RejectedLimit, RejectedSeat uint64
+	// DroppedSource, DroppedSeat and DroppedDecode count inbound Raft
+	// messages dropped (and their connections closed) for claiming another
+	// node than the certificate's, for a node that lost its seat, and for
+	// not decoding as a Raft request.
+	DroppedSource, DroppedSeat, DroppedDecode uint64
 }
 
 // MuxStats returns the Raft port's connection figures.
@@ -347,6 +389,10 @@ func (h *Host) MuxStats() MuxStats {
 		RejectedHeader: h.mux.rejected[rejectHeader].Load(),
 		RejectedTLS:    h.mux.rejected[rejectTLS].Load(),
 		RejectedLimit:  h.mux.rejected[rejectLimit].Load(),
+		RejectedSeat:   h.mux.rejected[rejectSeat].Load(),
+		DroppedSource:  h.mux.dropped[dropSource].Load(),
+		DroppedSeat:    h.mux.dropped[dropSeat].Load(),
+		DroppedDecode:  h.mux.dropped[dropDecode].Load(),
 	}
 }
 
@@ -376,6 +422,12 @@ type streamLayer struct {
 	accepted chan net.Conn
 	done     chan struct{}
 	once     sync.Once
+
+	// seat is the group's seat check (admit.go), set once its raft exists;
+	// seatReady is closed then.
+	seat      atomic.Pointer[seatCheck]
+	seatReady chan struct{}
+	seatOnce  sync.Once
 }
 
 var _ raft.StreamLayer = (*streamLayer)(nil)

@@ -395,3 +395,52 @@ func BenchmarkApplyTLS(b *testing.B) {
 		})
 	}
 }
+
+// TestRaftAdmissionBySeat: a node certificate of the cluster CA opens a Raft
+// connection to a group only for a node that holds a seat in the group's
+// current configuration (a certificate for node9, which holds none, is
+// closed after the header and counted as reason "seat"), and a message that
+// claims another node than its connection's certificate (node1's
+// certificate, an AppendEntries claiming "mallory") is dropped and counted
+// as reason "source". No node's term, leader or log moves.
+func TestRaftAdmissionBySeat(t *testing.T) {
+	p := newTestPKI(t)
+	c := newTLSCluster(t, p, 3, []string{"s0"})
+	c.put("s0", "a", "1")
+	leader := c.leader("s0")
+	target := c.nodes[leader]
+	base := c.group(leader, "s0").Stats()
+	presenting := func(cert tls.Certificate) *tls.Config {
+		return &tls.Config{InsecureSkipVerify: true, GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }}
+	}
+	seated := c.nodes[(leader+1)%3].id
+	for _, a := range []struct {
+		name string
+		cert tls.Certificate
+		stat func(MuxStats) uint64
+	}{
+		{"node certificate without a seat", loadPair(t, p.nodeDir("node9"), pki.NodeCertFile, pki.NodeKeyFile), func(s MuxStats) uint64 { return s.RejectedSeat }},
+		{"seated node claiming another node", loadPair(t, p.nodeDir(seated), pki.NodeCertFile, pki.NodeKeyFile), func(s MuxStats) uint64 { return s.DroppedSource }},
+	} {
+		before := a.stat(target.host.MuxStats())
+		if err := forgeAppendEntries(t, presenting(a.cert), "s0", target.id, target.addr, base.Term+100, base.LastLogIndex); err == nil {
+			t.Fatalf("%s: the forged AppendEntries got an answer", a.name)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for a.stat(target.host.MuxStats()) != before+1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: counter %d, want %d (stats %+v)", a.name, a.stat(target.host.MuxStats()), before+1, target.host.MuxStats())
+			}
+			time.Sleep(5 * time.Millisecond) // polling interval
+		}
+	}
+	if after := c.group(leader, "s0").Stats(); after.Term != base.Term || after.LastLogIndex != base.LastLogIndex {
+		t.Fatalf("the leader moved: term %d->%d, last log %d->%d", base.Term, after.Term, base.LastLogIndex, after.LastLogIndex)
+	}
+	c.put("s0", "b", "2")
+	for _, n := range c.nodes {
+		if s := n.host.MuxStats(); s.DroppedSource+s.DroppedSeat+s.DroppedDecode != 0 && n != target {
+			t.Fatalf("%s dropped messages of its own cluster: %+v", n.id, s)
+		}
+	}
+}
