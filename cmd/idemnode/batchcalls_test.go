@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,4 +116,86 @@ func TestBatchCallsAcrossShards(t *testing.T) {
 	if m, _ := results[n+1].(map[string]any); m["outcome"] != "ACQUIRED" {
 		t.Fatalf("fresh key after the bad item: %v", m)
 	}
+}
+
+// BenchmarkBatchVsSingle measures reserve+complete cycles per second
+// (items/s) against three idemnode processes: single calls from 64
+// concurrent callers (the client's routing and automatic batching on), and
+// ReserveMany+CompleteMany of 100 items from 4 concurrent callers.
+//
+//	go test -run '^$' -bench BatchVsSingle -benchtime 5000x ./cmd/idemnode/
+func BenchmarkBatchVsSingle(b *testing.B) {
+	c := startCluster(b, cluster.Spec{})
+	var eps []string
+	for _, n := range c.Topology.Nodes() {
+		eps = append(eps, n.GRPCAddr)
+	}
+	cl, err := client.New(client.DefaultConfig(eps...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cl.Close() })
+	resp := client.Response{Status: 201, Body: make([]byte, 512)}
+	var seq atomic.Int64
+	run := func(b *testing.B, workers, per int, cycle func(ctx context.Context, keys []string) error) {
+		ctx := b.Context()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		b.ResetTimer()
+		start := time.Now()
+		for range workers {
+			wg.Go(func() {
+				for next.Add(int64(per)) <= int64(b.N) {
+					keys := make([]string, per)
+					for i := range keys {
+						keys[i] = fmt.Sprintf("bench-%d", seq.Add(1))
+					}
+					if err := cycle(ctx, keys); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		b.StopTimer()
+		close(errs)
+		for err := range errs {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "items/s")
+	}
+	b.Run("single", func(b *testing.B) {
+		run(b, 64, 1, func(ctx context.Context, keys []string) error {
+			r, err := cl.Reserve(ctx, client.ReserveRequest{Namespace: "bench", Key: keys[0]})
+			if err != nil || r.Outcome != client.OutcomeAcquired {
+				return fmt.Errorf("reserve: %+v %v", r, err)
+			}
+			_, err = cl.Complete(ctx, client.CompleteRequest{Namespace: "bench", Key: keys[0], OwnerToken: r.OwnerToken, Response: resp})
+			return err
+		})
+	})
+	b.Run("batch100", func(b *testing.B) {
+		run(b, 4, 100, func(ctx context.Context, keys []string) error {
+			reqs := make([]client.ReserveRequest, len(keys))
+			for i, k := range keys {
+				reqs[i] = client.ReserveRequest{Key: k}
+			}
+			rs := cl.ReserveMany(ctx, "bench", reqs)
+			comps := make([]client.CompleteRequest, len(keys))
+			for i, r := range rs {
+				if r.Err != nil || r.Outcome != client.OutcomeAcquired {
+					return fmt.Errorf("batch reserve item %d: %+v", i, r)
+				}
+				comps[i] = client.CompleteRequest{Key: keys[i], OwnerToken: r.OwnerToken, Response: resp}
+			}
+			for i, d := range cl.CompleteMany(ctx, "bench", comps) {
+				if d.Err != nil {
+					return fmt.Errorf("batch complete item %d: %v", i, d.Err)
+				}
+			}
+			return nil
+		})
+	})
 }

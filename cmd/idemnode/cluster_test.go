@@ -23,7 +23,7 @@ var binaries map[string]string
 func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode") }
 
 // startCluster starts a three-node, one-region cluster and stops it when the test ends.
-func startCluster(t *testing.T, spec cluster.Spec, extraArgs ...string) *cluster.Cluster {
+func startCluster(t testing.TB, spec cluster.Spec, extraArgs ...string) *cluster.Cluster {
 	t.Helper()
 	topo, err := cluster.Topology(spec)
 	if err != nil {
