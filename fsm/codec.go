@@ -12,6 +12,31 @@ import (
 // instead of guessing.
 const commandVersion = 1
 
+// commandVersionExt starts a command that carries the v1.2 fields
+// (Command.LeaseIsDefault and what follows it): the version-1 layout, the
+// clock tail always present (quorum 0 when none), then the extension. A
+// command without those fields is still written as version 1, byte for
+// byte as before. (2 is packedVersion.)
+const commandVersionExt = 3
+
+// Bits of the extension's flags byte.
+const (
+	extLeaseIsDefault = 1 << iota
+	extRetentionIsDefault
+	extIfExpiredAcquire
+	extCheckpoint
+	extPolicy
+	extTombstoneSet
+)
+
+// MaxCheckpointBytes bounds a checkpoint's data (64 KiB, the contract's
+// limit); a longer one does not decode.
+const MaxCheckpointBytes = 64 << 10
+
+func hasExt(cmd *Command) bool {
+	return cmd.LeaseIsDefault || cmd.RetentionIsDefault || cmd.IfExpiredAcquire || cmd.Checkpoint != nil || cmd.Policy != nil
+}
+
 // maxClockReadings bounds the clock readings of one command (one per voter;
 // a topology has at most 7).
 const maxClockReadings = 64
@@ -90,8 +115,17 @@ func EncodeCommand(cmd *Command) []byte {
 	if cmd.Response != nil {
 		n += responseSize(cmd.Response) + 16 // responseSize is the accounting's figure, a little short of the encoding
 	}
+	ext := hasExt(cmd)
+	version := byte(commandVersion)
+	if ext {
+		version = commandVersionExt
+		n += 1 + 5*binary.MaxVarintLen64
+		if cmd.Checkpoint != nil {
+			n += 2*binary.MaxVarintLen32 + len(cmd.Checkpoint.Name) + len(cmd.Checkpoint.Data)
+		}
+	}
 	b := make([]byte, 0, n)
-	b = append(b, commandVersion, byte(cmd.Op))
+	b = append(b, version, byte(cmd.Op))
 	b = appendString(b, cmd.Namespace)
 	b = appendString(b, cmd.Key)
 	b = binary.AppendVarint(b, cmd.Now)
@@ -103,7 +137,7 @@ func EncodeCommand(cmd *Command) []byte {
 	b = binary.AppendVarint(b, cmd.Retention)
 	b = binary.AppendVarint(b, cmd.AbandonAfter)
 	b = binary.AppendUvarint(b, uint64(cmd.MaxSweep))
-	if cmd.ClockQuorum > 0 {
+	if cmd.ClockQuorum > 0 || ext {
 		// Optional tail: entries without it (written before clock
 		// readings existed) decode with ClockQuorum 0.
 		b = binary.AppendUvarint(b, uint64(cmd.ClockQuorum))
@@ -113,18 +147,91 @@ func EncodeCommand(cmd *Command) []byte {
 			b = binary.AppendVarint(b, r)
 		}
 	}
+	if ext {
+		b = appendExt(b, cmd)
+	}
 	return b
+}
+
+func appendExt(b []byte, cmd *Command) []byte {
+	var flags byte
+	for _, f := range []struct {
+		on  bool
+		bit byte
+	}{
+		{cmd.LeaseIsDefault, extLeaseIsDefault},
+		{cmd.RetentionIsDefault, extRetentionIsDefault},
+		{cmd.IfExpiredAcquire, extIfExpiredAcquire},
+		{cmd.Checkpoint != nil, extCheckpoint},
+		{cmd.Policy != nil, extPolicy},
+		{cmd.Policy != nil && cmd.Policy.TombstoneSet, extTombstoneSet},
+	} {
+		if f.on {
+			flags |= f.bit
+		}
+	}
+	b = append(b, flags)
+	if c := cmd.Checkpoint; c != nil {
+		b = appendString(b, c.Name)
+		b = appendBytes(b, c.Data)
+	}
+	if p := cmd.Policy; p != nil {
+		b = appendPolicy(b, p)
+	}
+	return b
+}
+
+func appendPolicy(b []byte, p *Policy) []byte {
+	for _, v := range []int64{p.DefaultLease, p.MaxLease, p.DefaultRetention, p.MaxRetention, p.Tombstone} {
+		b = binary.AppendVarint(b, v)
+	}
+	return b
+}
+
+func (d *decoder) policy(tombstoneSet bool) *Policy {
+	p := &Policy{TombstoneSet: tombstoneSet}
+	for _, v := range []*int64{&p.DefaultLease, &p.MaxLease, &p.DefaultRetention, &p.MaxRetention, &p.Tombstone} {
+		*v = d.varint()
+	}
+	return p
+}
+
+func (d *decoder) ext(cmd *Command) {
+	flags := d.byte()
+	if flags&^(extTombstoneSet<<1-1) != 0 || (flags&extTombstoneSet != 0 && flags&extPolicy == 0) {
+		d.fail("command extension flags")
+		return
+	}
+	cmd.LeaseIsDefault = flags&extLeaseIsDefault != 0
+	cmd.RetentionIsDefault = flags&extRetentionIsDefault != 0
+	cmd.IfExpiredAcquire = flags&extIfExpiredAcquire != 0
+	if flags&extCheckpoint != 0 {
+		c := &Checkpoint{Name: d.string()}
+		if data := d.bytes(); len(data) > 0 {
+			if len(data) > MaxCheckpointBytes {
+				d.fail("checkpoint data length")
+				return
+			}
+			c.Data = append([]byte(nil), data...)
+		}
+		cmd.Checkpoint = c
+	}
+	if flags&extPolicy != 0 {
+		cmd.Policy = d.policy(flags&extTombstoneSet != 0)
+	}
 }
 
 // DecodeCommand is the inverse of EncodeCommand.
 func DecodeCommand(data []byte) (*Command, error) {
 	d := decoder{buf: data}
-	if v := d.byte(); v != commandVersion {
+	v := d.byte()
+	if v != commandVersion && v != commandVersionExt {
 		if d.err != nil {
 			return nil, d.err
 		}
 		return nil, fmt.Errorf("%w: unknown command version %d", ErrCorrupt, v)
 	}
+	ext := v == commandVersionExt
 	cmd := &Command{Op: Op(d.byte())}
 	cmd.Namespace = d.string()
 	cmd.Key = d.string()
@@ -137,9 +244,9 @@ func DecodeCommand(data []byte) (*Command, error) {
 	cmd.Retention = d.varint()
 	cmd.AbandonAfter = d.varint()
 	cmd.MaxSweep = int(d.uvarint())
-	if d.err == nil && len(d.buf) != 0 {
+	if d.err == nil && (len(d.buf) != 0 || ext) {
 		cmd.ClockQuorum = int(d.uvarint())
-		if d.err == nil && cmd.ClockQuorum == 0 {
+		if d.err == nil && cmd.ClockQuorum == 0 && !ext {
 			// EncodeCommand writes the tail only with a quorum: one with
 			// none is not a command it wrote (found by FuzzDecodeCommand,
 			// testdata/fuzz/FuzzDecodeCommand/76cd630773c76ec9).
@@ -150,8 +257,18 @@ func DecodeCommand(data []byte) (*Command, error) {
 		if n > maxClockReadings {
 			d.err = fmt.Errorf("%w: %d clock readings", ErrCorrupt, n)
 		}
+		if cmd.ClockQuorum == 0 && (n != 0 || cmd.ClockBound != 0) {
+			d.fail("clock readings without a quorum")
+		}
 		for i := uint64(0); i < n && d.err == nil; i++ {
 			cmd.ClockReadings = append(cmd.ClockReadings, d.varint())
+		}
+	}
+	if ext {
+		d.ext(cmd)
+		if d.err == nil && !hasExt(cmd) {
+			// EncodeCommand writes version 1 then: one byte stream per command.
+			d.fail("extension without a field")
 		}
 	}
 	if d.err == nil && len(d.buf) != 0 {

@@ -25,6 +25,10 @@ const MaxRetryAfter int64 = 1e9
 // allocator's rounding (calibrated by BenchmarkRetainedRecordMemory).
 const recordOverhead = 450
 
+// tombstoneOverhead is recordOverhead for a tombstone: no owner token,
+// response or checkpoint, and one index entry like any record.
+const tombstoneOverhead = 200
+
 // FSM is the idempotency state machine of one shard. Apply is deterministic:
 // replicas that apply the same commands at the same indexes hold the same
 // state, byte for byte. It is safe for one writer (Apply, Restore) and many
@@ -41,6 +45,12 @@ type FSM struct {
 
 	// onApply observes every entry ApplyEntry applied (OnApply).
 	onApply func(cmd *Command, res Result)
+
+	// policies are the namespace policies the store holds (StatePolicy
+	// records), kept in memory too: every reserve, complete and sweep reads
+	// them, and there is one per namespace an operator configured, not
+	// one per key. Loaded when the FSM opens its store and after a restore.
+	policies map[string]Policy
 }
 
 // New returns an empty FSM over an in-memory store.
@@ -49,7 +59,9 @@ func New() *FSM { return NewWithStore(NewMemStore()) }
 // NewWithStore returns an FSM over s, continuing from the state s holds
 // (empty, or what a disk store kept from an earlier run).
 func NewWithStore(s Store) *FSM {
-	return &FSM{store: s, meta: s.Meta()}
+	f := &FSM{store: s, meta: s.Meta()}
+	f.policies = loadPolicies(s)
+	return f
 }
 
 // ApplyEntry decodes and applies one log entry. Bytes that do not decode
@@ -222,6 +234,10 @@ func (f *FSM) apply(index uint64, now int64, cmd *Command) Result {
 		return f.forceRelease(now, cmd)
 	case OpDelete:
 		return f.delete(now, cmd)
+	case OpSetPolicy:
+		return f.setPolicy(cmd)
+	case OpCheckpoint:
+		return f.checkpoint(now, cmd)
 	}
 	return Result{Outcome: OutcomeInvalid}
 }
@@ -232,7 +248,10 @@ func valid(cmd *Command) bool {
 	if cmd.Op == OpSweep {
 		return cmd.AbandonAfter >= 0 && cmd.MaxSweep >= 0
 	}
-	if cmd.Namespace == "" || cmd.Key == "" {
+	if cmd.Op == OpSetPolicy {
+		return cmd.Namespace != "" && cmd.Key == "" && cmd.Policy != nil && validPolicy(*cmd.Policy)
+	}
+	if cmd.Namespace == "" || cmd.Key == "" || cmd.Namespace == PolicyNamespace {
 		return false
 	}
 	if cmd.Op == OpForceRelease || cmd.Op == OpDelete {
@@ -250,18 +269,37 @@ func valid(cmd *Command) bool {
 		return cmd.Response != nil && cmd.Retention > 0
 	case OpRelease:
 		return true
+	case OpCheckpoint:
+		return cmd.Checkpoint != nil && cmd.Checkpoint.Name != ""
 	}
 	return false
 }
 
-// live returns the record at k unless it is absent or past retention.
+// live returns the record at k as of now: the stored record, the tombstone
+// a COMPLETED record past retention stands for until a sweep stores it, or
+// false when there is none (absent, or a tombstone past its end).
 func (f *FSM) live(k RecordKey, now int64) (*Record, bool) {
 	rec, ok := f.store.Get(k)
-	return liveRecord(rec, ok, now)
+	return liveRecord(rec, ok, now, f.policies[k.Namespace])
 }
 
-func liveRecord(rec *Record, ok bool, now int64) (*Record, bool) {
-	if !ok || (rec.State == StateCompleted && rec.ExpiresAt <= now) {
+// liveRecord is what the stored rec (ok: present) reads as at now, under
+// the namespace's policy p. Sweeps turn expired records into tombstones a
+// little later than their retention ends; until then the record reads as
+// the tombstone the sweep will store, so the answer does not depend on
+// when the sweep ran.
+func liveRecord(rec *Record, ok bool, now int64, p Policy) (*Record, bool) {
+	if !ok {
+		return nil, false
+	}
+	switch {
+	case rec.State == StateCompleted && rec.ExpiresAt <= now:
+		tomb, keep := tombstoneOf(rec, p)
+		if !keep || tomb.ExpiresAt <= now {
+			return nil, false
+		}
+		return tomb, true
+	case rec.State == StateExpired && rec.ExpiresAt <= now:
 		return nil, false
 	}
 	return rec, true
@@ -269,14 +307,33 @@ func liveRecord(rec *Record, ok bool, now int64) (*Record, bool) {
 
 func (f *FSM) reserve(index uint64, now int64, cmd *Command) Result {
 	k := RecordKey{cmd.Namespace, cmd.Key}
+	p := f.policies[k.Namespace]
+	lease, res := resolve(cmd.Lease, cmd.LeaseIsDefault, p.DefaultLease, p.MaxLease, "max_lease_ms", 1e6)
+	if res != nil {
+		return *res
+	}
+	leased := *cmd
+	leased.Lease = lease
+	cmd = &leased
 	stored, found := f.store.Get(k)
-	rec, ok := liveRecord(stored, found, now)
+	rec, ok := liveRecord(stored, found, now, p)
 	if !ok {
 		// stored may be an expired record not swept yet: acquire replaces it.
 		return f.acquire(k, stored, index, now, cmd, 0)
 	}
 	if rec.Fingerprint != cmd.Fingerprint {
 		return Result{Outcome: OutcomeFingerprintMismatch}
+	}
+	if rec.State == StateExpired {
+		if cmd.IfExpiredAcquire {
+			return f.acquire(k, stored, index, now, cmd, 0)
+		}
+		return Result{
+			Outcome:      OutcomeExpired,
+			FencingToken: rec.FencingToken,
+			CompletedAt:  rec.CompletedAt,
+			ExpiredAt:    rec.ExpiredAt,
+		}
 	}
 	if rec.State == StateCompleted {
 		return Result{
@@ -324,6 +381,11 @@ func (f *FSM) acquire(k RecordKey, old *Record, index uint64, now int64, cmd *Co
 		LeaseExpiresAt:       now + cmd.Lease,
 		CreatedAt:            now,
 	}
+	if previous != 0 && old != nil {
+		// The last recovery point travels with the key to the attempt that
+		// reclaims it, and to any attempt reclaiming after that.
+		rec.Checkpoint = old.Checkpoint
+	}
 	f.put(k, old, rec)
 	return acquiredResult(rec)
 }
@@ -338,24 +400,37 @@ func acquiredResult(rec *Record) Result {
 	}
 	if rec.PreviousFencingToken != 0 {
 		r.Outcome = OutcomeReclaimed
+		if c := rec.Checkpoint; c != nil && c.FencingToken != rec.FencingToken {
+			r.Checkpoint = c
+		}
 	}
 	return r
 }
 
 func (f *FSM) heartbeat(now int64, cmd *Command) Result {
 	k := RecordKey{cmd.Namespace, cmd.Key}
+	p := f.policies[k.Namespace]
+	lease, res := resolve(cmd.Lease, cmd.LeaseIsDefault, p.DefaultLease, p.MaxLease, "max_lease_ms", 1e6)
+	if res != nil {
+		return *res
+	}
 	rec, ok := f.live(k, now)
 	if !ok || rec.State != StateInProgress || rec.OwnerToken != cmd.OwnerToken {
 		return Result{Outcome: OutcomeNotOwner}
 	}
 	renewed := *rec
-	renewed.LeaseExpiresAt = now + cmd.Lease
+	renewed.LeaseExpiresAt = now + lease
 	f.put(k, rec, &renewed)
 	return Result{Outcome: OutcomeOK, FencingToken: rec.FencingToken, LeaseExpiresAt: renewed.LeaseExpiresAt}
 }
 
 func (f *FSM) complete(now int64, cmd *Command) Result {
 	k := RecordKey{cmd.Namespace, cmd.Key}
+	p := f.policies[k.Namespace]
+	retention, res := resolve(cmd.Retention, cmd.RetentionIsDefault, p.DefaultRetention, p.MaxRetention, "max_retention_s", 1e9)
+	if res != nil {
+		return *res
+	}
 	rec, ok := f.live(k, now)
 	if !ok || rec.OwnerToken != cmd.OwnerToken {
 		return Result{Outcome: OutcomeNotOwner}
@@ -371,8 +446,9 @@ func (f *FSM) complete(now int64, cmd *Command) Result {
 	done.State = StateCompleted
 	done.LeaseExpiresAt = 0
 	done.CompletedAt = now
-	done.ExpiresAt = now + cmd.Retention
+	done.ExpiresAt = now + retention
 	done.Response = cloneResponse(cmd.Response)
+	done.Checkpoint = nil // a complete drops the recovery point
 	f.put(k, rec, &done)
 	return Result{Outcome: OutcomeOK, FencingToken: done.FencingToken, CompletedAt: done.CompletedAt, ExpiresAt: done.ExpiresAt}
 }
@@ -393,10 +469,7 @@ func (f *FSM) release(now int64, cmd *Command) Result {
 // indexes in a total order, so a bounded sweep drops the same records on
 // every replica, and its cost is bounded by MaxSweep, not by the state.
 func (f *FSM) sweep(now int64, cmd *Command) Result {
-	n, bytes := f.store.DropExpired(now, cmd.MaxSweep)
-	f.meta.Completed -= int64(n)
-	f.meta.Bytes -= bytes
-	swept := n
+	swept := f.sweepExpired(now, cmd.MaxSweep)
 	if cmd.AbandonAfter > 0 {
 		n, bytes := f.store.DropLeasesEnded(now-cmd.AbandonAfter, cmd.MaxSweep)
 		f.meta.InProgress -= int64(n)
@@ -421,19 +494,32 @@ func (f *FSM) put(k RecordKey, old, rec *Record) {
 // count adds (sign +1) or removes (-1) r's share of the counts.
 func (m *Meta) count(k RecordKey, r *Record, sign int64) {
 	m.Bytes += sign * RecordBytes(k, r)
-	if r.State == StateInProgress {
+	switch r.State {
+	case StateInProgress:
 		m.InProgress += sign
-	} else {
+	case StateCompleted:
 		m.Completed += sign
+	case StateExpired:
+		m.Tombstones += sign
+	default:
+		m.Policies += sign
 	}
 }
 
 // RecordBytes approximates what the record r at k costs (Stats().Bytes is
-// their sum): its strings and response plus a fixed overhead.
+// their sum): its strings, response and checkpoint plus a fixed overhead (a
+// tombstone, which holds no owner, response or checkpoint, a smaller one).
 func RecordBytes(k RecordKey, r *Record) int64 {
-	n := recordOverhead + len(k.Namespace) + len(k.Key) + len(r.Fingerprint) + len(r.OwnerToken)
+	overhead := recordOverhead
+	if r.State == StateExpired {
+		overhead = tombstoneOverhead
+	}
+	n := overhead + len(k.Namespace) + len(k.Key) + len(r.Fingerprint) + len(r.OwnerToken)
 	if r.Response != nil {
 		n += responseSize(r.Response)
+	}
+	if c := r.Checkpoint; c != nil {
+		n += 32 + len(c.Name) + len(c.Data)
 	}
 	return int64(n)
 }
@@ -460,7 +546,7 @@ func (f *FSM) Get(namespace, key string, now int64) (Record, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	rec, ok := f.store.Lookup(RecordKey{namespace, key})
-	rec, ok = liveRecord(rec, ok, max(now, f.meta.Clock))
+	rec, ok = liveRecord(rec, ok, max(now, f.meta.Clock), f.policies[namespace])
 	if !ok {
 		return Record{}, false
 	}
@@ -472,6 +558,8 @@ type Stats struct {
 	Records    int
 	InProgress int
 	Completed  int
+	// Tombstones counts EXPIRED records stored by sweeps.
+	Tombstones int
 	// Bytes approximates the memory the records take.
 	Bytes int64
 	// Clock is the highest command time applied (Unix nanoseconds).
@@ -485,9 +573,10 @@ func (f *FSM) Stats() Stats {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return Stats{
-		Records:    int(f.meta.InProgress + f.meta.Completed),
+		Records:    int(f.meta.InProgress + f.meta.Completed + f.meta.Tombstones),
 		InProgress: int(f.meta.InProgress),
 		Completed:  int(f.meta.Completed),
+		Tombstones: int(f.meta.Tombstones),
 		Bytes:      f.meta.Bytes,
 		Clock:      f.meta.Clock,
 		LastIndex:  entryOf(f.meta.LastIndex),

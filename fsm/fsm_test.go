@@ -87,8 +87,15 @@ func TestReserveTransitions(t *testing.T) {
 	a.want(reserveCmd("k", "owner-a", "fp", t0+4*sec), OutcomeCompleted)
 	a.want(reserveCmd("k", "owner-b", "different", t0+4*sec), OutcomeFingerprintMismatch)
 
-	// Past retention the key is free again, with a larger fencing token.
-	fresh := a.want(reserveCmd("k", "owner-c", "new", done.ExpiresAt), OutcomeAcquired)
+	// Past retention a tombstone answers EXPIRED (the work was done, its
+	// response is gone) until the tombstone ends; then the key is free
+	// again, with a larger fencing token.
+	gone := a.want(reserveCmd("k", "owner-c", "fp", done.ExpiresAt), OutcomeExpired)
+	if gone.FencingToken != first.FencingToken || gone.CompletedAt != done.CompletedAt || gone.ExpiredAt != done.ExpiresAt || gone.Response != nil {
+		t.Fatalf("expired %+v", gone)
+	}
+	a.want(reserveCmd("k", "owner-c", "new", done.ExpiresAt), OutcomeFingerprintMismatch)
+	fresh := a.want(reserveCmd("k", "owner-c", "new", done.ExpiresAt+DefaultTombstone), OutcomeAcquired)
 	if fresh.FencingToken <= first.FencingToken || fresh.PreviousFencingToken != 0 {
 		t.Fatalf("after retention %+v", fresh)
 	}
@@ -178,8 +185,11 @@ func TestHeartbeatCompleteRelease(t *testing.T) {
 	if !ok || rec.State != StateCompleted || string(rec.Response.Body) != "ok" || rec.FencingToken != second.FencingToken {
 		t.Fatalf("get %+v %v", rec, ok)
 	}
-	if _, ok := a.f.Get("ns", "k", done.ExpiresAt); ok {
-		t.Fatal("record visible past retention")
+	if rec, ok := a.f.Get("ns", "k", done.ExpiresAt); !ok || rec.State != StateExpired || rec.Response != nil || rec.ExpiredAt != done.ExpiresAt {
+		t.Fatalf("past retention: %+v %v, want the tombstone", rec, ok)
+	}
+	if _, ok := a.f.Get("ns", "k", done.ExpiresAt+DefaultTombstone); ok {
+		t.Fatal("record visible past its tombstone")
 	}
 }
 
@@ -198,8 +208,8 @@ func TestSweep(t *testing.T) {
 	if r.Swept != 1 {
 		t.Fatalf("bounded sweep dropped %d", r.Swept)
 	}
-	if _, ok := a.f.store.Get(RecordKey{"ns", "a"}); ok {
-		t.Fatal("oldest expired record should go first")
+	if rec, ok := a.f.store.Get(RecordKey{"ns", "a"}); !ok || rec.State != StateExpired {
+		t.Fatal("oldest expired record should become a tombstone first")
 	}
 	// Abandoned: lease ended at t0+30s; dropped once 60s more have passed.
 	r = a.want(&Command{Op: OpSweep, Now: t0 + lease + 59*sec, AbandonAfter: 60 * sec}, OutcomeOK)
@@ -211,8 +221,13 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("swept %d, want the abandoned reservation", r.Swept)
 	}
 	st := a.f.Stats()
-	if st.Records != 1 || st.InProgress != 1 {
+	if st.Records != 4 || st.InProgress != 1 || st.Tombstones != 3 || st.Completed != 0 {
 		t.Fatalf("stats after sweep %+v", st)
+	}
+	// Tombstones go once their time is over.
+	r = a.want(&Command{Op: OpSweep, Now: t0 + 3*sec + DefaultTombstone}, OutcomeOK)
+	if r.Swept != 3 || a.f.Stats().Tombstones != 0 {
+		t.Fatalf("tombstone sweep %+v, stats %+v", r, a.f.Stats())
 	}
 	if _, ok := a.f.Get("ns", "live", 0); !ok {
 		t.Fatal("live reservation swept")

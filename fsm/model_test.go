@@ -17,12 +17,16 @@ import (
 // rules, written from docs/API-v1.md without looking at the FSM's structure. The
 // fuzz test drives both with the same commands and compares every outcome.
 type model struct {
-	clock int64
-	keys  map[string]*modelKey
+	clock  int64
+	keys   map[string]*modelKey
+	policy Policy // of namespace "ns", the only one the generator uses
 }
 
 type modelKey struct {
 	completed     bool
+	tombstone     bool  // expired: only fingerprint, fencing and times kept
+	expiredAt     int64 // tombstone: when the response's retention ended
+	checkpoint    *Checkpoint
 	fp, owner     string
 	fencing, prev uint64
 	leaseEnd      int64
@@ -48,35 +52,92 @@ func (m *model) apply(index uint64, c *Command) Result {
 		m.clock = c.Now
 	}
 	now := m.clock
+	keep := DefaultTombstone
+	if m.policy.TombstoneSet {
+		keep = m.policy.Tombstone
+	}
 	if c.Op == OpSweep {
 		n := 0
 		for key, k := range m.keys {
-			if (k.completed && k.expiresAt <= now) || (!k.completed && c.AbandonAfter > 0 && k.leaseEnd+c.AbandonAfter <= now) {
+			switch {
+			case k.completed && !k.tombstone && k.expiresAt <= now:
+				// The response expires: a tombstone stays for the policy's time.
+				n++
+				if keep > 0 && k.expiresAt+keep > now {
+					*k = modelKey{completed: true, tombstone: true, fp: k.fp, fencing: k.fencing, completedAt: k.completedAt,
+						expiredAt: k.expiresAt, expiresAt: k.expiresAt + keep}
+				} else {
+					delete(m.keys, key)
+				}
+			case k.tombstone && k.expiresAt <= now,
+				!k.completed && c.AbandonAfter > 0 && k.leaseEnd+c.AbandonAfter <= now:
 				delete(m.keys, key)
 				n++
 			}
 		}
 		return Result{Outcome: OutcomeOK, Swept: n}
 	}
+	if c.Op == OpSetPolicy {
+		m.policy = *c.Policy
+		return Result{Outcome: OutcomeOK, Policy: c.Policy}
+	}
 	k := m.keys[c.Key]
-	if k != nil && k.completed && k.expiresAt <= now {
-		k = nil // past retention: as if absent
+	if k != nil && k.completed && !k.tombstone && k.expiresAt <= now {
+		// Past retention: a tombstone while the policy keeps one, else absent.
+		if keep > 0 && k.expiresAt+keep > now {
+			k = &modelKey{completed: true, tombstone: true, fp: k.fp, fencing: k.fencing, completedAt: k.completedAt,
+				expiredAt: k.expiresAt, expiresAt: k.expiresAt + keep}
+		} else {
+			k = nil
+		}
+	}
+	if k != nil && k.tombstone && k.expiresAt <= now {
+		k = nil // the tombstone is over: as if absent
+	}
+	lease, retention := c.Lease, c.Retention
+	var over *Result
+	switch c.Op {
+	case OpReserve, OpHeartbeat:
+		lease, over = modelLimit(c.Lease, c.LeaseIsDefault, m.policy.DefaultLease, m.policy.MaxLease, "max_lease_ms", 1e6)
+	case OpComplete:
+		retention, over = modelLimit(c.Retention, c.RetentionIsDefault, m.policy.DefaultRetention, m.policy.MaxRetention, "max_retention_s", 1e9)
+	}
+	if over != nil {
+		return *over
+	}
+	if k != nil && k.tombstone && c.Op != OpReserve && c.Op != OpDelete {
+		if c.Op == OpForceRelease {
+			return Result{Outcome: OutcomeFailedPrecondition}
+		}
+		return Result{Outcome: OutcomeNotOwner}
 	}
 	switch c.Op {
 	case OpReserve:
 		if k != nil && k.fp != c.Fingerprint {
 			return Result{Outcome: OutcomeFingerprintMismatch}
 		}
+		if k != nil && k.tombstone {
+			if !c.IfExpiredAcquire {
+				return Result{Outcome: OutcomeExpired, FencingToken: k.fencing, CompletedAt: k.completedAt, ExpiredAt: k.expiredAt}
+			}
+			nk := &modelKey{fp: c.Fingerprint, owner: c.OwnerToken, fencing: index, leaseEnd: now + lease}
+			m.keys[c.Key] = nk
+			return Result{Outcome: OutcomeAcquired, FencingToken: index, LeaseExpiresAt: nk.leaseEnd}
+		}
 		if k != nil && k.completed {
 			return Result{Outcome: OutcomeCompleted, FencingToken: k.fencing, CompletedAt: k.completedAt, ExpiresAt: k.expiresAt}
 		}
 		if k != nil && k.owner == c.OwnerToken {
-			k.leaseEnd = now + c.Lease
+			k.leaseEnd = now + lease
 			out := OutcomeAcquired
+			var cp *Checkpoint
 			if k.prev != 0 {
 				out = OutcomeReclaimed
+				if k.checkpoint != nil && k.checkpoint.FencingToken != k.fencing {
+					cp = k.checkpoint
+				}
 			}
-			return Result{Outcome: out, FencingToken: k.fencing, PreviousFencingToken: k.prev, LeaseExpiresAt: k.leaseEnd}
+			return Result{Outcome: out, FencingToken: k.fencing, PreviousFencingToken: k.prev, LeaseExpiresAt: k.leaseEnd, Checkpoint: cp}
 		}
 		// An owner-less (force-released) key is free at once; any other
 		// only after its lease plus the skew margin.
@@ -84,21 +145,28 @@ func (m *model) apply(index uint64, c *Command) Result {
 			return Result{Outcome: OutcomeInProgress, LeaseExpiresAt: k.leaseEnd}
 		}
 		var prev uint64
+		var cp *Checkpoint
 		if k != nil {
-			prev = k.fencing
+			prev, cp = k.fencing, k.checkpoint // the last checkpoint goes to the reclaiming attempt
 		}
-		nk := &modelKey{fp: c.Fingerprint, owner: c.OwnerToken, fencing: index, prev: prev, leaseEnd: now + c.Lease}
+		nk := &modelKey{fp: c.Fingerprint, owner: c.OwnerToken, fencing: index, prev: prev, leaseEnd: now + lease, checkpoint: cp}
 		m.keys[c.Key] = nk
 		out := OutcomeAcquired
 		if prev != 0 {
 			out = OutcomeReclaimed
 		}
-		return Result{Outcome: out, FencingToken: index, PreviousFencingToken: prev, LeaseExpiresAt: nk.leaseEnd}
+		return Result{Outcome: out, FencingToken: index, PreviousFencingToken: prev, LeaseExpiresAt: nk.leaseEnd, Checkpoint: cp}
+	case OpCheckpoint:
+		if k == nil || k.completed || k.owner != c.OwnerToken {
+			return Result{Outcome: OutcomeNotOwner}
+		}
+		k.checkpoint = &Checkpoint{Name: c.Checkpoint.Name, Data: c.Checkpoint.Data, FencingToken: k.fencing, At: now}
+		return Result{Outcome: OutcomeOK, FencingToken: k.fencing, Checkpoint: k.checkpoint}
 	case OpHeartbeat:
 		if k == nil || k.completed || k.owner != c.OwnerToken {
 			return Result{Outcome: OutcomeNotOwner}
 		}
-		k.leaseEnd = now + c.Lease
+		k.leaseEnd = now + lease
 		return Result{Outcome: OutcomeOK, FencingToken: k.fencing, LeaseExpiresAt: k.leaseEnd}
 	case OpComplete:
 		if k == nil || k.owner != c.OwnerToken {
@@ -110,7 +178,7 @@ func (m *model) apply(index uint64, c *Command) Result {
 			}
 			return Result{Outcome: OutcomeOK, FencingToken: k.fencing, CompletedAt: k.completedAt, ExpiresAt: k.expiresAt}
 		}
-		k.completed, k.completedAt, k.expiresAt = true, now, now+c.Retention
+		k.completed, k.completedAt, k.expiresAt, k.checkpoint = true, now, now+retention, nil
 		k.status, k.body, k.headers = c.Response.Status, string(c.Response.Body), headerKey(c.Response.Headers)
 		return Result{Outcome: OutcomeOK, FencingToken: k.fencing, CompletedAt: k.completedAt, ExpiresAt: k.expiresAt}
 	case OpRelease:
@@ -140,6 +208,24 @@ func (m *model) apply(index uint64, c *Command) Result {
 	return Result{Outcome: OutcomeInvalid}
 }
 
+// modelLimit: a value left to the default takes the policy's default,
+// capped by its max; one asked for above the max is refused.
+func modelLimit(v int64, isDefault bool, def, maxV int64, name string, unit int64) (int64, *Result) {
+	if isDefault {
+		if def > 0 {
+			v = def
+		}
+		if maxV > 0 && v > maxV {
+			v = maxV
+		}
+		return v, nil
+	}
+	if maxV > 0 && v > maxV {
+		return 0, &Result{Outcome: OutcomeLimitExceeded, Limit: name, LimitValue: maxV / unit}
+	}
+	return v, nil
+}
+
 // genCommands turns fuzz bytes into a command sequence over a few keys,
 // owners and fingerprints, with a clock that mostly advances but sometimes
 // jumps back (a proposer with a slow clock).
@@ -158,7 +244,7 @@ func genCommands(data []byte) []*Command {
 		owner := []string{"owner-1", "owner-2", "owner-3"}[(arg/3)%3]
 		fp := []string{"", "x"}[(arg/9)%2]
 		var c *Command
-		switch op % 8 {
+		switch op % 13 {
 		case 0, 1:
 			c = &Command{Op: OpReserve, Fingerprint: fp, OwnerToken: owner, Lease: int64(1+arg%40) * sec, SkewMargin: skew}
 		case 2:
@@ -174,14 +260,43 @@ func genCommands(data []byte) []*Command {
 			c = &Command{Op: OpForceRelease}
 		case 7:
 			c = &Command{Op: OpDelete}
+		case 8:
+			c = &Command{Op: OpCheckpoint, OwnerToken: owner, Checkpoint: &Checkpoint{Name: []string{"charge", "record"}[arg%2], Data: []byte{arg}}}
+		case 9:
+			c = &Command{Op: OpSetPolicy, Policy: genPolicy(arg)}
+		case 10:
+			c = &Command{Op: OpReserve, Fingerprint: fp, OwnerToken: owner, Lease: 30 * sec, LeaseIsDefault: true, SkewMargin: skew, IfExpiredAcquire: arg&1 == 0}
+		case 11:
+			c = &Command{Op: OpComplete, OwnerToken: owner, Retention: 40 * sec, RetentionIsDefault: true,
+				Response: &Response{Status: 200 + int32(arg%2), Body: []byte{'r', arg % 2}, Headers: genHeaders(arg / 2 % 4)}}
+		case 12:
+			c = &Command{Op: OpReserve, Fingerprint: fp, OwnerToken: owner, Lease: int64(1+arg%40) * sec, SkewMargin: skew, IfExpiredAcquire: true}
 		}
-		if c.Op != OpSweep {
+		if c.Op == OpSetPolicy {
+			c.Namespace = "ns"
+		} else if c.Op != OpSweep {
 			c.Namespace, c.Key = "ns", key
 		}
 		c.Now = now
 		cmds = append(cmds, c)
 	}
 	return cmds
+}
+
+// genPolicy gives the fuzzed set-policy commands a few policies: none,
+// no tombstones, short tombstones, lease and retention limits.
+func genPolicy(arg byte) *Policy {
+	switch arg % 5 {
+	case 1:
+		return &Policy{TombstoneSet: true}
+	case 2:
+		return &Policy{Tombstone: 20 * sec, TombstoneSet: true}
+	case 3:
+		return &Policy{DefaultLease: 5 * sec, MaxLease: 20 * sec, MaxRetention: 30 * sec}
+	case 4:
+		return &Policy{DefaultRetention: 10 * sec, MaxRetention: 50 * sec, Tombstone: 60 * sec, TombstoneSet: true}
+	}
+	return &Policy{}
 }
 
 // genHeaders gives the fuzzed completes four header sets, two that differ
@@ -199,6 +314,13 @@ func genHeaders(n byte) map[string]string {
 	return nil
 }
 
+func equalCheckpoints(a, b *Checkpoint) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Name == b.Name && bytes.Equal(a.Data, b.Data) && a.FencingToken == b.FencingToken && a.At == b.At
+}
+
 // checkAgainstModel applies cmds to an FSM (snapshotting and restoring into a
 // fresh FSM every restoreEvery commands) and to the model, and compares.
 func checkAgainstModel(t *testing.T, cmds []*Command, restoreEvery int) {
@@ -212,7 +334,9 @@ func checkAgainstModel(t *testing.T, cmds []*Command, restoreEvery int) {
 		want := m.apply(index, c)
 		if got.Outcome != want.Outcome || got.FencingToken != want.FencingToken ||
 			got.PreviousFencingToken != want.PreviousFencingToken || got.LeaseExpiresAt != want.LeaseExpiresAt ||
-			got.CompletedAt != want.CompletedAt || got.ExpiresAt != want.ExpiresAt || got.Swept != want.Swept {
+			got.CompletedAt != want.CompletedAt || got.ExpiresAt != want.ExpiresAt || got.Swept != want.Swept ||
+			got.ExpiredAt != want.ExpiredAt || got.Limit != want.Limit || got.LimitValue != want.LimitValue ||
+			!equalCheckpoints(got.Checkpoint, want.Checkpoint) {
 			t.Fatalf("command %d %s %s by %s at %d:\n fsm   %+v\n model %+v", i, c.Op, c.Key, c.OwnerToken, c.Now, got, want)
 		}
 		if got.Outcome == OutcomeAcquired || got.Outcome == OutcomeReclaimed {

@@ -70,7 +70,10 @@ func (f *FSM) delete(now int64, cmd *Command) Result {
 	if !ok {
 		return Result{Outcome: OutcomeNotFound}
 	}
-	f.put(k, rec, nil)
+	// rec may be the tombstone an expired record stands for (live): what
+	// is deleted is the record stored.
+	stored, _ := f.store.Get(k)
+	f.put(k, stored, nil)
 	return Result{Outcome: OutcomeOK, PreviousFencingToken: rec.FencingToken, State: rec.State}
 }
 
@@ -117,6 +120,9 @@ type ListPage struct {
 
 // matches reports whether rec, live at now, is selected by q.
 func (q ListQuery) matches(rec *Record, now int64) bool {
+	if rec.State != StateInProgress && rec.State != StateCompleted {
+		return false // tombstones are not listed
+	}
 	if rec.State == StateCompleted && rec.ExpiresAt <= now {
 		return false
 	}

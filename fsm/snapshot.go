@@ -111,8 +111,47 @@ func AppendRecord(b []byte, k RecordKey, r *Record) []byte {
 	b = binary.AppendVarint(b, r.CreatedAt)
 	b = binary.AppendVarint(b, r.CompletedAt)
 	b = binary.AppendVarint(b, r.ExpiresAt)
-	return appendResponse(b, r.Response)
+	b = appendResponse(b, r.Response)
+	if r.ExpiredAt == 0 && r.Checkpoint == nil && r.Policy == nil {
+		return b // the format before v1.2, byte for byte
+	}
+	// The v1.2 tail: flags, then the fields they announce.
+	var flags byte
+	if r.ExpiredAt != 0 {
+		flags |= recExpiredAt
+	}
+	if r.Checkpoint != nil {
+		flags |= recCheckpoint
+	}
+	if r.Policy != nil {
+		flags |= recPolicy
+		if r.Policy.TombstoneSet {
+			flags |= recTombstoneSet
+		}
+	}
+	b = append(b, flags)
+	if r.ExpiredAt != 0 {
+		b = binary.AppendVarint(b, r.ExpiredAt)
+	}
+	if c := r.Checkpoint; c != nil {
+		b = appendString(b, c.Name)
+		b = appendBytes(b, c.Data)
+		b = binary.AppendUvarint(b, c.FencingToken)
+		b = binary.AppendVarint(b, c.At)
+	}
+	if r.Policy != nil {
+		b = appendPolicy(b, r.Policy)
+	}
+	return b
 }
+
+// Flags of a record's v1.2 tail.
+const (
+	recExpiredAt = 1 << iota
+	recCheckpoint
+	recPolicy
+	recTombstoneSet
+)
 
 // DecodeRecord is the inverse of AppendRecord.
 func DecodeRecord(frame []byte) (RecordKey, *Record, error) {
@@ -129,9 +168,32 @@ func DecodeRecord(frame []byte) (RecordKey, *Record, error) {
 	r.ExpiresAt = d.varint()
 	r.Response = d.response()
 	if d.err == nil && len(d.buf) != 0 {
+		flags := d.byte()
+		if flags == 0 || flags&^(recTombstoneSet<<1-1) != 0 || (flags&recTombstoneSet != 0 && flags&recPolicy == 0) {
+			d.fail("record tail flags")
+		}
+		if flags&recExpiredAt != 0 {
+			if r.ExpiredAt = d.varint(); r.ExpiredAt == 0 {
+				d.fail("record tail expired_at")
+			}
+		}
+		if flags&recCheckpoint != 0 {
+			c := &Checkpoint{Name: d.string()}
+			if data := d.bytes(); len(data) > 0 {
+				c.Data = append([]byte(nil), data...)
+			}
+			c.FencingToken = d.uvarint()
+			c.At = d.varint()
+			r.Checkpoint = c
+		}
+		if flags&recPolicy != 0 {
+			r.Policy = d.policy(flags&recTombstoneSet != 0)
+		}
+	}
+	if d.err == nil && len(d.buf) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes in record", ErrCorrupt, len(d.buf))
 	}
-	if d.err == nil && r.State != StateInProgress && r.State != StateCompleted {
+	if d.err == nil && (r.State < StateInProgress || r.State > StatePolicy) {
 		d.err = fmt.Errorf("%w: record state %d", ErrCorrupt, r.State)
 	}
 	if d.err == nil && (k.Namespace == "" || k.Key == "") {
@@ -212,6 +274,7 @@ func (f *FSM) Restore(r io.Reader) error {
 	}
 	committed = true
 	f.meta = meta
+	f.policies = loadPolicies(f.store)
 	return nil
 }
 

@@ -31,8 +31,9 @@ type Meta struct {
 	// the log index of the last entry applied until the first packed entry,
 	// packed-mode slots after it (entryOf gives their log index).
 	LastIndex uint64
-	// InProgress and Completed count the records by state.
-	InProgress, Completed int64
+	// InProgress, Completed and Tombstones count the records by state;
+	// Policies the namespace policies stored (StatePolicy).
+	InProgress, Completed, Tombstones, Policies int64
 	// Bytes approximates the records' size (RecordBytes).
 	Bytes int64
 }
@@ -63,11 +64,10 @@ type Store interface {
 	// Put replaces old (nil when absent) at k with rec (nil deletes) and
 	// keeps the indexes in step.
 	Put(k RecordKey, old, rec *Record)
-	// DropExpired deletes up to limit (0: no bound) COMPLETED records with
-	// ExpiresAt <= at, in (ExpiresAt, key) order, and returns how many and
-	// the sum of their RecordBytes. A disk store does it from its index
-	// alone (blind deletes, no record reads).
-	DropExpired(at int64, limit int) (n int, bytes int64)
+	// Expired returns up to limit (0: no bound) COMPLETED and EXPIRED
+	// records with ExpiresAt <= at, in (ExpiresAt, key) order, as the writer
+	// sees them. The sweep turns each into a tombstone or deletes it (Put).
+	Expired(at int64, limit int) []KeyedRecord
 	// DropLeasesEnded does the same for IN_PROGRESS records with
 	// LeaseExpiresAt <= at, in (LeaseExpiresAt, key) order.
 	DropLeasesEnded(at int64, limit int) (n int, bytes int64)
@@ -143,23 +143,22 @@ func (s *memStore) index(k RecordKey, rec *Record) {
 	switch rec.State {
 	case StateInProgress:
 		s.inProgress[k] = struct{}{}
-	case StateCompleted:
+	case StateCompleted, StateExpired:
 		heap.Push(&s.expiry, expiryEntry{at: rec.ExpiresAt, k: k})
 	}
 }
 
-func (s *memStore) DropExpired(at int64, limit int) (n int, bytes int64) {
-	for len(s.expiry) > 0 && s.expiry[0].at <= at && (limit == 0 || n < limit) {
+func (s *memStore) Expired(at int64, limit int) []KeyedRecord {
+	var out []KeyedRecord
+	for len(s.expiry) > 0 && s.expiry[0].at <= at && (limit == 0 || len(out) < limit) {
 		e := heap.Pop(&s.expiry).(expiryEntry)
 		rec, ok := s.m[e.k]
-		if !ok || rec.State != StateCompleted || rec.ExpiresAt != e.at {
+		if !ok || (rec.State != StateCompleted && rec.State != StateExpired) || rec.ExpiresAt != e.at {
 			continue // stale entry: the record changed since
 		}
-		bytes += RecordBytes(e.k, rec)
-		delete(s.m, e.k)
-		n++
+		out = append(out, KeyedRecord{e.k, rec})
 	}
-	return n, bytes
+	return out
 }
 
 func (s *memStore) DropLeasesEnded(at int64, limit int) (n int, bytes int64) {
@@ -218,9 +217,9 @@ func (s *memStore) ScanInProgress(fn func(RecordKey, *Record) bool) error {
 }
 
 func (s *memStore) View() StoreView {
-	v := &memView{meta: s.meta, entries: make([]keyedRecord, 0, len(s.m))}
+	v := &memView{meta: s.meta, entries: make([]KeyedRecord, 0, len(s.m))}
 	for k, r := range s.m {
-		v.entries = append(v.entries, keyedRecord{k, r})
+		v.entries = append(v.entries, KeyedRecord{k, r})
 	}
 	return v
 }
@@ -229,26 +228,27 @@ func (s *memStore) BeginRestore() StoreRestore {
 	return &memRestore{s: s, fresh: NewMemStore().(*memStore)}
 }
 
-type keyedRecord struct {
-	k RecordKey
-	r *Record
+// KeyedRecord is a record with its key.
+type KeyedRecord struct {
+	K RecordKey
+	R *Record
 }
 
 // memView holds pointers to the (immutable) records; sorting and encoding
 // happen in Frames, outside the FSM's lock.
 type memView struct {
 	meta    Meta
-	entries []keyedRecord
+	entries []KeyedRecord
 }
 
 func (v *memView) Meta() Meta { return v.meta }
 func (v *memView) Len() int   { return len(v.entries) }
 func (v *memView) Release()   { v.entries = nil }
 func (v *memView) Frames(fn func([]byte) error) error {
-	sort.Slice(v.entries, func(i, j int) bool { return v.entries[i].k.less(v.entries[j].k) })
+	sort.Slice(v.entries, func(i, j int) bool { return v.entries[i].K.less(v.entries[j].K) })
 	var frame []byte
 	for _, e := range v.entries {
-		frame = AppendRecord(frame[:0], e.k, e.r)
+		frame = AppendRecord(frame[:0], e.K, e.R)
 		if err := fn(frame); err != nil {
 			return err
 		}

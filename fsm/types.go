@@ -10,6 +10,13 @@ const (
 	StateInProgress State = 1
 	// StateCompleted: the owner stored its final response; replay it.
 	StateCompleted State = 2
+	// StateExpired: a tombstone. The COMPLETED record's retention ended; its
+	// fingerprint, fencing token and times are kept (no response) until
+	// ExpiresAt, so a late retry learns EXPIRED instead of running again.
+	StateExpired State = 3
+	// StatePolicy: not a key's record but a namespace policy, stored under
+	// PolicyNamespace with the namespace as its key (Record.Policy).
+	StatePolicy State = 4
 )
 
 func (s State) String() string {
@@ -18,6 +25,10 @@ func (s State) String() string {
 		return "IN_PROGRESS"
 	case StateCompleted:
 		return "COMPLETED"
+	case StateExpired:
+		return "EXPIRED"
+	case StatePolicy:
+		return "POLICY"
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
@@ -40,6 +51,13 @@ const (
 	// OpDelete (operator action) removes a record, whatever its state; the
 	// next reserve gets ACQUIRED. OwnerToken is ignored.
 	OpDelete Op = 7
+	// OpSetPolicy stores Command.Policy as the policy of Namespace (Key is
+	// empty). The node applies it to every shard group, so that each
+	// shard's state machine reads the same policy.
+	OpSetPolicy Op = 8
+	// OpCheckpoint stores Command.Checkpoint on the key's IN_PROGRESS
+	// record while OwnerToken owns it.
+	OpCheckpoint Op = 9
 )
 
 func (o Op) String() string {
@@ -58,6 +76,10 @@ func (o Op) String() string {
 		return "force-release"
 	case OpDelete:
 		return "delete"
+	case OpSetPolicy:
+		return "set-policy"
+	case OpCheckpoint:
+		return "checkpoint"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -93,6 +115,13 @@ const (
 	// OutcomeFailedPrecondition: force-release of a COMPLETED key (only an
 	// IN_PROGRESS key can be force-released).
 	OutcomeFailedPrecondition Outcome = 10
+	// OutcomeExpired: the key's response is past retention and its
+	// tombstone remains (Result.FencingToken, CompletedAt, ExpiredAt).
+	OutcomeExpired Outcome = 11
+	// OutcomeLimitExceeded: the request asked for more than its namespace's
+	// policy allows (Result.Limit names the limit, Result.LimitValue its
+	// value). Nothing changed.
+	OutcomeLimitExceeded Outcome = 12
 )
 
 func (o Outcome) String() string {
@@ -117,6 +146,10 @@ func (o Outcome) String() string {
 		return "NOT_FOUND"
 	case OutcomeFailedPrecondition:
 		return "FAILED_PRECONDITION"
+	case OutcomeExpired:
+		return "EXPIRED"
+	case OutcomeLimitExceeded:
+		return "LIMIT_EXCEEDED"
 	}
 	return fmt.Sprintf("Outcome(%d)", uint8(o))
 }
@@ -180,7 +213,59 @@ type Command struct {
 	// MaxSweep (sweep) bounds how many completed records one sweep drops, so
 	// a mass expiry cannot stall the apply loop; 0 means no bound.
 	MaxSweep int
+
+	// LeaseIsDefault (reserve, heartbeat): the caller asked for no lease
+	// length; Lease is the built-in default, which the namespace policy's
+	// default_lease replaces (and its max_lease caps). Otherwise a Lease
+	// above the policy's max_lease is OutcomeLimitExceeded.
+	LeaseIsDefault bool
+	// RetentionIsDefault (complete): the same for Retention.
+	RetentionIsDefault bool
+	// IfExpiredAcquire (reserve): a key with a tombstone is ACQUIRED instead
+	// of answering EXPIRED.
+	IfExpiredAcquire bool
+	// Checkpoint (checkpoint): the recovery point to store; its
+	// FencingToken and At are set by the FSM.
+	Checkpoint *Checkpoint
+	// Policy (set-policy): the namespace's new policy.
+	Policy *Policy
 }
+
+// Checkpoint is the last recovery point an attempt stored on its key.
+type Checkpoint struct {
+	Name string
+	Data []byte
+	// FencingToken of the attempt that wrote it.
+	FencingToken uint64
+	// At is when it was stored (Unix nanoseconds).
+	At int64
+}
+
+// Policy is a namespace's settings, in nanoseconds. A zero field is not set
+// (the built-in default applies); TombstoneSet says whether Tombstone is
+// set (0 then keeps no tombstone).
+type Policy struct {
+	DefaultLease, MaxLease         int64
+	DefaultRetention, MaxRetention int64
+	Tombstone                      int64
+	TombstoneSet                   bool
+}
+
+// DefaultTombstone is how long a tombstone outlives its response when the
+// namespace's policy does not say (the contract's tombstone_s default).
+const DefaultTombstone int64 = 7 * 24 * 3600 * 1e9
+
+// TombstoneFor is how long p keeps tombstones.
+func (p Policy) TombstoneFor() int64 {
+	if p.TombstoneSet {
+		return p.Tombstone
+	}
+	return DefaultTombstone
+}
+
+// PolicyNamespace holds the policy records (StatePolicy). No valid
+// namespace starts with '!', so it never meets a key's record.
+const PolicyNamespace = "!policy"
 
 // Record is the stored state of one (namespace, key).
 type Record struct {
@@ -200,8 +285,15 @@ type Record struct {
 	LeaseExpiresAt int64 // IN_PROGRESS
 	CreatedAt      int64
 	CompletedAt    int64 // COMPLETED
-	ExpiresAt      int64 // COMPLETED: end of retention
-	Response       *Response
+	ExpiresAt      int64 // COMPLETED: end of retention; EXPIRED: end of the tombstone
+	// ExpiredAt (EXPIRED) is when the response's retention ended.
+	ExpiredAt int64
+	Response  *Response
+	// Checkpoint (IN_PROGRESS) is the last recovery point of an attempt on
+	// the key: the current owner's, or the one it reclaimed the key from.
+	Checkpoint *Checkpoint
+	// Policy (StatePolicy) is a namespace's policy.
+	Policy *Policy
 }
 
 // Result is the outcome of applying one command.
@@ -228,6 +320,18 @@ type Result struct {
 	// in PreviousFencingToken, and its state in State.
 	State State
 
-	// Sweep: how many records were dropped.
+	// Sweep: how many records were dropped or turned into tombstones.
 	Swept int
+
+	// EXPIRED: when the response's retention ended (Unix nanoseconds).
+	ExpiredAt int64
+	// RECLAIMED: the last checkpoint of an earlier attempt (nil: none);
+	// checkpoint OK: the stored one.
+	Checkpoint *Checkpoint
+	// LIMIT_EXCEEDED: the policy limit the request exceeded
+	// ("max_lease_ms", "max_retention_s") and its value in the limit's unit.
+	Limit      string
+	LimitValue int64
+	// set-policy OK: the policy stored.
+	Policy *Policy
 }

@@ -117,7 +117,13 @@ func encodeMeta(m fsm.Meta, applied uint64) []byte {
 	b = binary.AppendVarint(b, m.InProgress)
 	b = binary.AppendVarint(b, m.Completed)
 	b = binary.AppendVarint(b, m.Bytes)
-	return binary.AppendUvarint(b, applied)
+	b = binary.AppendUvarint(b, applied)
+	if m.Tombstones != 0 || m.Policies != 0 {
+		// Optional tail (v1.2): a meta without it has none of either.
+		b = binary.AppendVarint(b, m.Tombstones)
+		b = binary.AppendVarint(b, m.Policies)
+	}
+	return b
 }
 
 func decodeMeta(b []byte) (m fsm.Meta, applied uint64, err error) {
@@ -141,5 +147,16 @@ func decodeMeta(b []byte) (m fsm.Meta, applied uint64, err error) {
 		b = b[n:]
 	}
 	m = fsm.Meta{Clock: int64(vals[0]), LastIndex: vals[1], InProgress: int64(vals[2]), Completed: int64(vals[3]), Bytes: int64(vals[4])}
+	if len(b) > 0 {
+		t, n := binary.Varint(b)
+		if n <= 0 {
+			return m, 0, fmt.Errorf("%w: shard meta tail truncated", fsm.ErrCorrupt)
+		}
+		p, n2 := binary.Varint(b[n:])
+		if n2 <= 0 || len(b) != n+n2 {
+			return m, 0, fmt.Errorf("%w: shard meta tail malformed", fsm.ErrCorrupt)
+		}
+		m.Tombstones, m.Policies = t, p
+	}
 	return m, vals[5], nil
 }

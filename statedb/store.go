@@ -288,8 +288,50 @@ func (s *ShardStore) drop(prefix, end []byte, floor *[]byte, at int64, limit int
 	return n, bytes
 }
 
-func (s *ShardStore) DropExpired(at int64, limit int) (int, int64) {
-	return s.drop(s.expPrefix, s.expEnd, &s.expFloor, at, limit)
+// Expired reads the expiry index from its floor up to at (limit keys at
+// most) and returns the records it names, as the writer sees them; the
+// sweep replaces each (a tombstone) or deletes it through Put, which moves
+// or removes its index key.
+func (s *ShardStore) Expired(at int64, limit int) []fsm.KeyedRecord {
+	upper := prefixEnd(appendTime(append([]byte(nil), s.expPrefix...), at))
+	if upper == nil || string(upper) > string(s.expEnd) {
+		upper = s.expEnd
+	}
+	lower := s.expPrefix
+	if s.expFloor != nil && string(s.expFloor) > string(lower) {
+		lower = s.expFloor
+	}
+	if string(lower) >= string(upper) {
+		return nil
+	}
+	it, err := s.wb().NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		panic(fmt.Sprintf("statedb: shard %s: index iterator: %v", s.id, err))
+	}
+	var keys []fsm.RecordKey
+	for ok := it.First(); ok && (limit == 0 || len(keys) < limit); ok = it.Next() {
+		ik := it.Key()
+		k, err := decodeKey(ik[len(s.expPrefix)+8:])
+		if err != nil {
+			panic(fmt.Sprintf("statedb: shard %s: index key: %v", s.id, err))
+		}
+		keys = append(keys, k)
+		s.expFloor = append(s.expFloor[:0], ik[:len(s.expPrefix)+8]...)
+	}
+	err = it.Error()
+	it.Close()
+	if err != nil {
+		panic(fmt.Sprintf("statedb: shard %s: index scan: %v", s.id, err))
+	}
+	out := make([]fsm.KeyedRecord, 0, len(keys))
+	for _, k := range keys {
+		rec, ok := s.Get(k)
+		if !ok {
+			panic(fmt.Sprintf("statedb: shard %s: expiry index names %q, which has no record", s.id, k.Key))
+		}
+		out = append(out, fsm.KeyedRecord{K: k, R: rec})
+	}
+	return out
 }
 
 func (s *ShardStore) DropLeasesEnded(at int64, limit int) (int, int64) {
@@ -362,8 +404,10 @@ type view struct {
 }
 
 func (v *view) Meta() fsm.Meta { return v.meta }
-func (v *view) Len() int       { return int(v.meta.InProgress + v.meta.Completed) }
-func (v *view) Release()       { v.snap.Close() }
+func (v *view) Len() int {
+	return int(v.meta.InProgress + v.meta.Completed + v.meta.Tombstones + v.meta.Policies)
+}
+func (v *view) Release() { v.snap.Close() }
 func (v *view) Frames(fn func([]byte) error) error {
 	if v.err != nil {
 		return fmt.Errorf("statedb: shard %s: snapshot meta: %w", v.s.id, v.err)
