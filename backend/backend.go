@@ -122,3 +122,33 @@ func (u unrouted) GetRouted(ctx context.Context, namespace, key string, _ int) (
 	rec, found, err := u.Get(ctx, namespace, key)
 	return rec, found, "", err
 }
+
+// Policies is a Backend that stores namespace policies (API v1.2). A
+// backend that is not one answers the policy endpoints UNIMPLEMENTED.
+type Policies interface {
+	// SetPolicy applies cmd (an fsm.OpSetPolicy) to every shard group and
+	// returns once each applied it, so that every request accepted after it
+	// returns is decided under the policy.
+	SetPolicy(ctx context.Context, cmd *fsm.Command) (fsm.Policy, error)
+	// GetPolicy returns the policy stored for namespace (found=false: none,
+	// the built-in defaults apply).
+	GetPolicy(ctx context.Context, namespace string) (p fsm.Policy, found bool, err error)
+}
+
+// SetPolicyShards applies a set-policy to every shard in ids through apply
+// (which proposes it on the shard's leader, or forwards it there), all at
+// once, and returns once each applied it: the first error otherwise (the
+// policy may then be in force on some shards; the call is safe to repeat).
+func SetPolicyShards(ctx context.Context, ids []string, apply func(ctx context.Context, id string) error) error {
+	errs := make(chan error, len(ids))
+	for _, id := range ids {
+		go func() { errs <- apply(ctx, id) }()
+	}
+	var first error
+	for range ids {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -168,4 +169,22 @@ func (m *Mem) LastCommand() fsm.Command {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.last
+}
+
+// SetPolicy implements Policies: the Mem is one shard.
+func (m *Mem) SetPolicy(ctx context.Context, cmd *fsm.Command) (fsm.Policy, error) {
+	res, err := m.Apply(ctx, cmd)
+	if err != nil {
+		return fsm.Policy{}, err
+	}
+	if res.Outcome != fsm.OutcomeOK || res.Policy == nil {
+		return fsm.Policy{}, fmt.Errorf("backend: set-policy answered %s", res.Outcome)
+	}
+	return *res.Policy, nil
+}
+
+// GetPolicy implements Policies.
+func (m *Mem) GetPolicy(_ context.Context, namespace string) (fsm.Policy, bool, error) {
+	p, ok := m.fsm.Policy(namespace)
+	return p, ok, nil
 }

@@ -85,6 +85,9 @@ const (
 	OutcomeCompleted
 	// OutcomeFingerprintMismatch: the key exists with another fingerprint.
 	OutcomeFingerprintMismatch
+	// OutcomeExpired (v1.2): the key was completed and its response is past
+	// retention; only its tombstone is left. The work was done.
+	OutcomeExpired
 )
 
 func (o Outcome) String() string {
@@ -99,6 +102,8 @@ func (o Outcome) String() string {
 		return "COMPLETED"
 	case OutcomeFingerprintMismatch:
 		return "FINGERPRINT_MISMATCH"
+	case OutcomeExpired:
+		return "EXPIRED"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }

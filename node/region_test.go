@@ -286,23 +286,26 @@ func TestRegionSweepsExpiredRecords(t *testing.T) {
 	}
 	complete("short-lived", time.Second)
 	complete("kept", time.Hour)
-	// Reads hide an expired record at once; the sweep removes it from the
-	// state, on every replica: each node then holds the one kept record.
-	testutil.Eventually(t, 30*time.Second, "the expired record to be swept on every node", func() (bool, string) {
+	// Reads see an expired record as its tombstone at once; the sweep
+	// replaces the record by the tombstone in the state, on every replica:
+	// each node then holds the kept record and one tombstone.
+	testutil.Eventually(t, 30*time.Second, "the expired record to be swept into a tombstone on every node", func() (bool, string) {
 		for _, nn := range r.nodes {
-			held := 0
+			var completed, tombstones int
 			for _, s := range nn.shardMap() {
-				held += s.fsm.Stats().Records
+				st := s.fsm.Stats()
+				completed += st.Completed
+				tombstones += st.Tombstones
 			}
-			if held != 1 {
-				return false, fmt.Sprintf("%s holds %d records", nn.cfg.NodeID, held)
+			if completed != 1 || tombstones != 1 {
+				return false, fmt.Sprintf("%s holds %d completed records and %d tombstones", nn.cfg.NodeID, completed, tombstones)
 			}
 		}
 		return true, ""
 	})
 	for i := range r.clients {
-		if _, err := r.clients[i].Get(ctx, "pay", "short-lived"); !errors.Is(err, client.ErrNotFound) {
-			t.Fatalf("get of the swept record on %s: %v, want ErrNotFound", r.nodes[i].cfg.NodeID, err)
+		if rec, err := r.clients[i].Get(ctx, "pay", "short-lived"); err != nil || rec.State != client.StateExpired || rec.Response != nil {
+			t.Fatalf("get of the swept record on %s: %+v %v, want its tombstone", r.nodes[i].cfg.NodeID, rec, err)
 		}
 		if rec, err := r.clients[i].Get(ctx, "pay", "kept"); err != nil || rec.State != client.StateCompleted {
 			t.Fatalf("the record within retention on %s: %+v %v", r.nodes[i].cfg.NodeID, rec, err)

@@ -548,6 +548,39 @@ func ShardIDs(ring *topology.Ring) []string {
 	return ids
 }
 
+// SetPolicy implements backend.Policies: the set-policy goes to the leader
+// of every shard, within RequestTimeout.
+func (b *Backend) SetPolicy(ctx context.Context, cmd *fsm.Command) (fsm.Policy, error) {
+	if err := b.misrouted(); err != nil {
+		return fsm.Policy{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	defer cancel()
+	err := backend.SetPolicyShards(ctx, ShardIDs(b.Ring()), func(ctx context.Context, id string) error {
+		shard, _ := b.Ring().ShardByID(id)
+		start := time.Now()
+		return b.finish(ctx, shard, start, b.fwd.SetShardPolicy(ctx, shard, cmd, "", 0))
+	})
+	if err != nil {
+		return fsm.Policy{}, err
+	}
+	return *cmd.Policy, nil
+}
+
+// GetPolicy implements backend.Policies: the policy as the first shard's
+// leader holds it (every shard holds the same once a set-policy returned).
+func (b *Backend) GetPolicy(ctx context.Context, namespace string) (fsm.Policy, bool, error) {
+	if err := b.misrouted(); err != nil {
+		return fsm.Policy{}, false, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
+	defer cancel()
+	shard, _ := b.Ring().ShardByID(ShardIDs(b.Ring())[0])
+	start := time.Now()
+	p, err := b.fwd.GetPolicy(ctx, shard, namespace, "", 0)
+	return p, err == nil, b.finish(ctx, shard, start, err)
+}
+
 // List implements backend.Backend: one page across the shards, each
 // shard's part read on its leader, the page within RequestTimeout.
 func (b *Backend) List(ctx context.Context, q backend.ListQuery) (backend.ListPage, error) {

@@ -529,7 +529,10 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 	switch cmd.Op {
 	case fsm.OpReserve:
 		req := &idemv1.ReserveRequest{Namespace: cmd.Namespace, Key: cmd.Key, Fingerprint: cmd.Fingerprint,
-			LeaseMs: cmd.Lease / int64(time.Millisecond), OwnerToken: cmd.OwnerToken, WaitMs: cmd.Wait / int64(time.Millisecond)}
+			LeaseMs: leaseMs(cmd), OwnerToken: cmd.OwnerToken, WaitMs: cmd.Wait / int64(time.Millisecond)}
+		if cmd.IfExpiredAcquire {
+			req.IfExpired = "acquire"
+		}
 		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 			resp, err := c.Reserve(ctx, req, opts...)
 			if err == nil {
@@ -539,7 +542,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 		}
 	case fsm.OpHeartbeat:
 		req := &idemv1.HeartbeatRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
-			LeaseMs: cmd.Lease / int64(time.Millisecond)}
+			LeaseMs: leaseMs(cmd)}
 		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 			resp, err := c.Heartbeat(ctx, req, opts...)
 			if err == nil {
@@ -550,6 +553,9 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 	case fsm.OpComplete:
 		req := &idemv1.CompleteRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
 			Response: idemv1.ResponseToProto(cmd.Response), RetentionS: cmd.Retention / int64(time.Second)}
+		if cmd.RetentionIsDefault {
+			req.RetentionS = 0 // the namespace's default, decided where it is applied
+		}
 		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 			resp, err := c.Complete(ctx, req, opts...)
 			if err == nil {
@@ -563,6 +569,17 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 			_, err := c.Release(ctx, req, opts...)
 			if err == nil {
 				res = fsm.Result{Outcome: fsm.OutcomeOK}
+			}
+			return err
+		}
+	case fsm.OpCheckpoint:
+		req := &idemv1.CheckpointRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
+			Name: cmd.Checkpoint.Name, Data: cmd.Checkpoint.Data}
+		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
+			resp, err := c.Checkpoint(ctx, req, opts...)
+			if err == nil {
+				res = fsm.Result{Outcome: fsm.OutcomeOK, Checkpoint: &fsm.Checkpoint{Name: req.Name, Data: req.Data,
+					At: idemv1.TimeFromProto(resp.GetCheckpointedAt())}}
 			}
 			return err
 		}
@@ -599,6 +616,16 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 		return fsm.Result{Outcome: fsm.OutcomeNotOwner}, nil
 	}
 	return res, idemv1.BackendError(err)
+}
+
+// leaseMs is the lease_ms a forwarded command carries: 0 when the caller
+// left it to the default, so that the namespace's policy decides it where
+// the command is applied.
+func leaseMs(cmd *fsm.Command) int64 {
+	if cmd.LeaseIsDefault {
+		return 0
+	}
+	return cmd.Lease / int64(time.Millisecond)
 }
 
 // Get forwards a linearizable read for shard.
@@ -641,6 +668,31 @@ func operatorResult(cmd *fsm.Command, shard topology.Shard, res fsm.Result, ambi
 		return fsm.Result{Outcome: fsm.OutcomeFailedPrecondition, State: fsm.StateCompleted}, nil
 	}
 	return fsm.Result{}, idemv1.BackendError(err)
+}
+
+// SetShardPolicy asks the leader of shard to apply the set-policy cmd, and
+// returns once it did.
+func (f *Forwarder) SetShardPolicy(ctx context.Context, shard topology.Shard, cmd *fsm.Command, prefer string, hops int) error {
+	req := &idemv1.SetShardPolicyRequest{Shard: shard.ID, Namespace: cmd.Namespace, Policy: idemv1.PolicyRequestToProto(*cmd.Policy)}
+	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
+		_, err := c.SetShardPolicy(ctx, req, opts...)
+		return err
+	})
+	return idemv1.BackendError(err)
+}
+
+// GetPolicy asks the leader of shard for the policy in force of namespace
+// (every field filled in).
+func (f *Forwarder) GetPolicy(ctx context.Context, shard topology.Shard, namespace, prefer string, hops int) (fsm.Policy, error) {
+	var p fsm.Policy
+	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
+		resp, err := c.GetPolicy(ctx, &idemv1.GetPolicyRequest{Namespace: namespace}, opts...)
+		if err == nil {
+			p = idemv1.PolicyFromProto(resp.GetPolicy())
+		}
+		return err
+	})
+	return p, idemv1.BackendError(err)
 }
 
 // ListShard asks the leader of shard for its part of a listing page.

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/idem-dev/idem/backend"
 
@@ -24,9 +25,12 @@ func (s *Server) applyRouted(ctx context.Context, cmd *fsm.Command, hops int) (f
 	if err != nil {
 		return res, leaderHint(leader, err), s.backendError(err, cmd.Op.String(), cmd.Namespace, cmd.Key)
 	}
+	if res.Outcome == fsm.OutcomeLimitExceeded {
+		return res, leader, limitExceeded(cmd, res)
+	}
 	if cmd.Op == fsm.OpReserve {
 		switch res.Outcome {
-		case fsm.OutcomeAcquired, fsm.OutcomeReclaimed, fsm.OutcomeInProgress, fsm.OutcomeCompleted, fsm.OutcomeFingerprintMismatch:
+		case fsm.OutcomeAcquired, fsm.OutcomeReclaimed, fsm.OutcomeInProgress, fsm.OutcomeCompleted, fsm.OutcomeFingerprintMismatch, fsm.OutcomeExpired:
 			return res, leader, nil
 		}
 	} else {
@@ -78,6 +82,17 @@ func (s *Server) backendError(err error, op, namespace, key string) *Error {
 		s.log.Debug("backend unavailable", "op", op, "namespace", namespace, "key", key, "error", err)
 	}
 	return e
+}
+
+// limitExceeded is the INVALID_ARGUMENT of a request that asked for more
+// than its namespace's policy allows, naming the limit.
+func limitExceeded(cmd *fsm.Command, res fsm.Result) *Error {
+	asked, unit := cmd.Lease/int64(time.Millisecond), "lease_ms"
+	if res.Limit == "max_retention_s" {
+		asked, unit = cmd.Retention/int64(time.Second), "retention_s"
+	}
+	return errorf(CodeInvalidArgument, "%s %d exceeds the %s %d of namespace %q's policy: ask for at most that, or leave %s out for the namespace's default",
+		unit, asked, res.Limit, res.LimitValue, cmd.Namespace, unit)
 }
 
 func notOwner(op fsm.Op) *Error {

@@ -43,6 +43,7 @@ func (g *grpcService) Reserve(ctx context.Context, req *idemv1.ReserveRequest) (
 		LeaseMs:     req.GetLeaseMs(),
 		OwnerToken:  req.GetOwnerToken(),
 		WaitMs:      req.GetWaitMs(),
+		IfExpired:   req.GetIfExpired(),
 	})
 	if e != nil {
 		return nil, e
@@ -294,7 +295,7 @@ func grpcEndpoint(fullMethod string) string {
 	switch service {
 	case "idem.v1.Idempotency":
 		switch method {
-		case "Reserve", "Heartbeat", "Complete", "Release", "Get", "Routing", "Batch":
+		case "Reserve", "Heartbeat", "Complete", "Release", "Get", "Routing", "Batch", "Checkpoint":
 			return strings.ToLower(method)
 		case "BatchReserve":
 			return endpointBatchReserve
@@ -303,7 +304,8 @@ func grpcEndpoint(fullMethod string) string {
 		}
 	case "idem.v1.Admin":
 		switch method {
-		case "Status", "TransferLeader", "Snapshot", "ListKeys", "ForceRelease", "DeleteKey", "ListShard":
+		case "Status", "TransferLeader", "Snapshot", "ListKeys", "ForceRelease", "DeleteKey", "ListShard",
+			"SetPolicy", "GetPolicy", "SetShardPolicy":
 			return "admin_" + strings.ToLower(method)
 		}
 	}

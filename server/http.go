@@ -29,7 +29,11 @@ const (
 	endpointList      = "list"
 	endpointForce     = "force_release"
 	endpointDelete    = "delete"
-	endpointUnknown   = "unknown"
+	// v1.2.
+	endpointCheckpoint = "checkpoint"
+	endpointGetPolicy  = "get_policy"
+	endpointSetPolicy  = "set_policy"
+	endpointUnknown    = "unknown"
 )
 
 // outcomeOK labels a successful heartbeat, complete, release or get.
@@ -42,6 +46,8 @@ var verbs = map[string]string{
 	"release":   endpointRelease,
 	// v1.1 operator action.
 	"force-release": endpointForce,
+	// v1.2.
+	"checkpoint": endpointCheckpoint,
 }
 
 // batchVerbs are the verbs of POST /v1/namespaces/{ns}/keys:{verb} (v1.2).
@@ -184,6 +190,9 @@ func parseRoute(method, raw string) (route, *Error) {
 	if verb, ok := strings.CutPrefix(rest, "keys:"); ok {
 		return parseBatchRoute(method, rawNamespace, verb)
 	}
+	if rest == "policy" {
+		return parsePolicyRoute(method, rawNamespace)
+	}
 	rawKey, ok := strings.CutPrefix(rest, "keys/")
 	if !ok {
 		return unknown()
@@ -270,6 +279,25 @@ func parseListRoute(method, rawNamespace string) (route, *Error) {
 	return route{endpoint: endpointList, namespace: ns}, nil
 }
 
+// parsePolicyRoute parses GET and PUT /v1/namespaces/{namespace}/policy.
+func parsePolicyRoute(method, rawNamespace string) (route, *Error) {
+	rt := route{endpoint: endpointGetPolicy}
+	switch method {
+	case http.MethodGet, http.MethodHead:
+	case http.MethodPut:
+		rt.endpoint = endpointSetPolicy
+	default:
+		return route{endpoint: endpointUnknown, allow: "GET, HEAD, PUT"}, &Error{Code: CodeMethodNotAllowed,
+			Message: fmt.Sprintf("%s is not allowed here: read a namespace's policy with GET, set it with PUT", method)}
+	}
+	ns, err := url.PathUnescape(rawNamespace)
+	if err != nil {
+		return rt, errorf(CodeInvalidArgument, "namespace is not validly percent-encoded: %s", namespaceRule)
+	}
+	rt.namespace = ns
+	return rt, nil
+}
+
 func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
@@ -302,6 +330,9 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 	case endpointBatchReserve, endpointBatchComplete:
 		outcome = h.serveBatch(sw, r, rt, fail)
 		return
+	case endpointGetPolicy:
+		outcome = h.serveGetPolicy(sw, r, rt, fail)
+		return
 	}
 	body, e := h.readBody(r, sw)
 	if e != nil {
@@ -314,6 +345,9 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 		return
 	case endpointDelete:
 		outcome = h.serveOperator(sw, r, rt, fsm.OpDelete, body, fail)
+		return
+	case endpointSetPolicy:
+		outcome = h.serveSetPolicy(sw, r, rt, body, fail)
 		return
 	}
 	var cmd *fsm.Command
@@ -342,6 +376,12 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 			params.Namespace, params.Key = rt.namespace, rt.key
 			cmd, e = h.s.validate.releaseCommand(params)
 		}
+	case endpointCheckpoint:
+		var params checkpointParams
+		if params, e = decodeCheckpoint(body); e == nil {
+			params.Namespace, params.Key = rt.namespace, rt.key
+			cmd, e = h.s.validate.checkpointCommand(params)
+		}
 	}
 	if e != nil {
 		fail(e)
@@ -363,6 +403,8 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 		writeJSON(sw, http.StatusOK, heartbeatJSON{LeaseExpiresAt: formatTime(res.LeaseExpiresAt)})
 	case fsm.OpComplete:
 		writeJSON(sw, http.StatusOK, completeJSON{CompletedAt: formatTime(res.CompletedAt), ExpiresAt: formatTime(res.ExpiresAt)})
+	case fsm.OpCheckpoint:
+		writeJSON(sw, http.StatusOK, checkpointedJSON{CheckpointedAt: formatTime(res.Checkpoint.At)})
 	default:
 		writeJSON(sw, http.StatusOK, struct{}{})
 	}
@@ -422,15 +464,26 @@ type (
 		Body    string            `json:"body"`
 	}
 	reserveResponseJSON struct {
-		Outcome              string        `json:"outcome"`
-		OwnerToken           string        `json:"owner_token,omitempty"`
-		FencingToken         string        `json:"fencing_token,omitempty"`
-		PreviousFencingToken string        `json:"previous_fencing_token,omitempty"`
-		LeaseExpiresAt       string        `json:"lease_expires_at,omitempty"`
-		RetryAfterMs         *int64        `json:"retry_after_ms,omitempty"`
-		Response             *responseJSON `json:"response,omitempty"`
-		CompletedAt          string        `json:"completed_at,omitempty"`
-		ExpiresAt            string        `json:"expires_at,omitempty"`
+		Outcome              string          `json:"outcome"`
+		OwnerToken           string          `json:"owner_token,omitempty"`
+		FencingToken         string          `json:"fencing_token,omitempty"`
+		PreviousFencingToken string          `json:"previous_fencing_token,omitempty"`
+		LeaseExpiresAt       string          `json:"lease_expires_at,omitempty"`
+		RetryAfterMs         *int64          `json:"retry_after_ms,omitempty"`
+		Response             *responseJSON   `json:"response,omitempty"`
+		CompletedAt          string          `json:"completed_at,omitempty"`
+		ExpiresAt            string          `json:"expires_at,omitempty"`
+		ExpiredAt            string          `json:"expired_at,omitempty"`
+		Checkpoint           *checkpointJSON `json:"checkpoint,omitempty"`
+	}
+	checkpointJSON struct {
+		Name           string `json:"name"`
+		Data           string `json:"data"`
+		FencingToken   string `json:"fencing_token"`
+		CheckpointedAt string `json:"checkpointed_at"`
+	}
+	checkpointedJSON struct {
+		CheckpointedAt string `json:"checkpointed_at"`
 	}
 	heartbeatJSON struct {
 		LeaseExpiresAt string `json:"lease_expires_at"`
@@ -440,13 +493,15 @@ type (
 		ExpiresAt   string `json:"expires_at"`
 	}
 	getResponseJSON struct {
-		State          string        `json:"state"`
-		Fingerprint    string        `json:"fingerprint"`
-		FencingToken   string        `json:"fencing_token"`
-		LeaseExpiresAt string        `json:"lease_expires_at,omitempty"`
-		CompletedAt    string        `json:"completed_at,omitempty"`
-		ExpiresAt      string        `json:"expires_at,omitempty"`
-		Response       *responseJSON `json:"response,omitempty"`
+		State          string          `json:"state"`
+		Fingerprint    string          `json:"fingerprint"`
+		FencingToken   string          `json:"fencing_token"`
+		LeaseExpiresAt string          `json:"lease_expires_at,omitempty"`
+		CompletedAt    string          `json:"completed_at,omitempty"`
+		ExpiresAt      string          `json:"expires_at,omitempty"`
+		ExpiredAt      string          `json:"expired_at,omitempty"`
+		Response       *responseJSON   `json:"response,omitempty"`
+		Checkpoint     *checkpointJSON `json:"checkpoint,omitempty"`
 	}
 	errorBodyJSON struct {
 		Error errorJSON `json:"error"`
@@ -466,7 +521,12 @@ func reserveJSON(cmd *fsm.Command, res fsm.Result) reserveResponseJSON {
 		out.LeaseExpiresAt = formatTime(res.LeaseExpiresAt)
 		if res.Outcome == fsm.OutcomeReclaimed {
 			out.PreviousFencingToken = formatToken(res.PreviousFencingToken)
+			out.Checkpoint = checkpointToJSON(res.Checkpoint)
 		}
+	case fsm.OutcomeExpired:
+		out.FencingToken = formatToken(res.FencingToken)
+		out.CompletedAt = formatTime(res.CompletedAt)
+		out.ExpiredAt = formatTime(res.ExpiredAt)
 	case fsm.OutcomeInProgress:
 		ms := retryAfterMs(res.RetryAfter)
 		out.RetryAfterMs = &ms
@@ -486,14 +546,27 @@ func recordJSON(rec fsm.Record) getResponseJSON {
 		Fingerprint:  rec.Fingerprint,
 		FencingToken: formatToken(rec.FencingToken),
 	}
-	if rec.State == fsm.StateCompleted {
+	switch rec.State {
+	case fsm.StateCompleted:
 		out.CompletedAt = formatTime(rec.CompletedAt)
 		out.ExpiresAt = formatTime(rec.ExpiresAt)
 		out.Response = storedResponseJSON(rec.Response)
-	} else {
+	case fsm.StateExpired:
+		out.CompletedAt = formatTime(rec.CompletedAt)
+		out.ExpiredAt = formatTime(rec.ExpiredAt)
+	default:
 		out.LeaseExpiresAt = formatTime(rec.LeaseExpiresAt)
+		out.Checkpoint = checkpointToJSON(rec.Checkpoint)
 	}
 	return out
+}
+
+func checkpointToJSON(c *fsm.Checkpoint) *checkpointJSON {
+	if c == nil {
+		return nil
+	}
+	return &checkpointJSON{Name: c.Name, Data: base64.StdEncoding.EncodeToString(c.Data),
+		FencingToken: formatToken(c.FencingToken), CheckpointedAt: formatTime(c.At)}
 }
 
 func storedResponseJSON(r *fsm.Response) *responseJSON {

@@ -132,11 +132,24 @@ func TestHTTPReserveOutcomes(t *testing.T) {
 		t.Fatalf("completing owner's repeat: %s", r)
 	}
 
-	// Past retention the key is fresh again.
+	// Past retention a tombstone answers EXPIRED: the work was done and its
+	// response is gone. Another fingerprint is still a mismatch.
 	clock.Advance(61 * time.Second)
+	r = h.do("POST", ns+"order-1:reserve", `{"fingerprint":"fp1"}`)
+	if got, want := keys(r.body), []string{"completed_at", "expired_at", "fencing_token", "outcome"}; r.status != 200 || r.body["outcome"] != "EXPIRED" || !slices.Equal(got, want) {
+		t.Fatalf("reserve past retention: %d %s", r.status, r)
+	}
+	if r.body["fencing_token"] != fence2 || r.body["completed_at"] != rfc3339(completedAt) || r.body["expired_at"] != rfc3339(expiresAt) {
+		t.Fatalf("EXPIRED tokens/times: %s", r)
+	}
+	if r = h.do("POST", ns+"order-1:reserve", `{"fingerprint":"new"}`); r.body["outcome"] != "FINGERPRINT_MISMATCH" {
+		t.Fatalf("tombstone with another fingerprint: %s", r)
+	}
+	// Past the tombstone (seven days by default) the key is unknown again.
+	clock.Advance(7 * 24 * time.Hour)
 	r = h.do("POST", ns+"order-1:reserve", `{"fingerprint":"new"}`)
 	if r.body["outcome"] != "ACQUIRED" || mustUint(t, str(t, r.body, "fencing_token")) <= mustUint(t, fence2) {
-		t.Fatalf("reserve past retention: %s", r)
+		t.Fatalf("reserve past the tombstone: %s", r)
 	}
 }
 

@@ -18,12 +18,14 @@ import (
 
 // The fields each request body may hold.
 var (
-	reserveFields   = []string{"fingerprint", "lease_ms", "owner_token", "wait_ms"}
-	operatorFields  = []string{"reason"}
-	heartbeatFields = []string{"lease_ms", "owner_token"}
-	completeFields  = []string{"owner_token", "response", "retention_s"}
-	releaseFields   = []string{"owner_token"}
-	responseFields  = []string{"body", "headers", "status"}
+	reserveFields    = []string{"fingerprint", "if_expired", "lease_ms", "owner_token", "wait_ms"}
+	checkpointFields = []string{"data", "name", "owner_token"}
+	policyFields     = []string{"default_lease_ms", "default_retention_s", "max_lease_ms", "max_retention_s", "tombstone_s"}
+	operatorFields   = []string{"reason"}
+	heartbeatFields  = []string{"lease_ms", "owner_token"}
+	completeFields   = []string{"owner_token", "response", "retention_s"}
+	releaseFields    = []string{"owner_token"}
+	responseFields   = []string{"body", "headers", "status"}
 )
 
 // jsonObject decodes data, which must be exactly one JSON object (or nothing
@@ -150,6 +152,41 @@ func decodeReserve(data []byte) (reserveParams, *Error) {
 		LeaseMs:     jsonInt(&p, f, "lease_ms", "lease_ms"),
 		OwnerToken:  jsonString(&p, f, "owner_token", "owner_token"),
 		WaitMs:      jsonInt(&p, f, "wait_ms", "wait_ms"),
+		IfExpired:   jsonString(&p, f, "if_expired", "if_expired"),
+	}
+	return r, p.err()
+}
+
+// decodeCheckpoint decodes the body of a checkpoint (v1.2).
+func decodeCheckpoint(data []byte) (checkpointParams, *Error) {
+	var p problems
+	f := jsonObject(&p, data, checkpointFields, "request body")
+	r := checkpointParams{
+		OwnerToken: jsonString(&p, f, "owner_token", "owner_token"),
+		Name:       jsonString(&p, f, "name", "name"),
+	}
+	r.Data = jsonBase64(&p, f, "data", "data")
+	return r, p.err()
+}
+
+// decodePolicy decodes the body of a set-policy (v1.2): a field absent or
+// null keeps the built-in default, so presence is kept.
+func decodePolicy(data []byte) (policyParams, *Error) {
+	var p problems
+	f := jsonObject(&p, data, policyFields, "request body")
+	opt := func(name string) *int64 {
+		if isNull(f[name]) {
+			return nil
+		}
+		v := jsonInt(&p, f, name, name)
+		return &v
+	}
+	r := policyParams{
+		DefaultLeaseMs:    opt("default_lease_ms"),
+		MaxLeaseMs:        opt("max_lease_ms"),
+		DefaultRetentionS: opt("default_retention_s"),
+		MaxRetentionS:     opt("max_retention_s"),
+		TombstoneS:        opt("tombstone_s"),
 	}
 	return r, p.err()
 }
@@ -200,13 +237,7 @@ func completeFromFields(p *problems, f map[string]json.RawMessage) completeParam
 				Status:  jsonInt(p, rf, "status", "response.status"),
 				Headers: jsonHeaders(p, rf),
 			}
-			if body := jsonString(p, rf, "body", "response.body"); body != "" {
-				decoded, err := decodeBase64(body)
-				if err != nil {
-					p.addf("response.body is not valid base64 (%v): encode the body as base64, standard or URL-safe alphabet, padded or not", err)
-				}
-				resp.Body = decoded
-			}
+			resp.Body = jsonBase64(p, rf, "body", "response.body")
 			r.Response = resp
 		}
 	}
@@ -233,6 +264,19 @@ func jsonHeaders(p *problems, fields map[string]json.RawMessage) map[string]stri
 		out[name] = s
 	}
 	return out
+}
+
+// jsonBase64 decodes a base64 string field; absent, null or "" is nil.
+func jsonBase64(p *problems, fields map[string]json.RawMessage, name, path string) []byte {
+	s := jsonString(p, fields, name, path)
+	if s == "" {
+		return nil
+	}
+	decoded, err := decodeBase64(s)
+	if err != nil {
+		p.addf("%s is not valid base64 (%v): encode it as base64, standard or URL-safe alphabet, padded or not", path, err)
+	}
+	return decoded
 }
 
 // decodeBase64 accepts the standard and the URL-safe alphabet, padded or

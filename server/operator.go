@@ -25,6 +25,7 @@ const (
 	actionList         = "list"
 	actionForceRelease = "force_release"
 	actionDelete       = "delete"
+	actionSetPolicy    = "set_policy"
 )
 
 // defaultPrincipal is the principal of a request that no authentication

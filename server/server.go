@@ -18,12 +18,14 @@ import (
 // probes and /metrics) and the gRPC Idempotency service. Both share one
 // validator and one set of metrics. It is safe for concurrent use.
 type Server struct {
-	cfg      Config
-	backend  backend.Routed
-	log      *slog.Logger
-	registry *prometheus.Registry
-	metrics  *metrics
-	validate validator
+	cfg     Config
+	backend backend.Routed
+	// policies is cfg.Backend when it stores namespace policies, else nil.
+	policyStore backend.Policies
+	log         *slog.Logger
+	registry    *prometheus.Registry
+	metrics     *metrics
+	validate    validator
 	// operatorActions counts operator actions (operator.go).
 	operatorActions *prometheus.CounterVec
 
@@ -43,6 +45,7 @@ func New(cfg Config) (*Server, error) {
 		registry: cfg.Registry,
 		validate: validator{maxResponseBytes: cfg.maxResponseBytes()},
 	}
+	s.policyStore, _ = cfg.Backend.(backend.Policies)
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}

@@ -19,6 +19,19 @@ type (
 	reserveParams struct {
 		Namespace, Key, Fingerprint, OwnerToken string
 		LeaseMs, WaitMs                         int64
+		// IfExpired is "" or "acquire" (v1.2).
+		IfExpired string
+	}
+	// checkpointParams are a checkpoint's (v1.2).
+	checkpointParams struct {
+		Namespace, Key, OwnerToken, Name string
+		Data                             []byte
+	}
+	// policyParams are a set-policy's (v1.2); nil fields keep the
+	// built-in default.
+	policyParams struct {
+		Namespace                                                                string
+		DefaultLeaseMs, MaxLeaseMs, DefaultRetentionS, MaxRetentionS, TombstoneS *int64
 	}
 	// operatorParams are a force-release's or delete's.
 	operatorParams struct {
@@ -172,6 +185,9 @@ func (v validator) reserveCommand(r reserveParams) (*fsm.Command, *Error) {
 	if r.WaitMs < 0 || r.WaitMs > backend.MaxWait.Milliseconds() {
 		p.addf("wait_ms %d is out of range: use 0..%d milliseconds (0 or leave it out: answer IN_PROGRESS at once)", r.WaitMs, backend.MaxWait.Milliseconds())
 	}
+	if r.IfExpired != "" && r.IfExpired != IfExpiredAcquire {
+		p.addf("if_expired %q is not a choice: use %q (acquire a key whose response expired) or leave it out (answer EXPIRED)", truncate(r.IfExpired, 32), IfExpiredAcquire)
+	}
 	if e := p.err(); e != nil {
 		return nil, e
 	}
@@ -187,7 +203,74 @@ func (v validator) reserveCommand(r reserveParams) (*fsm.Command, *Error) {
 		OwnerToken:  token,
 		Lease:       lease,
 		Wait:        r.WaitMs * int64(time.Millisecond),
+		// A lease left to the default takes the namespace's policy.
+		LeaseIsDefault:   r.LeaseMs == 0,
+		IfExpiredAcquire: r.IfExpired == IfExpiredAcquire,
 	}, nil
+}
+
+// IfExpiredAcquire is the reserve's if_expired value that acquires a key
+// whose response expired instead of answering EXPIRED.
+const IfExpiredAcquire = "acquire"
+
+// checkpointNameRule is the rule of a checkpoint's name.
+const checkpointNameRule = "a checkpoint name is 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-'"
+
+func (v validator) checkpointCommand(r checkpointParams) (*fsm.Command, *Error) {
+	var p problems
+	checkNamespace(&p, r.Namespace)
+	checkKey(&p, r.Key)
+	checkOwnerToken(&p, r.OwnerToken, true)
+	if len(r.Name) == 0 || len(r.Name) > 64 {
+		p.addf("name is %d characters long: %s", len(r.Name), checkpointNameRule)
+	} else if i := strings.IndexFunc(r.Name, func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-')
+	}); i >= 0 {
+		p.addf("name has %s at position %d: %s", describeByte(r.Name[i]), i, checkpointNameRule)
+	}
+	if len(r.Data) > fsm.MaxCheckpointBytes {
+		p.addf("data is %d bytes (decoded): a checkpoint holds at most %d; store a reference to larger state", len(r.Data), fsm.MaxCheckpointBytes)
+	}
+	if e := p.err(); e != nil {
+		return nil, e
+	}
+	return &fsm.Command{Op: fsm.OpCheckpoint, Namespace: r.Namespace, Key: r.Key, OwnerToken: r.OwnerToken,
+		Checkpoint: &fsm.Checkpoint{Name: r.Name, Data: r.Data}}, nil
+}
+
+// policyCommand checks a set-policy: every value within the contract's
+// range, each default within its max (the max given, or the built-in one).
+func (v validator) policyCommand(r policyParams) (*fsm.Command, *Error) {
+	var p problems
+	checkNamespace(&p, r.Namespace)
+	var pol fsm.Policy
+	field := func(name string, val *int64, lo, hi, unit int64, out *int64) {
+		if val == nil {
+			return
+		}
+		if *val < lo || *val > hi {
+			p.addf("%s %d is out of range: use %d..%d, or leave it out for the built-in default", name, *val, lo, hi)
+			return
+		}
+		*out = *val * unit
+	}
+	ms, s := int64(time.Millisecond), int64(time.Second)
+	field("default_lease_ms", r.DefaultLeaseMs, contract.MinLeaseMs, contract.MaxLeaseMs, ms, &pol.DefaultLease)
+	field("max_lease_ms", r.MaxLeaseMs, contract.MinLeaseMs, contract.MaxLeaseMs, ms, &pol.MaxLease)
+	field("default_retention_s", r.DefaultRetentionS, contract.MinRetentionS, contract.MaxRetentionS, s, &pol.DefaultRetention)
+	field("max_retention_s", r.MaxRetentionS, contract.MinRetentionS, contract.MaxRetentionS, s, &pol.MaxRetention)
+	field("tombstone_s", r.TombstoneS, 0, contract.MaxTombstoneS, s, &pol.Tombstone)
+	pol.TombstoneSet = r.TombstoneS != nil
+	if pol.MaxLease > 0 && pol.DefaultLease > pol.MaxLease {
+		p.addf("default_lease_ms %d exceeds max_lease_ms %d", pol.DefaultLease/ms, pol.MaxLease/ms)
+	}
+	if pol.MaxRetention > 0 && pol.DefaultRetention > pol.MaxRetention {
+		p.addf("default_retention_s %d exceeds max_retention_s %d", pol.DefaultRetention/s, pol.MaxRetention/s)
+	}
+	if e := p.err(); e != nil {
+		return nil, e
+	}
+	return &fsm.Command{Op: fsm.OpSetPolicy, Namespace: r.Namespace, Policy: &pol}, nil
 }
 
 // MaxReasonBytes bounds an operator action's reason.
@@ -252,11 +335,12 @@ func (v validator) heartbeatCommand(r heartbeatParams) (*fsm.Command, *Error) {
 		return nil, e
 	}
 	return &fsm.Command{
-		Op:         fsm.OpHeartbeat,
-		Namespace:  r.Namespace,
-		Key:        r.Key,
-		OwnerToken: r.OwnerToken,
-		Lease:      lease,
+		Op:             fsm.OpHeartbeat,
+		Namespace:      r.Namespace,
+		Key:            r.Key,
+		OwnerToken:     r.OwnerToken,
+		Lease:          lease,
+		LeaseIsDefault: r.LeaseMs == 0,
 	}, nil
 }
 
@@ -299,7 +383,8 @@ func (v validator) completeCommand(r completeParams) (*fsm.Command, *Error) {
 			Headers: r.Response.Headers,
 			Body:    r.Response.Body,
 		},
-		Retention: retentionS * int64(time.Second),
+		Retention:          retentionS * int64(time.Second),
+		RetentionIsDefault: r.RetentionS == 0,
 	}, nil
 }
 

@@ -21,6 +21,9 @@ const (
 	VerbRelease      Verb = "release"       // writer
 	VerbForceRelease Verb = "force-release" // admin, on its namespaces
 	VerbDelete       Verb = "delete"        // admin, on its namespaces
+	VerbCheckpoint   Verb = "checkpoint"    // writer
+	VerbGetPolicy    Verb = "get-policy"    // reader
+	VerbSetPolicy    Verb = "set-policy"    // admin, on its namespaces
 
 	VerbStatus         Verb = "status"          // admin, "*"
 	VerbTransferLeader Verb = "transfer-leader" // admin, "*"
@@ -40,9 +43,9 @@ const (
 // MinRole is the least role that may use v.
 func (v Verb) MinRole() Role {
 	switch v {
-	case VerbGet, VerbList, VerbAuthenticate:
+	case VerbGet, VerbList, VerbGetPolicy, VerbAuthenticate:
 		return RoleReader
-	case VerbReserve, VerbHeartbeat, VerbComplete, VerbRelease:
+	case VerbReserve, VerbHeartbeat, VerbComplete, VerbRelease, VerbCheckpoint:
 		return RoleWriter
 	}
 	return RoleAdmin
@@ -100,6 +103,14 @@ func JSONAPITarget(r *http.Request) (Target, bool) {
 		return Target{ns, VerbReserve}, true
 	case rest == "keys:batch-complete" && r.Method == http.MethodPost:
 		return Target{ns, VerbComplete}, true
+	case rest == "policy":
+		switch r.Method {
+		case http.MethodGet, http.MethodHead:
+			return Target{ns, VerbGetPolicy}, true
+		case http.MethodPut:
+			return Target{ns, VerbSetPolicy}, true
+		}
+		return Target{ns, VerbUnknown}, true
 	case rest == "keys":
 		if r.Method == http.MethodGet || r.Method == http.MethodHead {
 			return Target{ns, VerbList}, true
@@ -121,7 +132,7 @@ func JSONAPITarget(r *http.Request) (Target, bool) {
 				return Target{ns, VerbUnknown}, true
 			}
 			switch Verb(key[i+1:]) {
-			case VerbReserve, VerbHeartbeat, VerbComplete, VerbRelease, VerbForceRelease:
+			case VerbReserve, VerbHeartbeat, VerbComplete, VerbRelease, VerbForceRelease, VerbCheckpoint:
 				return Target{ns, Verb(key[i+1:])}, true
 			}
 		}
@@ -158,6 +169,8 @@ func GRPCTarget(fullMethod string, req any) Target {
 			return nsVerb(VerbRelease)
 		case "Get":
 			return nsVerb(VerbGet)
+		case "Checkpoint":
+			return nsVerb(VerbCheckpoint)
 		case "Routing":
 			// The ring and the nodes' addresses, for clients that send each
 			// call to its shard's leader: any known principal (it reveals
@@ -197,6 +210,12 @@ func GRPCTarget(fullMethod string, req any) Target {
 			return nsVerb(VerbForceRelease)
 		case "DeleteKey", "Delete":
 			return nsVerb(VerbDelete)
+		case "GetPolicy":
+			return nsVerb(VerbGetPolicy)
+		case "SetPolicy", "SetShardPolicy":
+			// SetShardPolicy is one shard's part of a SetPolicy, forwarded
+			// with the caller's principal: the same admin right.
+			return nsVerb(VerbSetPolicy)
 		}
 	}
 	return Target{Verb: VerbUnknown}

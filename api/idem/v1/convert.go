@@ -147,6 +147,7 @@ var outcomes = [...]struct {
 	{fsm.OutcomeInProgress, contract.OutcomeInProgress, Outcome_IN_PROGRESS},
 	{fsm.OutcomeCompleted, contract.OutcomeCompleted, Outcome_COMPLETED},
 	{fsm.OutcomeFingerprintMismatch, contract.OutcomeFingerprintMismatch, Outcome_FINGERPRINT_MISMATCH},
+	{fsm.OutcomeExpired, contract.OutcomeExpired, Outcome_EXPIRED},
 }
 
 // OutcomeToProto is the wire outcome of a reserve outcome;
@@ -201,6 +202,8 @@ func StateToProto(s fsm.State) State {
 		return State_STATE_IN_PROGRESS
 	case fsm.StateCompleted:
 		return State_STATE_COMPLETED
+	case fsm.StateExpired:
+		return State_STATE_EXPIRED
 	}
 	return State_STATE_UNSPECIFIED
 }
@@ -212,6 +215,8 @@ func StateFromProto(s State) fsm.State {
 		return fsm.StateInProgress
 	case State_STATE_COMPLETED:
 		return fsm.StateCompleted
+	case State_STATE_EXPIRED:
+		return fsm.StateExpired
 	}
 	return 0
 }
@@ -261,7 +266,12 @@ func ReserveToProto(res fsm.Result) *ReserveResponse {
 		out.LeaseExpiresAt = TimeToProto(res.LeaseExpiresAt)
 		if res.Outcome == fsm.OutcomeReclaimed {
 			out.PreviousFencingToken = res.PreviousFencingToken
+			out.Checkpoint = CheckpointToProto(res.Checkpoint)
 		}
+	case fsm.OutcomeExpired:
+		out.FencingToken = res.FencingToken
+		out.CompletedAt = TimeToProto(res.CompletedAt)
+		out.ExpiredAt = TimeToProto(res.ExpiredAt)
 	case fsm.OutcomeInProgress:
 		out.RetryAfterMs = max(res.RetryAfter/int64(time.Millisecond), 0)
 		out.LeaseExpiresAt = TimeToProto(res.LeaseExpiresAt)
@@ -290,6 +300,69 @@ func ReserveFromProto(p *ReserveResponse) fsm.Result {
 		CompletedAt:          TimeFromProto(p.GetCompletedAt()),
 		ExpiresAt:            TimeFromProto(p.GetExpiresAt()),
 		Response:             ResponseFromProto(p.GetResponse()),
+		ExpiredAt:            TimeFromProto(p.GetExpiredAt()),
+		Checkpoint:           CheckpointFromProto(p.GetCheckpoint()),
+	}
+}
+
+// CheckpointToProto is the wire form of a checkpoint; nil for nil.
+func CheckpointToProto(c *fsm.Checkpoint) *KeyCheckpoint {
+	if c == nil {
+		return nil
+	}
+	return &KeyCheckpoint{Name: c.Name, Data: c.Data, FencingToken: c.FencingToken, CheckpointedAt: TimeToProto(c.At)}
+}
+
+// CheckpointFromProto is the checkpoint of its wire form; nil for nil.
+func CheckpointFromProto(p *KeyCheckpoint) *fsm.Checkpoint {
+	if p == nil {
+		return nil
+	}
+	return &fsm.Checkpoint{Name: p.GetName(), Data: p.GetData(), FencingToken: p.GetFencingToken(), At: TimeFromProto(p.GetCheckpointedAt())}
+}
+
+// PolicyRequestToProto is the wire form of a policy to set: only the
+// fields p sets, in the API's units.
+func PolicyRequestToProto(p fsm.Policy) *NamespacePolicy {
+	out := &NamespacePolicy{}
+	set := func(v, unit int64) *int64 {
+		if v == 0 {
+			return nil
+		}
+		u := v / unit
+		return &u
+	}
+	ms, s := int64(time.Millisecond), int64(time.Second)
+	out.DefaultLeaseMs, out.MaxLeaseMs = set(p.DefaultLease, ms), set(p.MaxLease, ms)
+	out.DefaultRetentionS, out.MaxRetentionS = set(p.DefaultRetention, s), set(p.MaxRetention, s)
+	if p.TombstoneSet {
+		t := p.Tombstone / s
+		out.TombstoneS = &t
+	}
+	return out
+}
+
+// PolicyFromProto is the policy of a policy in force (every field set) as
+// an fsm.Policy: every field set.
+func PolicyFromProto(p *NamespacePolicy) fsm.Policy {
+	ms, s := int64(time.Millisecond), int64(time.Second)
+	return fsm.Policy{
+		DefaultLease: p.GetDefaultLeaseMs() * ms, MaxLease: p.GetMaxLeaseMs() * ms,
+		DefaultRetention: p.GetDefaultRetentionS() * s, MaxRetention: p.GetMaxRetentionS() * s,
+		Tombstone: p.GetTombstoneS() * s, TombstoneSet: p.TombstoneS != nil,
+	}
+}
+
+// PolicyToProto is the wire form of a policy in force: every field set, in
+// the API's units, the built-in defaults filled in (contract.EffectivePolicy).
+func PolicyToProto(p fsm.Policy) *NamespacePolicy {
+	e := contract.EffectivePolicyOf(p.DefaultLease, p.MaxLease, p.DefaultRetention, p.MaxRetention, p.Tombstone, p.TombstoneSet)
+	return &NamespacePolicy{
+		DefaultLeaseMs:    &e.DefaultLeaseMs,
+		MaxLeaseMs:        &e.MaxLeaseMs,
+		DefaultRetentionS: &e.DefaultRetentionS,
+		MaxRetentionS:     &e.MaxRetentionS,
+		TombstoneS:        &e.TombstoneS,
 	}
 }
 
@@ -297,6 +370,12 @@ func ReserveFromProto(p *ReserveResponse) fsm.Result {
 // state only.
 func RecordToProto(rec fsm.Record) *GetResponse {
 	out := &GetResponse{Fingerprint: rec.Fingerprint, FencingToken: rec.FencingToken}
+	if rec.State == fsm.StateExpired {
+		out.State = State_STATE_EXPIRED
+		out.CompletedAt = TimeToProto(rec.CompletedAt)
+		out.ExpiredAt = TimeToProto(rec.ExpiredAt)
+		return out
+	}
 	if rec.State == fsm.StateCompleted {
 		out.State = State_STATE_COMPLETED
 		out.CompletedAt = TimeToProto(rec.CompletedAt)
@@ -308,6 +387,7 @@ func RecordToProto(rec fsm.Record) *GetResponse {
 	} else {
 		out.State = State_STATE_IN_PROGRESS
 		out.LeaseExpiresAt = TimeToProto(rec.LeaseExpiresAt)
+		out.Checkpoint = CheckpointToProto(rec.Checkpoint)
 	}
 	return out
 }
@@ -322,6 +402,8 @@ func RecordFromProto(p *GetResponse) fsm.Record {
 		CompletedAt:    TimeFromProto(p.GetCompletedAt()),
 		ExpiresAt:      TimeFromProto(p.GetExpiresAt()),
 		Response:       ResponseFromProto(p.GetResponse()),
+		ExpiredAt:      TimeFromProto(p.GetExpiredAt()),
+		Checkpoint:     CheckpointFromProto(p.GetCheckpoint()),
 	}
 }
 
