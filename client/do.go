@@ -46,6 +46,25 @@ type Lease struct {
 	// ExpiresAt is the lease's end when fn started (by the store's clock); Do
 	// keeps extending it while fn runs.
 	ExpiresAt time.Time
+	// Resume (when Reclaimed) is the last checkpoint an earlier attempt
+	// stored with Lease.Checkpoint: the step it reached. nil when none did.
+	Resume *Checkpoint
+
+	c              *Client
+	namespace, key string
+}
+
+// Checkpoint stores a recovery point of this attempt (name: the step just
+// completed, 1-64 chars of [A-Za-z0-9_.-]; data: at most 64 KiB of what a
+// later attempt needs to resume). If this attempt dies, the one that
+// reclaims the key gets it as Lease.Resume. ErrNotOwner when the lease was
+// lost.
+func (l Lease) Checkpoint(ctx context.Context, name string, data []byte) error {
+	if l.c == nil {
+		return invalid("checkpoint: this Lease does not come from Do")
+	}
+	_, err := l.c.Checkpoint(ctx, CheckpointRequest{Namespace: l.namespace, Key: l.key, OwnerToken: l.OwnerToken, Name: name, Data: data})
+	return err
 }
 
 // Result is the response of a key that Do completed or replayed.
@@ -67,10 +86,17 @@ type Result struct {
 type DoOption func(*doOptions)
 
 type doOptions struct {
-	fingerprint string
-	lease       time.Duration
-	retention   time.Duration
-	maxWait     time.Duration
+	fingerprint    string
+	lease          time.Duration
+	retention      time.Duration
+	maxWait        time.Duration
+	acquireExpired bool
+}
+
+// WithAcquireExpired makes Do run fn for a key whose response expired (a
+// tombstone: the work was done long ago) instead of returning ErrExpired.
+func WithAcquireExpired() DoOption {
+	return func(o *doOptions) { o.acquireExpired = true }
 }
 
 // WithFingerprint sets the fingerprint of the request the key stands for
@@ -186,6 +212,8 @@ func (c *Client) Do(ctx context.Context, namespace, key string, fn func(ctx cont
 			Lease:       o.lease,
 			OwnerToken:  token,
 			Wait:        storeWait,
+
+			IfExpiredAcquire: o.acquireExpired,
 		})
 		if err != nil {
 			return Result{}, err
@@ -201,6 +229,9 @@ func (c *Client) Do(ctx context.Context, namespace, key string, fn func(ctx cont
 			}, nil
 		case OutcomeFingerprintMismatch:
 			return Result{}, fmt.Errorf("%w: %s/%s is in use for another request", ErrFingerprintMismatch, namespace, key)
+		case OutcomeExpired:
+			return Result{FencingToken: res.FencingToken, CompletedAt: res.CompletedAt, ExpiresAt: res.ExpiredAt},
+				fmt.Errorf("%w: %s/%s was completed at %v; its response expired at %v", ErrExpired, namespace, key, res.CompletedAt, res.ExpiredAt)
 		case OutcomeAcquired, OutcomeReclaimed:
 			return c.runOwned(ctx, namespace, key, res, sentAt, fn, o)
 		case OutcomeInProgress:
@@ -245,6 +276,10 @@ func (c *Client) runOwned(ctx context.Context, namespace, key string, res Reserv
 		PreviousFencingToken: res.PreviousFencingToken,
 		OwnerToken:           res.OwnerToken,
 		ExpiresAt:            res.LeaseExpiresAt,
+		Resume:               res.Checkpoint,
+		c:                    c,
+		namespace:            namespace,
+		key:                  key,
 	}
 	fnCtx, cancelFn := context.WithCancelCause(ctx)
 	defer cancelFn(nil)

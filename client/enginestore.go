@@ -32,9 +32,11 @@ func (s engineStore) Reserve(ctx context.Context, req httpidem.ReserveRequest) (
 		PreviousFencingToken: res.PreviousFencingToken,
 		LeaseExpiresAt:       res.LeaseExpiresAt,
 		RetryAfter:           res.RetryAfter,
+		CompletedAt:          res.CompletedAt,
+		ExpiredAt:            res.ExpiredAt,
 	}
 	switch res.Outcome {
-	case OutcomeAcquired, OutcomeReclaimed, OutcomeInProgress, OutcomeFingerprintMismatch:
+	case OutcomeAcquired, OutcomeReclaimed, OutcomeInProgress, OutcomeFingerprintMismatch, OutcomeExpired:
 		out.Outcome = res.Outcome
 	case OutcomeCompleted:
 		out.Outcome = res.Outcome

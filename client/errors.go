@@ -36,6 +36,11 @@ var (
 	// with another fingerprint: the key was reused for a different request.
 	ErrFingerprintMismatch = errors.New("client: key used with another fingerprint")
 
+	// ErrExpired: Do found the key completed long ago: its response is past
+	// retention and only a tombstone is left. The work was done; it is not
+	// run again (WithAcquireExpired runs it instead).
+	ErrExpired = errors.New("client: key completed and its response expired")
+
 	// ErrLeaseLost: the lease of a Do call ended while fn ran (a heartbeat
 	// answered NOT_OWNER, or heartbeats failed until the lease ran out), or
 	// completing after fn answered NOT_OWNER. fn's context is cancelled with

@@ -286,6 +286,9 @@ func (ic *interceptor) doError(ctx context.Context, err error) error {
 		return status.Error(codes.Aborted, "another call with this idempotency key is running: retry later to get its answer")
 	case errors.Is(err, ErrFingerprintMismatch):
 		return status.Error(codes.FailedPrecondition, "this idempotency key was used for another method or request: use a new key for a new request")
+	case errors.Is(err, ErrExpired):
+		// gRPC has no 410: the call ran long ago and its answer is gone.
+		return status.Error(codes.FailedPrecondition, "this idempotency key was used long ago and its stored answer has expired: the call is not run again; use a new key for a new request")
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
 	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrClosed), errors.Is(err, context.DeadlineExceeded):

@@ -60,6 +60,11 @@ func (c *Client) Once(ctx context.Context, namespace, eventID string, fn func(ct
 			return Response{}, ferr
 		}
 	})
+	if errors.Is(err, ErrExpired) {
+		// Recorded long ago, and the record's retention ended: the event
+		// was handled; a redelivery this late does not run it again.
+		return false, nil
+	}
 	if ran || err != nil {
 		return ran, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -59,14 +60,18 @@ func reserveProto(req ReserveRequest) (*idemv1.ReserveRequest, error) {
 	if token == "" {
 		token = NewOwnerToken()
 	}
-	return &idemv1.ReserveRequest{
+	pb := &idemv1.ReserveRequest{
 		Namespace:   req.Namespace,
 		Key:         req.Key,
 		Fingerprint: req.Fingerprint,
 		LeaseMs:     leaseMs,
 		OwnerToken:  token,
 		WaitMs:      req.Wait.Milliseconds(),
-	}, nil
+	}
+	if req.IfExpiredAcquire {
+		pb.IfExpired = "acquire"
+	}
+	return pb, nil
 }
 
 // reservationFromProto is the store's answer resp to the reserve of req
@@ -82,6 +87,8 @@ func reservationFromProto(req ReserveRequest, token string, resp *idemv1.Reserve
 		Response:             responseFromProto(resp.GetResponse()),
 		CompletedAt:          timeFromProto(resp.GetCompletedAt()),
 		ExpiresAt:            timeFromProto(resp.GetExpiresAt()),
+		ExpiredAt:            timeFromProto(resp.GetExpiredAt()),
+		Checkpoint:           checkpointFromProto(resp.GetCheckpoint()),
 	}
 	switch {
 	case res.Outcome == OutcomeUnknown:
@@ -199,5 +206,48 @@ func (c *Client) Get(ctx context.Context, namespace, key string) (Record, error)
 		CompletedAt:    timeFromProto(resp.GetCompletedAt()),
 		ExpiresAt:      timeFromProto(resp.GetExpiresAt()),
 		Response:       responseFromProto(resp.GetResponse()),
+		ExpiredAt:      timeFromProto(resp.GetExpiredAt()),
+		Checkpoint:     checkpointFromProto(resp.GetCheckpoint()),
 	}, nil
+}
+
+// CheckpointRequest stores a recovery point of the owner's attempt.
+type CheckpointRequest struct {
+	Namespace  string
+	Key        string
+	OwnerToken string
+	// Name is 1-64 chars of [A-Za-z0-9_.-] (the step reached, "charged").
+	Name string
+	// Data is at most 64 KiB (what the next attempt needs to resume).
+	Data []byte
+}
+
+// Checkpoint stores a recovery point while the caller owns the key; a
+// reserve that RECLAIMS the key later gets it in Reservation.Checkpoint, so
+// the retry resumes from the last completed step. It returns when the store
+// recorded it (by the store's clock); ErrNotOwner when the caller no longer
+// owns the key. A complete or release drops the checkpoint.
+func (c *Client) Checkpoint(ctx context.Context, req CheckpointRequest) (time.Time, error) {
+	errs := []error{validateNames(req.Namespace, req.Key), validateOwnerToken(req.OwnerToken)}
+	if n := len(req.Name); n == 0 || n > 64 || strings.IndexFunc(req.Name, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '.' || r == '-')
+	}) >= 0 {
+		errs = append(errs, invalid("checkpoint name %q: use 1-64 chars of A-Z, a-z, 0-9, '_', '.', '-'", req.Name))
+	}
+	if len(req.Data) > 64<<10 {
+		errs = append(errs, invalid("checkpoint data is %d bytes, more than 64 KiB", len(req.Data)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return time.Time{}, err
+	}
+	pb := &idemv1.CheckpointRequest{Namespace: req.Namespace, Key: req.Key, OwnerToken: req.OwnerToken, Name: req.Name, Data: req.Data}
+	var resp *idemv1.CheckpointResponse
+	_, err := c.invoke(ctx, "checkpoint "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
+		resp, err = stub.Checkpoint(ctx, pb, opts...)
+		return err
+	})
+	if err != nil {
+		return time.Time{}, err
+	}
+	return timeFromProto(resp.GetCheckpointedAt()), nil
 }

@@ -32,6 +32,11 @@ const (
 	OutcomeCompleted = contract.OutcomeCompleted
 	// OutcomeFingerprintMismatch: the key exists with another fingerprint.
 	OutcomeFingerprintMismatch = contract.OutcomeFingerprintMismatch
+	// OutcomeExpired: the key was completed and its response is past
+	// retention; only a tombstone is left (Reservation.CompletedAt,
+	// ExpiredAt, FencingToken). The work was done: do not run it again
+	// (ReserveRequest.IfExpiredAcquire acquires the key instead).
+	OutcomeExpired = contract.OutcomeExpired
 )
 
 // State is the state of a stored record, as Get reports it.
@@ -44,6 +49,8 @@ const (
 	StateInProgress
 	// StateCompleted: the owner stored its final response.
 	StateCompleted
+	// StateExpired: a tombstone; the response is past retention.
+	StateExpired
 )
 
 func (s State) String() string {
@@ -52,6 +59,8 @@ func (s State) String() string {
 		return "IN_PROGRESS"
 	case StateCompleted:
 		return "COMPLETED"
+	case StateExpired:
+		return "EXPIRED"
 	}
 	return fmt.Sprintf("State(%d)", int(s))
 }
@@ -91,6 +100,26 @@ type ReserveRequest struct {
 	// decided as usual, or OutcomeInProgress after Wait. The store wakes the
 	// waiter when the owner finishes: no polling. Zero answers at once.
 	Wait time.Duration
+	// IfExpiredAcquire: a key whose response expired (a tombstone) is
+	// acquired instead of answering OutcomeExpired.
+	IfExpiredAcquire bool
+}
+
+// Checkpoint is the last recovery point an attempt stored on its key
+// (Lease.Checkpoint, Client.Checkpoint).
+type Checkpoint struct {
+	Name string
+	Data []byte
+	// FencingToken of the attempt that wrote it.
+	FencingToken uint64
+	At           time.Time
+}
+
+func checkpointFromProto(c *idemv1.KeyCheckpoint) *Checkpoint {
+	if c == nil {
+		return nil
+	}
+	return &Checkpoint{Name: c.GetName(), Data: c.GetData(), FencingToken: c.GetFencingToken(), At: timeFromProto(c.GetCheckpointedAt())}
 }
 
 // Reservation is the store's answer to a reserve.
@@ -118,6 +147,11 @@ type Reservation struct {
 	// when the record leaves the store.
 	CompletedAt time.Time
 	ExpiresAt   time.Time
+	// ExpiredAt (EXPIRED): when the response's retention ended.
+	ExpiredAt time.Time
+	// Checkpoint (RECLAIMED): the last checkpoint of an earlier attempt, to
+	// resume from; nil when none was stored.
+	Checkpoint *Checkpoint
 }
 
 // HeartbeatRequest extends the lease of the key's owner.
@@ -166,6 +200,10 @@ type Record struct {
 	CompletedAt time.Time
 	ExpiresAt   time.Time
 	Response    *Response
+	// ExpiredAt (EXPIRED): when the response's retention ended.
+	ExpiredAt time.Time
+	// Checkpoint (IN_PROGRESS): the last checkpoint stored, if any.
+	Checkpoint *Checkpoint
 }
 
 func stateFromProto(s idemv1.State) State {
@@ -174,6 +212,8 @@ func stateFromProto(s idemv1.State) State {
 		return StateInProgress
 	case idemv1.State_STATE_COMPLETED:
 		return StateCompleted
+	case idemv1.State_STATE_EXPIRED:
+		return StateExpired
 	}
 	return StateUnknown
 }

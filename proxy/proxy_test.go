@@ -679,7 +679,7 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("metric %s missing", name)
 		}
 	}
-	want := map[string]float64{"forwarded": 2, "replayed": 1, "conflict": 0, "mismatch": 1, "missing_key": 0, "released": 1, "passthrough": 1, "error": 1}
+	want := map[string]float64{"forwarded": 2, "replayed": 1, "conflict": 0, "mismatch": 1, "expired": 0, "missing_key": 0, "released": 1, "passthrough": 1, "error": 1}
 	for _, mf := range mfs {
 		if mf.GetName() != "idem_proxy_requests_total" {
 			continue

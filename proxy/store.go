@@ -71,6 +71,8 @@ func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reserva
 		PreviousFencingToken: res.PreviousFencingToken,
 		LeaseExpiresAt:       unixNanos(res.LeaseExpiresAt),
 		RetryAfter:           time.Duration(res.RetryAfter),
+		CompletedAt:          unixNanos(res.CompletedAt),
+		ExpiredAt:            unixNanos(res.ExpiredAt),
 	}
 	out.Outcome = idemv1.FSMOutcomeToContract(res.Outcome)
 	switch out.Outcome {

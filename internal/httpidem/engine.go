@@ -33,6 +33,9 @@ const (
 	ResultConflict Result = "conflict"
 	// ResultMismatch: the key was used for a different request (422).
 	ResultMismatch Result = "mismatch"
+	// ResultExpired: the key was used long ago and its stored response
+	// expired; only a tombstone is left (410).
+	ResultExpired Result = "expired"
 	// ResultMissingKey: RequireKey and no key (400).
 	ResultMissingKey Result = "missing_key"
 	// ResultReleased: the handler ran and its response was not final (a
@@ -47,7 +50,7 @@ const (
 )
 
 // Results lists every Result, for metrics that start each label at zero.
-var Results = []Result{ResultForwarded, ResultReplayed, ResultConflict, ResultMismatch,
+var Results = []Result{ResultForwarded, ResultReplayed, ResultConflict, ResultMismatch, ResultExpired,
 	ResultMissingKey, ResultReleased, ResultPassthrough, ResultError}
 
 // Event reports one request to Config.Observe.
@@ -213,6 +216,12 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	case contract.OutcomeFingerprintMismatch:
 		e.fail(w, ResultMismatch, NewProblem(http.StatusUnprocessableEntity, ProblemFingerprintMismatch,
 			"this Idempotency-Key was used for a request with another method, path, query or body: use a new key for a new request"))
+	case contract.OutcomeExpired:
+		// The request ran long ago; its response is past retention. Nothing
+		// reaches the handler or the upstream.
+		e.fail(w, ResultExpired, NewProblem(http.StatusGone, ProblemExpired, fmt.Sprintf(
+			"this Idempotency-Key was used for a request completed at %s; its stored response expired at %s and is gone: the request is not run again, use a new key for a new request",
+			res.CompletedAt.UTC().Format(time.RFC3339), res.ExpiredAt.UTC().Format(time.RFC3339))))
 	default:
 		e.log.Error("the store answered an unknown outcome", "namespace", ns, "key", key, "outcome", res.Outcome.String())
 		e.fail(w, ResultError, NewProblem(http.StatusInternalServerError, ProblemInternal, "the idempotency store answered an unknown outcome"))

@@ -42,6 +42,7 @@ const (
 	ProblemUnreadableBody      = "unreadable-request-body"
 	ProblemInProgress          = "request-in-progress"
 	ProblemFingerprintMismatch = "idempotency-key-reused"
+	ProblemExpired             = "idempotency-key-expired"
 	ProblemStoreUnavailable    = "store-unavailable"
 	ProblemUpstreamUnreachable = "upstream-unreachable"
 	ProblemUpstreamTimeout     = "upstream-timeout"
@@ -63,6 +64,7 @@ var problemTitles = map[string]string{
 	ProblemUnreadableBody:      "Request body could not be read",
 	ProblemInProgress:          "A request with this Idempotency-Key is in progress",
 	ProblemFingerprintMismatch: "Idempotency-Key reused for a different request",
+	ProblemExpired:             "Idempotency-Key expired",
 	ProblemStoreUnavailable:    "Idempotency store unavailable",
 	ProblemUpstreamUnreachable: "Upstream unreachable",
 	ProblemUpstreamTimeout:     "Upstream timed out",

@@ -72,6 +72,9 @@ type Reservation struct {
 	RetryAfter time.Duration
 	// Response (COMPLETED) is the stored response.
 	Response *Response
+	// CompletedAt (COMPLETED, EXPIRED) and ExpiredAt (EXPIRED: when the
+	// stored response's retention ended).
+	CompletedAt, ExpiredAt time.Time
 }
 
 // Response is a stored response, replayed verbatim.
