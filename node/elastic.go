@@ -54,6 +54,20 @@ func (v *view) forwardShard(info topology.Shard) topology.Shard {
 	return out
 }
 
+// seatedInView reports whether node holds or is to hold a seat in group
+// by the cluster's topology (every node of it for the meta group): the
+// Raft port admits it even while this replica's own configuration is an
+// old one (raftstore Config.ExtraSeats).
+func (n *Node) seatedInView(group, node string) bool {
+	v := n.view()
+	if group == MetaGroupID {
+		_, ok := v.node(node)
+		return ok
+	}
+	info, ok := v.ring.ShardByID(group)
+	return ok && slices.Contains(v.forwardShard(info).Voters, node)
+}
+
 // seats lists the shards in which node id holds or is to hold a seat.
 func (v *view) seats(id string) map[string]bool {
 	out := map[string]bool{}

@@ -117,6 +117,7 @@ func (n *Node) Start() (err error) {
 		rcfg.Packer, rcfg.PackingGated = fsm.Packer{}, true
 	}
 	rcfg.OnStorageFailure = n.storageFailed
+	rcfg.ExtraSeats = n.seatedInView
 	rcfg.NodeID = cfg.NodeID
 	rcfg.RaftListenAddr = cmp.Or(cfg.RaftAddr, n.self.RaftAddr)
 	rcfg.RaftAdvertiseAddr = n.self.RaftAddr

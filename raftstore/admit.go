@@ -58,6 +58,21 @@ func raftSeat(r *raft.Raft) seatCheck {
 	}
 }
 
+// seatCheck widens base with Config.ExtraSeats.
+func (h *Host) seatCheck(group string, base seatCheck) seatCheck {
+	extra := h.cfg.ExtraSeats
+	if extra == nil {
+		return base
+	}
+	return func(node string) (bool, bool) {
+		seated, known := base(node)
+		if !seated && extra(group, node) {
+			return true, true
+		}
+		return seated, known
+	}
+}
+
 // admits reports whether the group takes connections and messages from
 // node. Before the group's raft exists there is nothing to ask yet: the
 // mux waits for it (route's deadline bounds the wait).

@@ -49,6 +49,13 @@ type Config struct {
 	// exits, so a supervisor restarts it on what is durable.
 	OnStorageFailure func(error)
 
+	// ExtraSeats, if set, admits node to group's Raft port (secure mode)
+	// when the group's own configuration does not list it: a replica that
+	// rejoins from an old configuration must still hear a leader that
+	// joined the group after it left. The node answers from the cluster's
+	// replicated topology (the voters of a running change included).
+	ExtraSeats func(group, node string) bool
+
 	// HeartbeatTimeout is how long a follower goes without hearing from the
 	// leader before it campaigns (randomised in [1x, 2x)). The leader
 	// heartbeats every HeartbeatTimeout/10.

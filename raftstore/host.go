@@ -303,7 +303,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		return nil, shardErr(id, "starting raft: %w", err)
 	}
 	cleanup = append(cleanup, func() { r.Shutdown().Error() })
-	stream.setSeat(raftSeat(r))
+	stream.setSeat(h.seatCheck(id, raftSeat(r)))
 	if existing {
 		logger.Info("raft group restarted from existing state", "last_index", r.LastIndex(), "log_store", logStore)
 	}

@@ -444,3 +444,22 @@ func TestRaftAdmissionBySeat(t *testing.T) {
 		}
 	}
 }
+
+// A replica that rejoins from an old configuration admits a node the
+// cluster's topology seats in the group (Config.ExtraSeats), which its
+// own configuration does not list yet; nobody else.
+func TestExtraSeatsWidenTheConfiguration(t *testing.T) {
+	base := func(node string) (bool, bool) { return node == "a", true }
+	h := &Host{cfg: Config{ExtraSeats: func(group, node string) bool { return group == "s0" && node == "b" }}}
+	for _, tc := range []struct {
+		group, node string
+		want        bool
+	}{{"s0", "a", true}, {"s0", "b", true}, {"s0", "c", false}, {"s1", "b", false}} {
+		if got, known := h.seatCheck(tc.group, base)(tc.node); got != tc.want || !known {
+			t.Errorf("%s in %s: seated %v known %v, want %v", tc.node, tc.group, got, known, tc.want)
+		}
+	}
+	if got, _ := (&Host{}).seatCheck("s0", base)("b"); got {
+		t.Error("without ExtraSeats a node outside the configuration was admitted")
+	}
+}
