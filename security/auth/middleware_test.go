@@ -324,6 +324,11 @@ func TestJSONAPITarget(t *testing.T) {
 		{"GET", "/v1/namespaces/p%61y/keys/k", Target{"pay", VerbGet}, true},
 		{"GET", "/v1/namespaces/pay/keys/a/b", Target{Verb: VerbAuthenticate}, true},
 		{"GET", "/", Target{Verb: VerbAuthenticate}, true},
+		// The cluster's topology: any known caller reads it, only admin
+		// on "*" changes it.
+		{"GET", "/v1/topology", Target{Verb: VerbAuthenticate}, true},
+		{"PUT", "/v1/topology", Target{Verb: VerbTopology}, true},
+		{"POST", "/v1/topology", Target{Verb: VerbTopology}, true},
 	} {
 		r := httptest.NewRequest(tc.method, tc.path, nil)
 		got, need := JSONAPITarget(r)
@@ -336,6 +341,14 @@ func TestJSONAPITarget(t *testing.T) {
 	}
 	if got := GRPCTarget("/idem.v1.Admin/Snapshot", &idemv1.SnapshotRequest{}); got != (Target{Verb: VerbSnapshot}) {
 		t.Errorf("GRPCTarget Snapshot = %+v", got)
+	}
+	for method, want := range map[string]Verb{"Get": VerbAuthenticate, "SetTarget": VerbTopology, "ShardState": VerbTopology, "ChangeMember": VerbTopology} {
+		if got := GRPCTarget("/idem.v1.Topology/"+method, nil); got != (Target{Verb: want}) || !want.Cluster() && want != VerbAuthenticate {
+			t.Errorf("GRPCTarget Topology/%s = %+v, want %s", method, got, want)
+		}
+	}
+	if VerbTopology.MinRole() != RoleAdmin || !VerbTopology.Cluster() {
+		t.Errorf("topology changes need admin on \"*\": min role %s, cluster %v", VerbTopology.MinRole(), VerbTopology.Cluster())
 	}
 	if got := GRPCTarget("/idem.v1.Admin/Rebalance", nil); got.Verb != VerbUnknown || !strings.Contains(string(got.Verb), "unknown") {
 		t.Errorf("an unknown RPC = %+v, want VerbUnknown (fail closed)", got)
