@@ -36,6 +36,22 @@ type OnceResult struct {
 // first's result. An error reserving or recording an event is that event's
 // Err alone.
 func (c *Client) OnceBatch(ctx context.Context, namespace string, eventIDs []string, fn func(ctx context.Context, eventID string, fencingToken uint64) error) []OnceResult {
+	if unique, back, dup := dedupeEvents(eventIDs); dup {
+		// Each event once, in first-occurrence order; a later copy gets
+		// its first copy's result without having run (whatever order the
+		// store would have applied two copies sent in one batch in).
+		ur := c.OnceBatch(ctx, namespace, unique, fn)
+		out := make([]OnceResult, len(eventIDs))
+		seen := make([]bool, len(unique))
+		for i, j := range back {
+			out[i] = ur[j]
+			if seen[j] {
+				out[i].Ran = false
+			}
+			seen[j] = true
+		}
+		return out
+	}
 	results := make([]OnceResult, len(eventIDs))
 	if fn == nil {
 		for i, id := range eventIDs {
@@ -187,4 +203,23 @@ func (c *Client) holdLease(ctx context.Context, namespace, key, token string, se
 		<-done
 		cancelFn(nil)
 	}}
+}
+
+// dedupeEvents returns the distinct event ids in first-occurrence order,
+// the index into them of every position of ids, and whether any id repeats.
+func dedupeEvents(ids []string) (unique []string, back []int, dup bool) {
+	first := make(map[string]int, len(ids))
+	back = make([]int, len(ids))
+	for i, id := range ids {
+		j, ok := first[id]
+		if !ok {
+			j = len(unique)
+			first[id] = j
+			unique = append(unique, id)
+		} else {
+			dup = true
+		}
+		back[i] = j
+	}
+	return unique, back, dup
 }
