@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/internal/durable"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
@@ -199,26 +201,33 @@ func (n *Node) seatMarker(id string) string {
 }
 
 func (n *Node) hasSeatMarker(id string) bool {
+	if _, ok := n.marked.Load(id); ok {
+		return true
+	}
 	_, err := os.Stat(n.seatMarker(id))
 	return err == nil
 }
 
+// writeSeatMarker creates the marker durably (the file and its directory
+// entry), once: reconcileSeats asks every second.
 func (n *Node) writeSeatMarker(id string) error {
 	if n.hasSeatMarker(id) {
+		n.marked.Store(id, true)
 		return nil
 	}
-	if err := os.MkdirAll(filepath.Dir(n.seatMarker(id)), 0o755); err != nil {
+	dir := filepath.Dir(n.seatMarker(id))
+	if err := durable.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("node: seat marker: %w", err)
 	}
 	f, err := os.Create(n.seatMarker(id))
 	if err != nil {
 		return fmt.Errorf("node: seat marker: %w", err)
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
+	if err := errors.Join(f.Sync(), f.Close(), durable.SyncDir(dir)); err != nil {
 		return fmt.Errorf("node: seat marker: %w", err)
 	}
-	return f.Close()
+	n.marked.Store(id, true)
+	return nil
 }
 
 // startMode says how the group id starts when it has no state on disk:
@@ -371,12 +380,18 @@ func (n *Node) refreshView(ctx context.Context) {
 			next = v
 		}
 	}
-	nodes := n.ownAddrs(next.nodes())
-	for _, nd := range nodes {
-		n.host.SetPeer(nd.ID, nd.RaftAddr)
+	if next != n.applied {
+		// A view this loop has not applied yet (Start may have stored one
+		// from the meta group's restored state): its nodes become
+		// reachable and its voters the clock peers, once per view.
+		nodes := n.ownAddrs(next.nodes())
+		for _, nd := range nodes {
+			n.host.SetPeer(nd.ID, nd.RaftAddr)
+		}
+		n.fwd.AddNodes(nodes)
+		n.clocks.setPeers(next)
+		n.applied = next
 	}
-	n.fwd.AddNodes(nodes)
-	n.clocks.setPeers(next)
 	n.topoMetrics.observe(next, mv)
 	n.reconcileSeats(ctx, next)
 }

@@ -53,6 +53,26 @@ type metaView struct {
 	applied                     uint64
 }
 
+// voters returns shard id's voters in the active topology, then those
+// only the target gives it: whom to ask for the shard's leader while a
+// change runs.
+func (mv metaView) voters(id string) []string {
+	var out []string
+	for _, t := range []*topology.Topology{mv.active, mv.target} {
+		if t == nil {
+			continue
+		}
+		if s, ok := t.ShardByID(id); ok {
+			for _, v := range s.Voters {
+				if !slices.Contains(out, v) {
+					out = append(out, v)
+				}
+			}
+		}
+	}
+	return out
+}
+
 // metaSM is the meta group's state machine: small, in memory, rebuilt from
 // its snapshot and log on every start.
 type metaSM struct {

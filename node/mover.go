@@ -12,7 +12,6 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/raftstore"
-	"github.com/idem-dev/idem/topology"
 )
 
 // The mover drives a topology change to its end. It runs on every node and
@@ -189,18 +188,8 @@ func (n *Node) nextStep(ctx context.Context, mv metaView) (moveStep, bool, error
 			return moveStep{shard: MetaGroupID, op: "add_learner", node: id, addr: addrOf(id)}, false, nil
 		}
 	}
-	activeShards := map[string]topology.Shard{}
-	for _, s := range mv.active.Shards() {
-		activeShards[s.ID] = s
-	}
 	for _, s := range target.Shards() {
-		candidates := slices.Clone(activeShards[s.ID].Voters)
-		for _, v := range s.Voters {
-			if !slices.Contains(candidates, v) {
-				candidates = append(candidates, v)
-			}
-		}
-		ls, err := n.leaderState(ctx, s.ID, candidates, mv.dead)
+		ls, err := n.leaderState(ctx, s.ID, mv.voters(s.ID), mv.dead)
 		if err != nil {
 			return moveStep{}, false, err
 		}
@@ -280,20 +269,7 @@ func (n *Node) takeStep(ctx context.Context, step moveStep) error {
 		leader = n.cfg.NodeID
 	} else {
 		mv, _ := n.meta.read()
-		var candidates []string
-		for _, s := range mv.active.Shards() {
-			if s.ID == step.shard {
-				candidates = append(candidates, s.Voters...)
-			}
-		}
-		if mv.target != nil {
-			for _, s := range mv.target.Shards() {
-				if s.ID == step.shard {
-					candidates = append(candidates, s.Voters...)
-				}
-			}
-		}
-		ls, err := n.leaderState(ctx, step.shard, candidates, mv.dead)
+		ls, err := n.leaderState(ctx, step.shard, mv.voters(step.shard), mv.dead)
 		if err != nil {
 			return err
 		}

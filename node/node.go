@@ -66,8 +66,11 @@ type Node struct {
 	// layout is the key layout its data dir holds, which never changes.
 	viewp  atomic.Pointer[view]
 	layout string
-	fwd    *router.Forwarder
-	api    *server.Server
+	// applied is the view whose nodes and clock peers refreshView set
+	// up last; only its goroutine touches it.
+	applied *view
+	fwd     *router.Forwarder
+	api     *server.Server
 	// unsafeGauge is idem_node_unsafe_settings (safety.go).
 	unsafeGauge *prometheus.GaugeVec
 	// waiting counts the reserves with a wait in ApplyRouted (bounded by
@@ -83,6 +86,7 @@ type Node struct {
 	shardsp  atomic.Pointer[map[string]*shard]
 	shardsMu sync.Mutex
 	parked   map[string]*statedb.StateMachine // of closed replicas (elastic.go)
+	marked   sync.Map                         // seat markers known to exist (elastic.go)
 	// meta is the meta group's state machine (the replicated topology)
 	// and metaGroup its Raft group; topoMetrics its metrics.
 	meta           *metaSM

@@ -75,16 +75,10 @@ func (n *Node) topologyDocument(ctx context.Context) (*TopologyDocument, error) 
 	p := &TopologyProgress{Dead: mv.dead, StartedAt: time.Unix(0, mv.changeStarted).UTC(), LastStepAt: time.Unix(0, mv.lastProgress).UTC()}
 	p.Stalled = time.Since(p.LastStepAt) > stallAfter
 	p.Change, _ = topology.Plan(mv.active, mv.target)
-	active := map[string]topology.Shard{}
-	for _, s := range mv.active.Shards() {
-		active[s.ID] = s
-	}
 	holding := map[string]bool{}
 	for _, s := range mv.target.Shards() {
 		p.ShardsTotal++
-		cands := slices.Clone(active[s.ID].Voters)
-		cands = append(cands, s.Voters...)
-		ls, err := n.leaderState(ctx, s.ID, cands, mv.dead)
+		ls, err := n.leaderState(ctx, s.ID, mv.voters(s.ID), mv.dead)
 		if err != nil {
 			p.LeaderUnknown = append(p.LeaderUnknown, s.ID)
 			continue

@@ -132,8 +132,12 @@ func firstAnswer(ctx context.Context, e *env, addrs []string, timeout time.Durat
 		}
 		return err
 	}
-	return fmt.Errorf("no node answered (%d address(es)): %s", len(addrs), strings.Join(tried, "; "))
+	return fmt.Errorf("%w (%d address(es)): %s", errNoNodeAnswered, len(addrs), strings.Join(tried, "; "))
 }
+
+// errNoNodeAnswered: every address failed at the transport or answered
+// UNAVAILABLE (firstAnswer).
+var errNoNodeAnswered = errors.New("no node answered")
 
 // apiError is the one line a decided refusal prints.
 func apiError(what string, err error) error {

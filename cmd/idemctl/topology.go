@@ -75,25 +75,35 @@ func callTopology(ctx context.Context, e *env, addrs []string, timeout time.Dura
 	return err
 }
 
-// fetchTopology reads the topology document; while no node answers (the
-// meta group electing a leader) it retries for up to 30 s.
+// fetchTopology reads the topology document (retried while no node
+// answers: untilAnswered).
 func fetchTopology(ctx context.Context, e *env, addrs []string) (*topologyDoc, error) {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var doc topologyDoc
-		err := callTopology(ctx, e, addrs, e.g.timeout, func(ctx context.Context, c idemv1.TopologyClient) error {
+	var doc topologyDoc
+	err := untilAnswered(ctx, func() error {
+		return callTopology(ctx, e, addrs, e.g.timeout, func(ctx context.Context, c idemv1.TopologyClient) error {
 			resp, err := c.Get(ctx, &idemv1.GetTopologyRequest{})
 			if err != nil {
 				return err
 			}
 			return json.Unmarshal(resp.GetJson(), &doc)
 		})
-		if err == nil || !strings.Contains(err.Error(), "no node answered") || time.Now().After(deadline) {
-			return &doc, err
+	})
+	return &doc, err
+}
+
+// untilAnswered runs call again, once a second for up to 30 s, while no
+// node answers it: the meta group may be electing a leader (its last one
+// just died).
+func untilAnswered(ctx context.Context, call func() error) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := call()
+		if !errors.Is(err, errNoNodeAnswered) || time.Now().After(deadline) {
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}
@@ -154,23 +164,12 @@ func runTopology(ctx context.Context, e *env, args []string) error {
 		if err := printPlan(e, doc, next); err != nil {
 			return err
 		}
-		// The meta group may be electing a leader (its last one just
-		// died): an UNAVAILABLE answer is retried for a while.
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			err = callTopology(ctx, e, addrs, 3*e.g.timeout, func(ctx context.Context, c idemv1.TopologyClient) error {
+		err = untilAnswered(ctx, func() error {
+			return callTopology(ctx, e, addrs, 3*e.g.timeout, func(ctx context.Context, c idemv1.TopologyClient) error {
 				_, err := c.SetTarget(ctx, &idemv1.SetTargetRequest{Topology: raw, Dead: e.o.dead})
 				return err
 			})
-			if err == nil || !strings.Contains(err.Error(), "no node answered") || time.Now().After(deadline) {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(time.Second):
-			}
-		}
+		})
 		if err != nil {
 			return err
 		}
