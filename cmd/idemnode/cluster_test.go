@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -38,6 +39,39 @@ func startCluster(t testing.TB, spec cluster.Spec, extraArgs ...string) *cluster
 	}
 	c.StopOnCleanup(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// startSecureCluster is startCluster in secure mode: a CA, node
+// certificates, a client certificate for each of clients, and the auth file
+// policy (YAML) on every node.
+func startSecureCluster(t testing.TB, spec cluster.Spec, policy string, clients ...string) *cluster.Cluster {
+	t.Helper()
+	topo, err := cluster.Topology(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	authFile := filepath.Join(dir, "auth.yaml")
+	if err := os.WriteFile(authFile, []byte(policy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Secure(authFile, clients...); err != nil {
+		t.Fatal(err)
+	}
+	c.StopOnCleanup(t)
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	if err := c.WaitReady(ctx); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
@@ -23,31 +22,11 @@ import (
 // the node took such an action as forwarded: applied, logged at DEBUG only
 // and not counted in idem_operator_actions_total.
 func TestOperatorActionCannotBeHiddenAsForwarded(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "hide", Regions: []string{"east"}, NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	authFile := filepath.Join(dir, "auth.yaml")
-	if err := os.WriteFile(authFile, []byte("principals:\n  - {name: root, namespaces: [\"*\"], role: admin}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Secure(authFile, "root"); err != nil {
-		t.Fatal(err)
-	}
-	c.StopOnCleanup(t)
-	if err := c.StartAll(); err != nil {
-		t.Fatal(err)
-	}
+	c := startSecureCluster(t, cluster.Spec{Cluster: "hide", Regions: []string{"east"}, NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1},
+		"principals:\n  - {name: root, namespaces: [\"*\"], role: admin}\n", "root")
+	topo := c.Topology
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 	node := topo.Nodes()[0]
 	api, err := c.API(node.HTTPAddr, "root")
 	if err != nil {

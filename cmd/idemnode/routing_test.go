@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -205,31 +203,7 @@ func TestClientRoutesToLeaders(t *testing.T) {
 // and Routing is open to an application principal (a writer of one
 // namespace); the node certificates cover the topology's addresses.
 func TestClientRoutesToLeadersSecure(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "sec"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	authFile := filepath.Join(dir, "auth.yaml")
-	if err := os.WriteFile(authFile, []byte("principals:\n  - name: app\n    namespaces: [app]\n    role: writer\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Secure(authFile, "app"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.StartAll(); err != nil {
-		t.Fatal(err)
-	}
-	c.StopOnCleanup(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
-	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c := startSecureCluster(t, cluster.Spec{Cluster: "sec"}, "principals:\n  - name: app\n    namespaces: [app]\n    role: writer\n", "app")
 	tlsCfg, err := c.ClientTLS("app")
 	if err != nil {
 		t.Fatal(err)

@@ -2,9 +2,11 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -84,8 +86,26 @@ func MetricSum(ctx context.Context, httpAddr, name string) (float64, error) {
 		return 0, err
 	}
 	defer resp.Body.Close()
+	return sumMetric(resp.Body, name)
+}
+
+// MetricSum is the package's MetricSum over a's scheme and credentials (a
+// secure node's /metrics).
+func (a *API) MetricSum(ctx context.Context, name string) (float64, error) {
+	r, err := a.Do(ctx, http.MethodGet, "/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	if r.Status != http.StatusOK {
+		return 0, fmt.Errorf("cluster: GET %s/metrics: %s", a.Base, r)
+	}
+	return sumMetric(bytes.NewReader(r.Raw), name)
+}
+
+// sumMetric sums the samples of name in the Prometheus text of r.
+func sumMetric(r io.Reader, name string) (float64, error) {
 	var sum float64
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
