@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 func TestMemStampsAndApplies(t *testing.T) {
@@ -60,5 +61,62 @@ func TestNotLeaderIsUnavailable(t *testing.T) {
 	var nle *NotLeaderError
 	if !errors.As(err, &nle) || nle.Leader != "us-2" {
 		t.Fatal("leader hint lost")
+	}
+}
+
+// A waiting reserve charges each proposal after its first (WithCharge): a
+// wake-up with a charge left proposes again; a refused charge ends the wait
+// with the refusal, and nothing is proposed.
+func TestWaitingReserveChargesItsWakeUps(t *testing.T) {
+	now := int64(1_000_000_000)
+	m := NewMem(MemConfig{Now: func() int64 { return now }})
+	refused := &Error{Code: "RESOURCE_EXHAUSTED", Message: "over the rate"}
+	charges := 0
+	ctx := WithCharge(t.Context(), func() error {
+		charges++
+		if charges > 1 {
+			return refused
+		}
+		return nil
+	})
+	reserve := func(ctx context.Context, owner string, wait time.Duration) (fsm.Result, error) {
+		return m.Apply(ctx, &fsm.Command{Op: fsm.OpReserve, Namespace: "ns", Key: "k", OwnerToken: owner, Lease: int64(time.Hour), Wait: int64(wait)})
+	}
+	type answer struct {
+		res fsm.Result
+		err error
+	}
+	for round, want := range []struct {
+		holder, waiter string
+		outcome        fsm.Outcome
+		err            error
+	}{
+		{"holder-token-0123456789", "waiter-token-0123456789", fsm.OutcomeAcquired, nil},
+		{"waiter-token-0123456789", "second-token-0123456789", fsm.Outcome(0), refused},
+	} {
+		if round == 0 {
+			if res, err := reserve(t.Context(), want.holder, 0); err != nil || res.Outcome != fsm.OutcomeAcquired {
+				t.Fatalf("holder: %v %v", res.Outcome, err)
+			}
+		}
+		got := make(chan answer, 1)
+		go func() {
+			res, err := reserve(ctx, want.waiter, 10*time.Second)
+			got <- answer{res, err}
+		}()
+		testutil.Until(t, 10*time.Second, "the reserve to wait", func() bool { return m.Waiters().Stats().Waiting == 1 })
+		if res, err := m.Apply(t.Context(), &fsm.Command{Op: fsm.OpRelease, Namespace: "ns", Key: "k", OwnerToken: want.holder}); err != nil || res.Outcome != fsm.OutcomeOK {
+			t.Fatalf("round %d: release: %v %v", round, res.Outcome, err)
+		}
+		a := <-got
+		if a.res.Outcome != want.outcome || !errors.Is(a.err, want.err) {
+			t.Fatalf("round %d: woken reserve = %v, %v; want %v, %v", round, a.res.Outcome, a.err, want.outcome, want.err)
+		}
+		if charges != round+1 {
+			t.Fatalf("round %d: %d charges, want %d (one per wake-up)", round, charges, round+1)
+		}
+	}
+	if _, found, _ := m.Get(t.Context(), "ns", "k"); found {
+		t.Fatal("the refused wake-up proposed anyway: the key is held")
 	}
 }

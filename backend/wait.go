@@ -94,19 +94,45 @@ func settles(cmd *fsm.Command, res fsm.Result) bool {
 	return false
 }
 
+type chargeKey struct{}
+
+// WithCharge returns ctx carrying charge, which Waiters.Reserve calls
+// before each proposal after its first: a waiting reserve that wakes up and
+// proposes again is one more request of its caller, charged to the
+// caller's rate (the authorizer sets it; the first proposal was charged
+// when the request was let in). charge returns nil, or the error (an
+// *Error with RESOURCE_EXHAUSTED and a retry hint) that ends the wait.
+func WithCharge(ctx context.Context, charge func() error) context.Context {
+	return context.WithValue(ctx, chargeKey{}, charge)
+}
+
+// chargeOf returns the charge of ctx, or nil.
+func chargeOf(ctx context.Context) func() error {
+	charge, _ := ctx.Value(chargeKey{}).(func() error)
+	return charge
+}
+
 // Reserve runs the reserve cmd through propose and, while the answer is
 // IN_PROGRESS and cmd.Wait has not passed, waits for the key's in-progress
 // state to end (a Settled apply) or for the moment it could be reclaimed
 // (its lease end plus skewMargin, by now), then proposes it again. The
 // waiter is registered before each proposal, so an apply between the
-// answer and the wait is not missed. It returns the last answer: after
-// cmd.Wait (or when ctx ends) an IN_PROGRESS one. A propose error ends the
-// wait; remaining is then the wait left, for a caller that forwards.
+// answer and the wait is not missed. Each proposal after the first is
+// charged first (WithCharge); a refused charge ends the wait with its
+// error. It returns the last answer: after cmd.Wait (or when ctx ends) an
+// IN_PROGRESS one. A propose error ends the wait; remaining is then the
+// wait left, for a caller that forwards.
 func (w *Waiters) Reserve(ctx context.Context, cmd *fsm.Command, skewMargin time.Duration, now func() int64,
 	propose func(ctx context.Context, cmd *fsm.Command) (fsm.Result, error)) (res fsm.Result, remaining time.Duration, err error) {
 	deadline := time.Now().Add(time.Duration(cmd.Wait))
 	k := fsm.RecordKey{Namespace: cmd.Namespace, Key: cmd.Key}
-	for {
+	charge := chargeOf(ctx)
+	for first := true; ; first = false {
+		if !first && charge != nil {
+			if err := charge(); err != nil {
+				return fsm.Result{}, max(time.Until(deadline), 0), err
+			}
+		}
 		var ch chan struct{}
 		if cmd.Wait > 0 {
 			ch = w.subscribe(k)

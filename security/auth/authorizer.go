@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
@@ -16,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/security/pki"
 )
 
@@ -278,6 +281,38 @@ func (a *Authorizer) authorize(c Credentials, t Target, limited bool) (*Principa
 	}
 	a.metrics.decide("OK")
 	return p, nil
+}
+
+// withWaitCharge returns ctx carrying (backend.WithCharge) the charge of a
+// waiting reserve's later proposals: each is one more request of p, charged
+// to p's rate on this process, the one that runs the wait (the shard's
+// leader, whether the caller reached it directly or through a node or
+// router that forwarded it, which charged only the first proposal). An
+// internal principal, or one without a rate, is not charged.
+func (a *Authorizer) withWaitCharge(ctx context.Context, p *Principal) context.Context {
+	if p == nil || p.Internal {
+		return ctx
+	}
+	return backend.WithCharge(ctx, func() error { return a.chargeAgain(p.Name) })
+}
+
+// chargeAgain charges one request of the principal name to its rate: nil,
+// or a *backend.Error with RESOURCE_EXHAUSTED and the retry hint.
+func (a *Authorizer) chargeAgain(name string) error {
+	l := a.state.Load().limiters[name]
+	if l == nil {
+		return nil
+	}
+	now := a.now()
+	r := l.lim.ReserveN(now, 1)
+	if d := r.DelayFrom(now); !r.OK() || d > 0 {
+		r.CancelAt(now)
+		a.metrics.decide(CodeResourceExhausted)
+		return &backend.Error{Code: contract.CodeResourceExhausted, RetryAfter: max(d, time.Millisecond),
+			Message: fmt.Sprintf("principal %q is over its rate_per_s of %g requests per second on this process (a waiting reserve that proposes again is charged as a request)", name, l.ratePerS)}
+	}
+	a.metrics.decide("OK")
+	return nil
 }
 
 func check(p *Principal, t Target) error {

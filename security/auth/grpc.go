@@ -98,7 +98,7 @@ func (a *Authorizer) UnaryServerInterceptor(target GRPCTargetFunc) grpc.UnarySer
 		if err != nil {
 			return nil, err.(*Error).GRPCStatus().Err()
 		}
-		return handler(WithPrincipal(ctx, p), req)
+		return handler(a.withWaitCharge(WithPrincipal(ctx, p), p), req)
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		ctx = withoutForeignInternalMetadata(ctx)
@@ -141,7 +141,7 @@ func (a *Authorizer) StreamServerInterceptor(target GRPCTargetFunc) grpc.StreamS
 			return err.(*Error).GRPCStatus().Err()
 		}
 		ctx := withoutForeignInternalMetadata(ss.Context())
-		return handler(srv, &principalStream{ServerStream: ss, ctx: WithPrincipal(ctx, p)})
+		return handler(srv, &principalStream{ServerStream: ss, ctx: a.withWaitCharge(WithPrincipal(ctx, p), p)})
 	}
 }
 

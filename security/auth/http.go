@@ -89,7 +89,7 @@ func (a *Authorizer) Middleware(next http.Handler, target TargetFunc, writeErr E
 			writeErr(w, r, err.(*Error))
 			return
 		}
-		ctx := WithPrincipal(r.Context(), p)
+		ctx := a.withWaitCharge(WithPrincipal(r.Context(), p), p)
 		if batch {
 			// A batch call of N items is charged N: each item is
 			// authorized and charged as its single call (ItemCharge).
