@@ -25,6 +25,32 @@ var binaries map[string]string
 
 func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode", "idemrouter", "idemctl") }
 
+// startWithRouter starts c's nodes and a router named router-REGION in
+// region, stopped when the test ends, and waits until all are ready.
+func startWithRouter(t *testing.T, c *cluster.Cluster, region string) *cluster.Router {
+	t.Helper()
+	rt, err := c.NewRouter(binaries["idemrouter"], "router-"+region, region)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.StopOnCleanup(t)
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
 // ctl runs idemctl in-process with args and returns its stdout.
 func ctl(t testing.TB, args ...string) (string, error) {
 	t.Helper()
@@ -62,25 +88,7 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := c.NewRouter(binaries["idemrouter"], "router-east", "east")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.StopOnCleanup(t)
-	if err := c.StartAll(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	rt := startWithRouter(t, c, "east")
 	cfg := c.TopologyPath
 	ring, err := topology.NewRing(topo)
 	if err != nil {

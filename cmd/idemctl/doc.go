@@ -1,6 +1,7 @@
 // Command idemctl is the operator's tool for an idem cluster. It talks to
 // the nodes' gRPC ports: the Admin service (Status, TransferLeader,
-// Snapshot, ReplaceVoter) that every idemnode serves next to the public API, and the
+// Snapshot, ReplaceVoter, the operator actions on keys and the namespace
+// policies) that every idemnode serves next to the public API, and the
 // public Idempotency service for reads.
 //
 //	idemctl --config cluster.yaml status
@@ -10,6 +11,7 @@
 //	idemctl --config cluster.yaml transfer-leader us-east-0 us-east-2
 //	idemctl --config cluster.yaml snapshot us-east-0 --node us-east-3
 //	idemctl --config cluster.yaml status --json | jq '.shards[] | {id, leader}'
+//	idemctl --config cluster.yaml namespaces set-policy payments --max-lease-ms 60000 --tombstone-s 86400
 //	idemctl --config cluster.yaml replace-node --id us-east-3 --data-dir /var/lib/idem/us-east-3
 //
 // # Commands
@@ -24,6 +26,10 @@
 //	transfer-leader SHARD [TARGET_NODE]  asks the shard's leader to hand over to TARGET_NODE (a voter), or to
 //	                                     the voter Raft picks, and waits until the new leader is seen
 //	snapshot SHARD [--node ID]           a Raft snapshot of the shard now, on its leader or on voter --node
+//	namespaces set-policy NS [FLAGS]     replaces namespace NS's policy (--default-lease-ms, --max-lease-ms,
+//	                                     --default-retention-s, --max-retention-s, --tombstone-s; a flag not
+//	                                     given takes the built-in default) and prints the policy in force
+//	namespaces get-policy NS             the policy in force for NS, every field filled in
 //	replace-node --id NODE [--data-dir D] a stopped node whose data dir was lost: empties the dir, marks it
 //	                                     to rejoin, and has each of its shards' leaders remove and re-add it
 //	                                     (Admin.ReplaceVoter); started again, it catches up from its peers

@@ -28,25 +28,9 @@ func TestIdemctlKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := c.NewRouter(binaries["idemrouter"], "router-east", "east")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.StopOnCleanup(t)
-	if err := c.StartAll(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.Start(); err != nil {
-		t.Fatal(err)
-	}
+	rt := startWithRouter(t, c, "east")
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 	ring, err := topology.NewRing(topo)
 	if err != nil {
 		t.Fatal(err)

@@ -62,6 +62,7 @@ type cmdOptions struct {
 	keys    keysOptions
 	dead    stringList // topology apply
 	noWait  bool       // topology apply
+	policy  policyOptions
 }
 
 // stringList is a repeatable flag.
@@ -140,6 +141,26 @@ Fencing tokens stay strictly increasing through both. Each action is logged by
 the node with the principal, the key and the reason.`,
 		flags: registerKeysFlags,
 		run:   runKeys,
+	},
+	{
+		name: "namespaces", args: "set-policy NAMESPACE | get-policy NAMESPACE", nargs: [2]int{2, 2},
+		extra:   "[--default-lease-ms N] [--max-lease-ms N] [--default-retention-s N] [--max-retention-s N] [--tombstone-s N] [--addr HOST:PORT]",
+		summary: "set or read a namespace's policy: lease and retention defaults and maxima, tombstones",
+		about: `A namespace's policy, over the gRPC Admin service of --addr (a node or
+router) or else of the first node of the topology that answers:
+
+  namespaces set-policy NAMESPACE [--default-lease-ms N] [--max-lease-ms N]
+      [--default-retention-s N] [--max-retention-s N] [--tombstone-s N]
+      replaces the namespace's policy (role admin on it): a flag not given takes
+      the built-in default (lease 30000 ms, at most 600000; retention
+      86400 s, at most 2592000; tombstones 604800 s, 0 keeps none). It is
+      in force for every request accepted after the command returns: a
+      reserve, heartbeat or complete asking for more than a max gets 400
+      INVALID_ARGUMENT naming the limit. Prints the policy in force.
+  namespaces get-policy NAMESPACE
+      the policy in force (role reader), every field filled in.`,
+		flags: registerNamespacesFlags,
+		run:   runNamespaces,
 	},
 	{
 		name: "topology", args: "plan FILE | apply FILE | status", nargs: [2]int{1, 2},

@@ -38,6 +38,11 @@ func TestRunArgs(t *testing.T) {
 		{Name: "bad timeout", Args: []string{"--timeout", "0s", "--config", cfg, "status"}, WantErr: "--timeout must be positive"},
 		{Name: "missing config file", Args: []string{"--config", filepath.Join(dir, "nope.yaml"), "status"}, WantErr: "nope.yaml"},
 		{Name: "invalid config", Args: []string{"--config", bad, "status"}, WantErr: "shards_per_region"},
+		{Name: "namespaces --help", Args: []string{"namespaces", "--help"}, WantOut: "--tombstone-s N"},
+		{Name: "namespaces unknown", Args: []string{"--config", cfg, "namespaces", "drop", "pay"}, WantErr: `unknown namespaces command "drop"`},
+		{Name: "namespaces bad name", Args: []string{"--config", cfg, "namespaces", "get-policy", "Pay"}, WantErr: `namespace "Pay" must match`},
+		{Name: "get-policy with policy flags", Args: []string{"--config", cfg, "namespaces", "get-policy", "pay", "--max-lease-ms", "5"}, WantErr: "takes no policy flags"},
+		{Name: "set-policy not a number", Args: []string{"--config", cfg, "namespaces", "set-policy", "pay", "--tombstone-s", "7d"}, WantErr: `"7d" is not an integer`},
 		{Name: "flags after arguments", Args: []string{"locate", "pay", "k", "--config", bad}, WantErr: "shards_per_region"},
 	})
 }
