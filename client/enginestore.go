@@ -34,6 +34,7 @@ func (s engineStore) Reserve(ctx context.Context, req httpidem.ReserveRequest) (
 		RetryAfter:           res.RetryAfter,
 		CompletedAt:          res.CompletedAt,
 		ExpiredAt:            res.ExpiredAt,
+		ExpiresAt:            res.ExpiresAt,
 	}
 	switch res.Outcome {
 	case OutcomeAcquired, OutcomeReclaimed, OutcomeInProgress, OutcomeFingerprintMismatch, OutcomeExpired:
@@ -52,15 +53,18 @@ func (s engineStore) Heartbeat(ctx context.Context, ref httpidem.Ref, lease time
 	return engineError(err)
 }
 
-func (s engineStore) Complete(ctx context.Context, ref httpidem.Ref, resp httpidem.Response, retention time.Duration) error {
-	_, err := s.c.Complete(ctx, CompleteRequest{
+func (s engineStore) Complete(ctx context.Context, ref httpidem.Ref, resp httpidem.Response, retention time.Duration) (httpidem.Completion, error) {
+	done, err := s.c.Complete(ctx, CompleteRequest{
 		Namespace:  ref.Namespace,
 		Key:        ref.Key,
 		OwnerToken: ref.OwnerToken,
 		Response:   Response{Status: resp.Status, Headers: resp.Headers, Body: resp.Body},
 		Retention:  retention,
 	})
-	return engineError(err)
+	if err != nil {
+		return httpidem.Completion{}, engineError(err)
+	}
+	return httpidem.Completion{CompletedAt: done.CompletedAt, ExpiresAt: done.ExpiresAt}, nil
 }
 
 func (s engineStore) Release(ctx context.Context, ref httpidem.Ref) error {

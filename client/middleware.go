@@ -73,7 +73,9 @@ func NamespaceFunc(fn func(r *http.Request) (string, error)) MiddlewareOption {
 //     runs; its response is stored and then sent;
 //   - the same request again gets the stored response with
 //     Idempotent-Replayed: true; while the first runs, 409; another request
-//     with the key, 422 (all errors are application/problem+json);
+//     with the key, 422 (all errors are application/problem+json); the
+//     stored response and its replays carry Idempotency-Key-Expires, the
+//     HTTP-date when it stops being replayed;
 //   - a 5xx, 408, 425 or 429 response is sent and the key released, so a
 //     retry runs the handler again; so is a handler that panics (the panic
 //     goes on);

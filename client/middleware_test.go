@@ -192,6 +192,13 @@ func TestMiddlewareWriteStyles(t *testing.T) {
 			if first.Header.Get("Idempotent-Replayed") != "" || again.Header.Get("Idempotent-Replayed") != "true" {
 				t.Errorf("Idempotent-Replayed: first %q, replay %q", first.Header.Get("Idempotent-Replayed"), again.Header.Get("Idempotent-Replayed"))
 			}
+			exp, err := http.ParseTime(again.Header.Get("Idempotency-Key-Expires"))
+			if err != nil || !exp.After(time.Now()) {
+				t.Errorf("replay's Idempotency-Key-Expires %q: %v", again.Header.Get("Idempotency-Key-Expires"), err)
+			}
+			if f := first.Header.Get("Idempotency-Key-Expires"); f != "" && f != again.Header.Get("Idempotency-Key-Expires") {
+				t.Errorf("Idempotency-Key-Expires: first %q, replay %q", f, again.Header.Get("Idempotency-Key-Expires"))
+			}
 			if n := runs.get(key); n != 1 {
 				t.Errorf("handler ran %d times", n)
 			}

@@ -104,7 +104,10 @@
 //
 // A final answer reaches the caller only after it is stored (up to
 // MaxStoredBodyBytes of body; a longer one streams, and is stored without
-// its body: replays carry Idempotent-Body-Omitted: true). Set-Cookie reaches
+// its body: replays carry Idempotent-Body-Omitted: true). Stored answers and
+// their replays carry Idempotency-Key-Expires: <HTTP-date>, when the stored
+// response stops being replayed (a streamed first answer cannot; its
+// replays do). Set-Cookie reaches
 // the first caller and is never stored or replayed. Problems are
 // application/problem+json (RFC 9457) with type
 // https://idem.dev/problems/<slug>, title, status and detail.

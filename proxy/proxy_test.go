@@ -457,6 +457,11 @@ func TestOversizeResponseStoredWithoutBody(t *testing.T) {
 		if again.Status != 200 || again.Header.Get("Idempotent-Replayed") != "true" || again.Header.Get("Content-Type") != "application/octet-stream" {
 			t.Errorf("n=%d: replay %v", n, again.Header)
 		}
+		// A body over the limit streams to the first caller before it is
+		// stored: only the replays can say when it expires.
+		if (first.Header.Get("Idempotency-Key-Expires") == "") != omitted || again.Header.Get("Idempotency-Key-Expires") == "" {
+			t.Errorf("n=%d: Idempotency-Key-Expires first %q, replay %q", n, first.Header.Get("Idempotency-Key-Expires"), again.Header.Get("Idempotency-Key-Expires"))
+		}
 		if omitted && (again.Body != "" || again.Header.Get("Idempotent-Body-Omitted") != "true") {
 			t.Errorf("n=%d: replay has %d bytes, Idempotent-Body-Omitted %q", n, len(again.Body), again.Header.Get("Idempotent-Body-Omitted"))
 		}

@@ -29,6 +29,8 @@ type (
 	Reservation = httpidem.Reservation
 	// Response is a stored response.
 	Response = httpidem.Response
+	// Completion is the store's answer to a complete.
+	Completion = httpidem.Completion
 	// Outcome is a reserve's outcome.
 	Outcome = contract.Outcome
 )
@@ -73,6 +75,7 @@ func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reserva
 		RetryAfter:           time.Duration(res.RetryAfter),
 		CompletedAt:          unixNanos(res.CompletedAt),
 		ExpiredAt:            unixNanos(res.ExpiredAt),
+		ExpiresAt:            unixNanos(res.ExpiresAt),
 	}
 	out.Outcome = idemv1.FSMOutcomeToContract(res.Outcome)
 	switch out.Outcome {
@@ -97,12 +100,16 @@ func (s *backendStore) Heartbeat(ctx context.Context, ref Ref, lease time.Durati
 	}))
 }
 
-func (s *backendStore) Complete(ctx context.Context, ref Ref, resp Response, retention time.Duration) error {
-	return s.decided(s.apply(ctx, &fsm.Command{
+func (s *backendStore) Complete(ctx context.Context, ref Ref, resp Response, retention time.Duration) (Completion, error) {
+	res, ambiguous, err := s.apply(ctx, &fsm.Command{
 		Op: fsm.OpComplete, Namespace: ref.Namespace, Key: ref.Key, OwnerToken: ref.OwnerToken,
 		Response:  &fsm.Response{Status: int32(resp.Status), Headers: resp.Headers, Body: resp.Body},
 		Retention: int64(retention),
-	}))
+	})
+	if err := s.decided(res, ambiguous, err); err != nil {
+		return Completion{}, err
+	}
+	return Completion{CompletedAt: unixNanos(res.CompletedAt), ExpiresAt: unixNanos(res.ExpiresAt)}, nil
 }
 
 func (s *backendStore) Release(ctx context.Context, ref Ref) error {

@@ -20,9 +20,9 @@ type faultStore struct {
 	heartbeat atomic.Pointer[error]
 }
 
-func (s *faultStore) Complete(ctx context.Context, ref httpidem.Ref, resp httpidem.Response, retention time.Duration) error {
+func (s *faultStore) Complete(ctx context.Context, ref httpidem.Ref, resp httpidem.Response, retention time.Duration) (httpidem.Completion, error) {
 	if err := s.complete.Load(); err != nil {
-		return *err
+		return httpidem.Completion{}, *err
 	}
 	return s.Store.Complete(ctx, ref, resp, retention)
 }

@@ -125,6 +125,20 @@ func TestProxyModeEndToEnd(t *testing.T) {
 		replay.Header.Get("Set-Cookie") != "" {
 		t.Fatalf("replay: %d %v %s", replay.StatusCode, replay.Header, body)
 	}
+	// Both carry Idempotency-Key-Expires: the stored response's expires_at.
+	rec, err := r.API().Get(ctx, "tenant-a", "order-1")
+	if err != nil || rec.Status != 200 {
+		t.Fatalf("GET of the stored key: %v %v", rec, err)
+	}
+	expiresAt, err := time.Parse(time.RFC3339Nano, rec.Str("expires_at"))
+	if err != nil {
+		t.Fatalf("expires_at %q: %v", rec.Str("expires_at"), err)
+	}
+	wantExpires := expiresAt.UTC().Format(http.TimeFormat)
+	if first.Header.Get("Idempotency-Key-Expires") != wantExpires || replay.Header.Get("Idempotency-Key-Expires") != wantExpires {
+		t.Fatalf("Idempotency-Key-Expires: first %q, replay %q, want %q (expires_at %s)", first.Header.Get("Idempotency-Key-Expires"),
+			replay.Header.Get("Idempotency-Key-Expires"), wantExpires, rec.Str("expires_at"))
+	}
 	// Same key, another body or path: 422 problem+json.
 	for _, tc := range []struct{ path, body string }{{"/charges?x=1", "999 EUR"}, {"/refunds?x=1", "100 EUR"}, {"/charges?x=2", "100 EUR"}} {
 		resp := send("POST", tc.path, "order-1", "tenant-a", tc.body)
@@ -149,8 +163,8 @@ func TestProxyModeEndToEnd(t *testing.T) {
 		t.Fatalf("passthrough: %d", resp.StatusCode)
 	}
 	// A 503 upstream releases the key: the retry runs again and succeeds.
-	if resp := send("POST", "/charges", "flaky-1", "tenant-a", "x"); read(resp) == "" || resp.StatusCode != 503 {
-		t.Fatalf("flaky first: %d", resp.StatusCode)
+	if resp := send("POST", "/charges", "flaky-1", "tenant-a", "x"); read(resp) == "" || resp.StatusCode != 503 || resp.Header.Get("Idempotency-Key-Expires") != "" {
+		t.Fatalf("flaky first: %d %v (a released answer has no expiry)", resp.StatusCode, resp.Header)
 	}
 	if resp := send("POST", "/charges", "flaky-1", "tenant-a", "x"); !strings.Contains(read(resp), `"run":2`) || resp.StatusCode != 201 {
 		t.Fatalf("flaky retry: %d", resp.StatusCode)

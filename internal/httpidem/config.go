@@ -27,6 +27,10 @@ const (
 	// HeaderBodyOmitted marks a replayed response whose body was larger than
 	// the store keeps and was not stored.
 	HeaderBodyOmitted = "Idempotent-Body-Omitted"
+	// HeaderKeyExpires is set on a stored response, its first answer and
+	// every replay: the HTTP-date when the store stops replaying it (the
+	// end of its retention).
+	HeaderKeyExpires = "Idempotency-Key-Expires"
 )
 
 // Defaults of Config; a zero field takes its default.

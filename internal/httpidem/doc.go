@@ -70,14 +70,21 @@
 // (the marker is stored as a header). The same happens when the store
 // refuses the body as too large.
 //
+// A stored response carries Idempotency-Key-Expires, the HTTP-date when
+// the store stops replaying it (the end of its retention, from the store's
+// answer to the complete or the reserve), on the first answer and on every
+// replay; a response that streamed before it was stored carries it on
+// replays only, and an answer that was not stored (released, or the
+// complete failed) carries none. The handler cannot set it.
+//
 // Stored and replayed headers are those the handler set (headers an outer
 // middleware set before and the handler left alone are not stored), with
 // multiple values joined with ", ", minus: the hop-by-hop headers
 // (Connection and the headers it names, Keep-Alive, Proxy-Connection,
 // Proxy-Authenticate, Proxy-Authorization, TE, Trailer, Transfer-Encoding,
 // Upgrade), Set-Cookie and Set-Cookie2 (the first caller still gets them),
-// Content-Length (recomputed on replay), Idempotent-Replayed and
-// Idempotent-Body-Omitted, trailers, StoredHeaderDeny, and, when
+// Content-Length (recomputed on replay), Idempotent-Replayed,
+// Idempotent-Body-Omitted and Idempotency-Key-Expires, trailers, StoredHeaderDeny, and, when
 // StoredHeaderAllow is set, every header it does not name. Headers beyond
 // the store's bounds (100 headers, 256-byte names, 8 KiB values without
 // control characters, 64 KiB in all) are left out with a warning.

@@ -204,7 +204,7 @@ func (e *Engine) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 			e.fail(w, ResultError, NewProblem(http.StatusInternalServerError, ProblemInternal, "the idempotency store answered without the stored response"))
 			return
 		}
-		e.replay(w, ns, key, *res.Response)
+		e.replay(w, ns, key, *res.Response, res.ExpiresAt)
 	case contract.OutcomeInProgress:
 		msg := "another request with this Idempotency-Key is running: retry after Retry-After to get its response"
 		if wait > 0 {
@@ -305,8 +305,9 @@ func (e *Engine) storeContext(parent context.Context) (context.Context, context.
 	return context.WithTimeout(context.WithoutCancel(parent), e.cfg.StoreTimeout)
 }
 
-// replay writes a stored response with Idempotent-Replayed: true.
-func (e *Engine) replay(w http.ResponseWriter, ns, key string, resp Response) {
+// replay writes a stored response with Idempotent-Replayed: true and, when
+// the store said, Idempotency-Key-Expires.
+func (e *Engine) replay(w http.ResponseWriter, ns, key string, resp Response, expiresAt time.Time) {
 	if resp.Status < 200 || resp.Status > 599 {
 		e.log.Error("stored response has a status that cannot be replayed", "namespace", ns, "key", key, "status", resp.Status)
 		e.fail(w, ResultError, NewProblem(http.StatusInternalServerError, ProblemInternal, "the stored response cannot be replayed"))
@@ -317,6 +318,7 @@ func (e *Engine) replay(w http.ResponseWriter, ns, key string, resp Response) {
 		h[name] = []string{value}
 	}
 	h.Set(HeaderReplayed, "true")
+	setExpires(h, expiresAt)
 	w.WriteHeader(resp.Status)
 	if len(resp.Body) > 0 && bodyAllowed(resp.Status) {
 		_, _ = w.Write(resp.Body)
@@ -393,21 +395,39 @@ func (e *Engine) run(w http.ResponseWriter, r *http.Request, next http.Handler, 
 	stop()
 	cw.finalize(nil)
 
+	var done Completion // zero unless stored
 	if st.forceRelease.Load() || e.release.Has(cw.status) {
 		e.releaseKey(r.Context(), log, ref)
 		e.observe(Event{Result: ResultReleased, HandlerDuration: elapsed, StoredBodyBytes: -1})
 	} else {
-		stored := e.complete(r.Context(), log, ref, cw)
+		var stored int
+		stored, done = e.complete(r.Context(), log, ref, cw)
 		e.observe(Event{Result: ResultForwarded, HandlerDuration: elapsed, StoredBodyBytes: stored})
+	}
+	if !cw.committed {
+		// Only the engine says when a stored response expires. A response
+		// that streamed before it was stored (a body over the limit, an
+		// event stream) carries the header on replays only.
+		setExpires(cw.sent, done.ExpiresAt)
 	}
 	cw.deliver()
 }
 
+// setExpires sets Idempotency-Key-Expires to expiresAt (unknown: zero,
+// and then the header is removed).
+func setExpires(h http.Header, expiresAt time.Time) {
+	if expiresAt.IsZero() {
+		h.Del(HeaderKeyExpires)
+		return
+	}
+	h.Set(HeaderKeyExpires, expiresAt.UTC().Format(http.TimeFormat))
+}
+
 // complete stores the captured response and returns the stored body's size
-// (-1 when nothing was stored). A body over MaxStoredBodyBytes, or one the
+// (-1 when nothing was stored) and the store's answer. A body over MaxStoredBodyBytes, or one the
 // store refuses as too large, is stored without its body and marked with
 // Idempotent-Body-Omitted.
-func (e *Engine) complete(parent context.Context, log *slog.Logger, ref Ref, cw *captureWriter) int {
+func (e *Engine) complete(parent context.Context, log *slog.Logger, ref Ref, cw *captureWriter) (int, Completion) {
 	headers, dropped := e.headers.stored(cw.sent, cw.base)
 	if len(dropped) > 0 {
 		log.Warn("response headers beyond the store's bounds are not stored; replays lack them", "headers", dropped)
@@ -420,17 +440,17 @@ func (e *Engine) complete(parent context.Context, log *slog.Logger, ref Ref, cw 
 	}
 	ctx, cancel := e.storeContext(parent)
 	defer cancel()
-	err := e.cfg.Store.Complete(ctx, ref, resp, e.cfg.Retention)
+	done, err := e.cfg.Store.Complete(ctx, ref, resp, e.cfg.Retention)
 	if errors.Is(err, ErrTooLarge) && !cw.overflow {
 		log.Warn("the store refused the response body as too large; storing it without the body (set MaxStoredBodyBytes to the store's --max-response-bytes)",
 			"body_bytes", len(resp.Body))
 		resp.Body = nil
 		resp.Headers[HeaderBodyOmitted] = "true"
-		err = e.cfg.Store.Complete(ctx, ref, resp, e.cfg.Retention)
+		done, err = e.cfg.Store.Complete(ctx, ref, resp, e.cfg.Retention)
 	}
 	switch {
 	case err == nil:
-		return len(resp.Body)
+		return len(resp.Body), done
 	case errors.Is(err, ErrNotOwner):
 		log.Warn("lease lost: another request reclaimed the key while this one ran, so its response is not stored", "err", err)
 	case errors.Is(err, ErrInvalid), errors.Is(err, ErrTooLarge):
@@ -439,7 +459,7 @@ func (e *Engine) complete(parent context.Context, log *slog.Logger, ref Ref, cw 
 	default:
 		log.Error("completing failed; the key stays reserved until its lease runs out, and the next request with it reclaims it", "err", err)
 	}
-	return -1
+	return -1, Completion{}
 }
 
 // releaseKey frees the key; a failure leaves it reserved until its lease

@@ -32,6 +32,7 @@ var neverStored = map[string]bool{
 	"Content-Length":      true,
 	HeaderReplayed:        true,
 	HeaderBodyOmitted:     true,
+	HeaderKeyExpires:      true,
 }
 
 // headerPolicy decides which response headers are stored.

@@ -75,6 +75,16 @@ type Reservation struct {
 	// CompletedAt (COMPLETED, EXPIRED) and ExpiredAt (EXPIRED: when the
 	// stored response's retention ended).
 	CompletedAt, ExpiredAt time.Time
+	// ExpiresAt (COMPLETED) is when the stored response's retention ends.
+	ExpiresAt time.Time
+}
+
+// Completion is the store's answer to a complete.
+type Completion struct {
+	// CompletedAt is when the response was stored, ExpiresAt when its
+	// retention ends and the store stops replaying it (by the store's
+	// clock).
+	CompletedAt, ExpiresAt time.Time
 }
 
 // Response is a stored response, replayed verbatim.
@@ -96,7 +106,7 @@ type Store interface {
 	// Heartbeat extends the owner's lease to lease from now.
 	Heartbeat(ctx context.Context, ref Ref, lease time.Duration) error
 	// Complete stores the owner's final response for retention.
-	Complete(ctx context.Context, ref Ref, resp Response, retention time.Duration) error
+	Complete(ctx context.Context, ref Ref, resp Response, retention time.Duration) (Completion, error)
 	// Release frees a key its owner did not complete.
 	Release(ctx context.Context, ref Ref) error
 }

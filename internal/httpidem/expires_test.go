@@ -1,0 +1,79 @@
+package httpidem_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/proxy"
+)
+
+// TestKeyExpiresHeader: a stored response carries Idempotency-Key-Expires,
+// the store's end of its retention as an HTTP-date, on the first answer and
+// on every replay; a response that was not stored (released) carries none,
+// and neither does the 410 once the retention ended.
+func TestKeyExpiresHeader(t *testing.T) {
+	var now atomic.Int64
+	now.Store(time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC).UnixNano())
+	mem := backend.NewMem(backend.MemConfig{Now: now.Load, SkewMargin: -1})
+	runs := 0
+	eng, err := httpidem.New(httpidem.Config{Store: proxy.BackendStore(mem), Policy: httpidem.Policy{Retention: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := eng.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		w.Header().Set(httpidem.HeaderKeyExpires, "set by the handler")
+		if r.URL.Path == "/fail" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "done")
+	}))
+	do := func(path, key string) *http.Response {
+		req := httptest.NewRequest("POST", path, strings.NewReader("{}"))
+		req.Header.Set(httpidem.HeaderKey, key)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Result()
+	}
+
+	first := do("/pay", "k1")
+	rec, ok, err := mem.Get(t.Context(), httpidem.DefaultNamespace, "k1")
+	if err != nil || !ok {
+		t.Fatalf("record: %v %v", ok, err)
+	}
+	want := time.Unix(0, rec.ExpiresAt).UTC().Format(http.TimeFormat)
+	if want != "Sun, 01 Mar 2026 11:00:00 GMT" {
+		t.Fatalf("stored expires_at %s, want completed_at + 1h", want)
+	}
+	if first.StatusCode != 201 || first.Header.Get(httpidem.HeaderKeyExpires) != want || first.Header.Get(httpidem.HeaderReplayed) != "" {
+		t.Fatalf("first answer: %d %v, want %s: %s", first.StatusCode, first.Header, httpidem.HeaderKeyExpires, want)
+	}
+	if got := rec.Response.Headers[httpidem.HeaderKeyExpires]; got != "" {
+		t.Fatalf("the engine's header was stored: %q", got)
+	}
+	now.Add(int64(30 * time.Minute))
+	again := do("/pay", "k1")
+	if again.StatusCode != 201 || again.Header.Get(httpidem.HeaderReplayed) != "true" || again.Header.Values(httpidem.HeaderKeyExpires)[0] != want ||
+		len(again.Header.Values(httpidem.HeaderKeyExpires)) != 1 || runs != 1 {
+		t.Fatalf("replay: %d %v (runs %d), want %s: %s", again.StatusCode, again.Header, runs, httpidem.HeaderKeyExpires, want)
+	}
+
+	// Not stored: released, no expiry.
+	if r := do("/fail", "k2"); r.StatusCode != 503 || r.Header.Get(httpidem.HeaderKeyExpires) != "" {
+		t.Fatalf("released answer: %d %v", r.StatusCode, r.Header)
+	}
+	// Past retention: 410 from the tombstone, nothing to replay.
+	now.Add(int64(31 * time.Minute))
+	if r := do("/pay", "k1"); r.StatusCode != http.StatusGone || r.Header.Get(httpidem.HeaderKeyExpires) != "" || runs != 2 {
+		t.Fatalf("after retention: %d %v (runs %d)", r.StatusCode, r.Header, runs)
+	}
+}
