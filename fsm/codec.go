@@ -27,6 +27,7 @@ const (
 	extCheckpoint
 	extPolicy
 	extTombstoneSet
+	extHandoff
 )
 
 // MaxCheckpointBytes bounds a checkpoint's data (64 KiB, the contract's
@@ -34,7 +35,7 @@ const (
 const MaxCheckpointBytes = 64 << 10
 
 func hasExt(cmd *Command) bool {
-	return cmd.LeaseIsDefault || cmd.RetentionIsDefault || cmd.IfExpiredAcquire || cmd.Checkpoint != nil || cmd.Policy != nil
+	return cmd.LeaseIsDefault || cmd.RetentionIsDefault || cmd.IfExpiredAcquire || cmd.Checkpoint != nil || cmd.Policy != nil || cmd.Handoff != nil
 }
 
 // maxClockReadings bounds the clock readings of one command (one per voter;
@@ -165,6 +166,7 @@ func appendExt(b []byte, cmd *Command) []byte {
 		{cmd.Checkpoint != nil, extCheckpoint},
 		{cmd.Policy != nil, extPolicy},
 		{cmd.Policy != nil && cmd.Policy.TombstoneSet, extTombstoneSet},
+		{cmd.Handoff != nil, extHandoff},
 	} {
 		if f.on {
 			flags |= f.bit
@@ -178,7 +180,81 @@ func appendExt(b []byte, cmd *Command) []byte {
 	if p := cmd.Policy; p != nil {
 		b = appendPolicy(b, p)
 	}
+	if h := cmd.Handoff; h != nil {
+		b = appendHandoff(b, h)
+	}
 	return b
+}
+
+// appendHandoff encodes h: count, the partitions (each as its distance from
+// the previous one), epoch, peer, floor, reset, limit, then the records as
+// AppendRecord frames.
+func appendHandoff(b []byte, h *Handoff) []byte {
+	b = binary.AppendUvarint(b, uint64(h.Count))
+	b = binary.AppendUvarint(b, uint64(len(h.Partitions)))
+	prev := uint64(0)
+	for _, p := range h.Partitions {
+		b = binary.AppendUvarint(b, uint64(p)-prev)
+		prev = uint64(p)
+	}
+	b = binary.AppendUvarint(b, h.Epoch)
+	b = appendString(b, h.Peer)
+	b = binary.AppendUvarint(b, h.Floor)
+	reset := byte(0)
+	if h.Reset {
+		reset = 1
+	}
+	b = append(b, reset)
+	b = binary.AppendUvarint(b, uint64(h.Limit))
+	b = binary.AppendUvarint(b, uint64(len(h.Records)))
+	for _, kr := range h.Records {
+		b = appendBytes(b, AppendRecord(nil, kr.K, kr.R))
+	}
+	return b
+}
+
+func (d *decoder) handoff() *Handoff {
+	h := &Handoff{Count: uint32(min(d.uvarint(), MaxPartitionCount+1))}
+	n := d.uvarint()
+	if n > MaxHandoffPartitions {
+		d.fail("handoff partitions")
+		return nil
+	}
+	prev := uint64(0)
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		p := prev + d.uvarint()
+		if p > MaxPartitionCount {
+			d.fail("handoff partition")
+			return nil
+		}
+		h.Partitions = append(h.Partitions, uint32(p))
+		prev = p
+	}
+	h.Epoch = d.uvarint()
+	h.Peer = d.string()
+	h.Floor = d.uvarint()
+	switch d.byte() {
+	case 0:
+	case 1:
+		h.Reset = true
+	default:
+		d.fail("handoff reset")
+	}
+	h.Limit = int(min(d.uvarint(), math.MaxInt32))
+	records := d.uvarint()
+	for i := uint64(0); i < records && d.err == nil; i++ {
+		frame := d.bytes()
+		if d.err != nil {
+			break
+		}
+		k, r, err := DecodeRecord(frame)
+		if err != nil {
+			d.err = err
+			break
+		}
+		h.Records = append(h.Records, KeyedRecord{K: k, R: r})
+	}
+	return h
 }
 
 func appendPolicy(b []byte, p *Policy) []byte {
@@ -198,7 +274,7 @@ func (d *decoder) policy(tombstoneSet bool) *Policy {
 
 func (d *decoder) ext(cmd *Command) {
 	flags := d.byte()
-	if flags&^(extTombstoneSet<<1-1) != 0 || (flags&extTombstoneSet != 0 && flags&extPolicy == 0) {
+	if flags&^(extHandoff<<1-1) != 0 || (flags&extTombstoneSet != 0 && flags&extPolicy == 0) {
 		d.fail("command extension flags")
 		return
 	}
@@ -218,6 +294,9 @@ func (d *decoder) ext(cmd *Command) {
 	}
 	if flags&extPolicy != 0 {
 		cmd.Policy = d.policy(flags&extTombstoneSet != 0)
+	}
+	if flags&extHandoff != 0 && d.err == nil {
+		cmd.Handoff = d.handoff()
 	}
 }
 

@@ -51,6 +51,10 @@ type FSM struct {
 	// them, and there is one per namespace an operator configured, not
 	// one per key. Loaded when the FSM opens its store and after a restore.
 	policies map[string]Policy
+
+	// parts is the group's partition table (PartitionsNamespace), kept in
+	// memory: every command on a key checks it. Loaded with the policies.
+	parts partTable
 }
 
 // New returns an empty FSM over an in-memory store.
@@ -61,6 +65,7 @@ func New() *FSM { return NewWithStore(NewMemStore()) }
 func NewWithStore(s Store) *FSM {
 	f := &FSM{store: s, meta: s.Meta()}
 	f.policies = loadPolicies(s)
+	f.parts = loadPartTable(s)
 	return f
 }
 
@@ -211,13 +216,21 @@ func (f *FSM) applyAt(index uint64, cmd *Command) Result {
 		f.meta.Clock = at
 	}
 	defer func() { f.store.SetMeta(f.meta) }()
-	return f.apply(index, f.meta.Clock, cmd)
+	// The fencing token of an acquisition is the entry's slot raised by the
+	// group's token base (handoff.go: above every token of the shards it
+	// took partitions from).
+	return f.apply(index+f.parts.tokenBase, f.meta.Clock, cmd)
 }
 
 func (f *FSM) apply(index uint64, now int64, cmd *Command) Result {
 
 	if !valid(cmd) {
 		return Result{Outcome: OutcomeInvalid}
+	}
+	if cmd.Key != "" {
+		if owned, s := f.parts.ownsKey(RecordKey{cmd.Namespace, cmd.Key}); !owned {
+			return movedResult(s)
+		}
 	}
 	switch cmd.Op {
 	case OpReserve:
@@ -238,6 +251,16 @@ func (f *FSM) apply(index uint64, now int64, cmd *Command) Result {
 		return f.setPolicy(cmd)
 	case OpCheckpoint:
 		return f.checkpoint(now, cmd)
+	case OpFreeze:
+		return f.freeze(cmd, index)
+	case OpImport:
+		return f.importRecords(cmd)
+	case OpOpen:
+		return f.open(cmd)
+	case OpDrop:
+		return f.drop(cmd)
+	case OpAdopt:
+		return f.adopt(cmd)
 	}
 	return Result{Outcome: OutcomeInvalid}
 }
@@ -248,10 +271,17 @@ func valid(cmd *Command) bool {
 	if cmd.Op == OpSweep {
 		return cmd.AbandonAfter >= 0 && cmd.MaxSweep >= 0
 	}
+	switch cmd.Op {
+	case OpFreeze, OpImport, OpOpen, OpDrop, OpAdopt:
+		return validHandoff(cmd)
+	}
+	if cmd.Handoff != nil {
+		return false
+	}
 	if cmd.Op == OpSetPolicy {
 		return cmd.Namespace != "" && cmd.Key == "" && cmd.Policy != nil && validPolicy(*cmd.Policy)
 	}
-	if cmd.Namespace == "" || cmd.Key == "" || cmd.Namespace == PolicyNamespace {
+	if cmd.Namespace == "" || cmd.Key == "" || cmd.Namespace[0] == '!' {
 		return false
 	}
 	if cmd.Op == OpForceRelease || cmd.Op == OpDelete {
@@ -501,7 +531,7 @@ func (m *Meta) count(k RecordKey, r *Record, sign int64) {
 		m.Completed += sign
 	case StateExpired:
 		m.Tombstones += sign
-	default:
+	default: // a policy or the partition table
 		m.Policies += sign
 	}
 }

@@ -193,7 +193,7 @@ func DecodeRecord(frame []byte) (RecordKey, *Record, error) {
 	if d.err == nil && len(d.buf) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes in record", ErrCorrupt, len(d.buf))
 	}
-	if d.err == nil && (r.State < StateInProgress || r.State > StatePolicy) {
+	if d.err == nil && (r.State < StateInProgress || r.State > StatePartitions) {
 		d.err = fmt.Errorf("%w: record state %d", ErrCorrupt, r.State)
 	}
 	if d.err == nil && (k.Namespace == "" || k.Key == "") {
@@ -275,6 +275,7 @@ func (f *FSM) Restore(r io.Reader) error {
 	committed = true
 	f.meta = meta
 	f.policies = loadPolicies(f.store)
+	f.parts = loadPartTable(f.store)
 	return nil
 }
 

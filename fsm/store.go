@@ -32,7 +32,8 @@ type Meta struct {
 	// packed-mode slots after it (entryOf gives their log index).
 	LastIndex uint64
 	// InProgress, Completed and Tombstones count the records by state;
-	// Policies the namespace policies stored (StatePolicy).
+	// Policies the records that are not a key's (the namespace policies,
+	// StatePolicy, and the partition table, StatePartitions).
 	InProgress, Completed, Tombstones, Policies int64
 	// Bytes approximates the records' size (RecordBytes).
 	Bytes int64
@@ -61,6 +62,12 @@ type Store interface {
 	// their lease ends (earliest first), until fn returns false. Safe
 	// concurrently with the writer.
 	ScanInProgress(fn func(k RecordKey, r *Record) bool) error
+	// ScanPartitions visits the committed records of the given ring
+	// partitions (count partitions in the ring; PartitionOf), in
+	// (namespace, key) order, until fn returns false. Records of reserved
+	// namespaces (policies, the partition table) belong to no partition.
+	// Safe concurrently with the writer.
+	ScanPartitions(count uint32, partitions []uint32, fn func(k RecordKey, r *Record) bool) error
 	// Put replaces old (nil when absent) at k with rec (nil deletes) and
 	// keeps the indexes in step.
 	Put(k RecordKey, old, rec *Record)
@@ -156,6 +163,11 @@ func (s *memStore) Expired(at int64, limit int) []KeyedRecord {
 		if !ok || (rec.State != StateCompleted && rec.State != StateExpired) || rec.ExpiresAt != e.at {
 			continue // stale entry: the record changed since
 		}
+		if len(out) > 0 && out[len(out)-1].K == e.k {
+			// A second entry for the same record: it was deleted and put
+			// back unchanged (a partition that moved away and back).
+			continue
+		}
 		out = append(out, KeyedRecord{e.k, rec})
 	}
 	return out
@@ -201,6 +213,26 @@ func (s *memStore) Scan(namespace, after string, fn func(string, *Record) bool) 
 	sort.Strings(keys)
 	for _, key := range keys {
 		if !fn(key, s.m[RecordKey{namespace, key}]) {
+			break
+		}
+	}
+	return nil
+}
+
+func (s *memStore) ScanPartitions(count uint32, partitions []uint32, fn func(RecordKey, *Record) bool) error {
+	want := make(map[uint32]bool, len(partitions))
+	for _, p := range partitions {
+		want[p] = true
+	}
+	var keys []RecordKey
+	for k := range s.m {
+		if k.Namespace[0] != '!' && want[PartitionOf(k.Namespace, k.Key, count)] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].less(keys[j]) })
+	for _, k := range keys {
+		if !fn(k, s.m[k]) {
 			break
 		}
 	}

@@ -17,6 +17,9 @@ const (
 	// StatePolicy: not a key's record but a namespace policy, stored under
 	// PolicyNamespace with the namespace as its key (Record.Policy).
 	StatePolicy State = 4
+	// StatePartitions: not a key's record but the group's partition table
+	// (PartitionsNamespace, PartitionsKey), encoded in Response.Body.
+	StatePartitions State = 5
 )
 
 func (s State) String() string {
@@ -29,6 +32,8 @@ func (s State) String() string {
 		return "EXPIRED"
 	case StatePolicy:
 		return "POLICY"
+	case StatePartitions:
+		return "PARTITIONS"
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
@@ -58,6 +63,17 @@ const (
 	// OpCheckpoint stores Command.Checkpoint on the key's IN_PROGRESS
 	// record while OwnerToken owns it.
 	OpCheckpoint Op = 9
+	// Partition handoff (handoff.go; Command.Handoff, Namespace and Key
+	// empty). OpFreeze stops the group admitting work for partitions that
+	// move away; OpImport stores their records in the destination; OpOpen
+	// makes the destination serve them; OpDrop deletes what the source kept;
+	// OpAdopt makes a group created by a topology change own nothing until
+	// partitions are imported into it.
+	OpFreeze Op = 10
+	OpImport Op = 11
+	OpOpen   Op = 12
+	OpDrop   Op = 13
+	OpAdopt  Op = 14
 )
 
 func (o Op) String() string {
@@ -80,6 +96,16 @@ func (o Op) String() string {
 		return "set-policy"
 	case OpCheckpoint:
 		return "checkpoint"
+	case OpFreeze:
+		return "freeze"
+	case OpImport:
+		return "import"
+	case OpOpen:
+		return "open"
+	case OpDrop:
+		return "drop"
+	case OpAdopt:
+		return "adopt"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -122,6 +148,11 @@ const (
 	// policy allows (Result.Limit names the limit, Result.LimitValue its
 	// value). Nothing changed.
 	OutcomeLimitExceeded Outcome = 12
+	// OutcomeMoved: the key's partition is not served by this group (it
+	// moved to Result.MovedTo at Result.Epoch, or is still being imported
+	// here, MovedTo empty). Nothing changed; the caller retries at the
+	// key's current shard.
+	OutcomeMoved Outcome = 13
 )
 
 func (o Outcome) String() string {
@@ -150,6 +181,8 @@ func (o Outcome) String() string {
 		return "EXPIRED"
 	case OutcomeLimitExceeded:
 		return "LIMIT_EXCEEDED"
+	case OutcomeMoved:
+		return "MOVED"
 	}
 	return fmt.Sprintf("Outcome(%d)", uint8(o))
 }
@@ -229,6 +262,8 @@ type Command struct {
 	Checkpoint *Checkpoint
 	// Policy (set-policy): the namespace's new policy.
 	Policy *Policy
+	// Handoff (freeze, import, open, drop, adopt): the partitions moved.
+	Handoff *Handoff
 }
 
 // Checkpoint is the last recovery point an attempt stored on its key.
@@ -334,4 +369,8 @@ type Result struct {
 	LimitValue int64
 	// set-policy OK: the policy stored.
 	Policy *Policy
+	// MOVED (and a refused handoff): the shard the key's partition went to
+	// ("" while it is being imported here) and the epoch it moved at.
+	MovedTo string
+	Epoch   uint64
 }

@@ -77,3 +77,41 @@ func (s *ShardStore) ScanInProgress(fn func(fsm.RecordKey, *fsm.Record) bool) er
 	}
 	return it.Error()
 }
+
+// ScanPartitions implements fsm.Store: one pebble iterator over the
+// shard's records, the partition of each computed from its key, and only
+// the records of the wanted partitions decoded. Its cost is a pass over
+// the shard's keys (a handoff moves many partitions per pass).
+func (s *ShardStore) ScanPartitions(count uint32, partitions []uint32, fn func(fsm.RecordKey, *fsm.Record) bool) error {
+	want := make(map[uint32]bool, len(partitions))
+	for _, p := range partitions {
+		want[p] = true
+	}
+	recPrefix := s.recPrefix
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: recPrefix, UpperBound: prefixEnd(recPrefix)})
+	if err != nil {
+		return fmt.Errorf("statedb: shard %s: partition scan: %w", s.id, err)
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		k, err := decodeKey(it.Key()[len(recPrefix):])
+		if err != nil {
+			return fmt.Errorf("statedb: shard %s: partition scan: %w", s.id, err)
+		}
+		if k.Namespace == "" || k.Namespace[0] == '!' || !want[fsm.PartitionOf(k.Namespace, k.Key, count)] {
+			continue
+		}
+		val, err := it.ValueAndErr()
+		if err != nil {
+			return fmt.Errorf("statedb: shard %s: partition scan: %w", s.id, err)
+		}
+		_, rec, err := fsm.DecodeRecord(val)
+		if err != nil {
+			return fmt.Errorf("statedb: shard %s: stored record does not decode: %w", s.id, err)
+		}
+		if !fn(k, rec) {
+			return nil
+		}
+	}
+	return it.Error()
+}

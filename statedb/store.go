@@ -1,6 +1,7 @@
 package statedb
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -40,9 +41,11 @@ type ShardStore struct {
 	// expFloor and leaseFloor are lower bounds of the two indexes' times:
 	// every key below was deleted by a sweep, and no key below can be
 	// added again (an expiry or a lease end is always after the FSM's
-	// clock, and a sweep never looks past it). Scans start there, so they
-	// do not wade through the tombstones of earlier sweeps. In memory only:
-	// after a restart the first scan starts at the beginning once.
+	// clock, and a sweep never looks past it), except records a handoff
+	// imports with the times the source gave them: Put lowers the floor
+	// for those. Scans start there, so they do not wade through the
+	// tombstones of earlier sweeps. In memory only: after a restart the
+	// first scan starts at the beginning once.
 	expFloor, leaseFloor []byte
 
 	// total is the DB's StateBytes; committedBytes this shard's share.
@@ -236,7 +239,13 @@ func (s *ShardStore) Put(k fsm.RecordKey, old, rec *fsm.Record) {
 		return
 	}
 	s.fail(b.Set(key, fsm.AppendRecord(nil, k, rec), nil))
-	s.fail(b.Set(s.indexOf(k, rec), indexValue(k, rec), nil))
+	ik := s.indexOf(k, rec)
+	s.fail(b.Set(ik, indexValue(k, rec), nil))
+	for _, floor := range []*[]byte{&s.expFloor, &s.leaseFloor} {
+		if *floor != nil && bytes.HasPrefix(ik, (*floor)[:len(*floor)-8]) && string(ik) < string(*floor) {
+			*floor = nil // an imported record below the floor: the next sweep starts at the beginning
+		}
+	}
 }
 
 // drop deletes up to limit records of the index at prefix with times <=

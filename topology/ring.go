@@ -10,6 +10,8 @@ import (
 
 	"github.com/buraksezer/consistent"
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/idem-dev/idem/keyspace"
 )
 
 // Ring parameters: defaults and the ranges Validate accepts. doc.go explains
@@ -232,31 +234,17 @@ func newConsistent(shards []Shard, cfg RingConfig) (c *consistent.Consistent, er
 	return c, nil
 }
 
-// keyBufSize covers a maximal namespace (63 bytes), the separator and a
-// maximal key (255 bytes), so Locate hashes valid names without allocating.
-const keyBufSize = 320
-
 // partition returns the partition of (namespace, key): xxHash64 of
 // namespace + "\x00" + key, modulo the partition count, exactly as the
-// library's FindPartitionID computes it for those bytes.
+// library's FindPartitionID computes it for those bytes (keyspace.Partition;
+// the state machine checks commands with the same function).
 func (r *Ring) partition(namespace, key string) int {
-	n := len(namespace) + 1 + len(key)
-	var h uint64
-	if n <= keyBufSize {
-		var buf [keyBufSize]byte
-		copy(buf[:], namespace)
-		buf[len(namespace)] = 0
-		copy(buf[len(namespace)+1:], key)
-		h = xxhash.Sum64(buf[:n])
-	} else {
-		d := xxhash.New()
-		_, _ = d.WriteString(namespace)
-		_, _ = d.Write([]byte{0})
-		_, _ = d.WriteString(key)
-		h = d.Sum64()
-	}
-	return int(h % uint64(len(r.partitions)))
+	return int(keyspace.Partition(namespace, key, uint32(len(r.partitions))))
 }
+
+// Partition returns the ring partition of (namespace, key): the unit in
+// which keys change shard when the shard set changes.
+func (r *Ring) Partition(namespace, key string) uint32 { return uint32(r.partition(namespace, key)) }
 
 // Locate returns the shard that holds key in namespace. Every process with
 // the same topology file gets the same answer. The returned Voters slice is

@@ -1,0 +1,515 @@
+package fsm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/idem-dev/idem/keyspace"
+)
+
+// Partition handoff: how a shard's state machine gives ring partitions to
+// another shard and takes them from one, so that keys can change home shard
+// while they are in use. See DESIGN.md, "Partitions and handoff".
+//
+// A group's partition table says, for each ring partition the group was
+// ever involved in moving, whether it owns it. A group with no table (every
+// group until its first handoff) owns every key routed to it, as before
+// partitions could move. Commands on a key whose partition the group does
+// not own are answered OutcomeMoved, at apply time: the log position where
+// a partition left (OpFreeze applied) is the line after which the source
+// admits no work for it, whatever its proposers believed.
+
+// PartitionsNamespace holds the group's partition table: one record
+// (StatePartitions, key PartitionsKey), stored, snapshotted and restored
+// like any record. No valid namespace starts with '!'.
+const PartitionsNamespace = "!partitions"
+
+// PartitionsKey is the key of the partition table's record.
+const PartitionsKey = "table"
+
+// MaxHandoffPartitions bounds the partitions one handoff command names.
+const MaxHandoffPartitions = 1 << 16
+
+// MaxPartitionCount bounds the ring's partition count a command may carry
+// (the ring's own bound, topology.MaxPartitionCount).
+const MaxPartitionCount = 1 << 20
+
+// PartitionOf is the ring partition of (namespace, key) among count
+// partitions (keyspace.Partition, the function topology.Ring places keys
+// with).
+func PartitionOf(namespace, key string, count uint32) uint32 {
+	return keyspace.Partition(namespace, key, count)
+}
+
+// Handoff is the payload of the partition commands (OpFreeze, OpImport,
+// OpOpen, OpDrop, OpAdopt).
+type Handoff struct {
+	// Count is the ring's partition count (fixed for a cluster's life).
+	Count uint32
+	// Partitions are the partitions the command moves: sorted, distinct,
+	// each below Count.
+	Partitions []uint32
+	// Epoch is the topology version that moves them.
+	Epoch uint64
+	// Peer is the other shard: the destination (freeze) or the source
+	// (import, open).
+	Peer string
+	// Floor (import) is the highest fencing token the source had issued when
+	// it froze the partitions (the freeze's Result.FencingToken).
+	Floor uint64
+	// Reset (import) starts the import of Partitions: records the group
+	// still holds for them (from an earlier stay) are dropped first.
+	Reset bool
+	// Records (import) are records of Partitions, as the source held them
+	// when it froze them.
+	Records []KeyedRecord
+	// Limit (drop) bounds the records one drop deletes; 0 means no bound.
+	Limit int
+}
+
+// partKind is what a group knows of one partition.
+type partKind uint8
+
+const (
+	partOwned    partKind = 1 // the group serves it
+	partOut      partKind = 2 // frozen here at Epoch, now at Peer's
+	partIncoming partKind = 3 // being imported from Peer; not served yet
+)
+
+type partState struct {
+	kind  partKind
+	epoch uint64
+	peer  string
+}
+
+// partTable is a group's partition table. The zero value (count 0) is a
+// group that never took part in a handoff: it serves every key routed to
+// it. A group adopts a table (OpAdopt) before its first handoff, listing
+// the partitions it serves; from then on it serves exactly the partitions
+// its table says it owns.
+type partTable struct {
+	count uint32
+	parts []partState // by partition; kind 0: the group never had it
+	// tokenBase is added to every fencing-token slot: raised by an import
+	// so that the next token exceeds every token the source issued.
+	tokenBase uint64
+}
+
+// owns reports whether the group serves keys of partition p, and if not,
+// the state it knows (the destination of a partition that left).
+func (t *partTable) owns(p uint32) (bool, partState) {
+	s := t.parts[p]
+	return s.kind == partOwned, s
+}
+
+// ownsKey is owns for the partition of k; a group without a table owns
+// every key.
+func (t *partTable) ownsKey(k RecordKey) (bool, partState) {
+	if t.count == 0 {
+		return true, partState{}
+	}
+	return t.owns(PartitionOf(k.Namespace, k.Key, t.count))
+}
+
+// movedResult is the answer to a command on a key the group does not own.
+func movedResult(s partState) Result {
+	return Result{Outcome: OutcomeMoved, MovedTo: s.peer, Epoch: s.epoch}
+}
+
+// refusedAt is the answer to a handoff step the partition's state s does
+// not allow.
+func refusedAt(s partState) Result {
+	return Result{Outcome: OutcomeFailedPrecondition, MovedTo: s.peer, Epoch: s.epoch}
+}
+
+func (t *partTable) clone() partTable {
+	c := *t
+	c.parts = slices.Clone(t.parts)
+	return c
+}
+
+// Partition-table record encoding (the Body of the record's Response):
+//
+//	version 1 | uvarint count | uvarint tokenBase |
+//	uvarint n | n x (uvarint partition delta | kind byte | uvarint epoch | string peer)
+//
+// listing the partitions the group knows, in partition order (each as its
+// distance from the previous one), so replicas store identical bytes.
+const partTableVersion = 1
+
+func (t *partTable) encode() []byte {
+	n := 0
+	for _, s := range t.parts {
+		if s.kind != 0 {
+			n++
+		}
+	}
+	b := make([]byte, 0, 32+n*4)
+	b = append(b, partTableVersion)
+	b = binary.AppendUvarint(b, uint64(t.count))
+	b = binary.AppendUvarint(b, t.tokenBase)
+	b = binary.AppendUvarint(b, uint64(n))
+	prev := uint64(0)
+	for p, s := range t.parts {
+		if s.kind == 0 {
+			continue
+		}
+		b = binary.AppendUvarint(b, uint64(p)-prev)
+		prev = uint64(p)
+		b = append(b, byte(s.kind))
+		b = binary.AppendUvarint(b, s.epoch)
+		b = appendString(b, s.peer)
+	}
+	return b
+}
+
+func decodePartTable(data []byte) (partTable, error) {
+	d := decoder{buf: data}
+	if d.byte() != partTableVersion && d.err == nil {
+		return partTable{}, fmt.Errorf("%w: partition table version", ErrCorrupt)
+	}
+	t := partTable{count: uint32(min(d.uvarint(), MaxPartitionCount+1))}
+	t.tokenBase = d.uvarint()
+	n := d.uvarint()
+	if d.err == nil && (t.count == 0 || t.count > MaxPartitionCount || n > uint64(t.count)) {
+		d.fail("partition table size")
+		return partTable{}, d.err
+	}
+	t.parts = make([]partState, t.count)
+	p := uint64(0)
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		delta := d.uvarint()
+		if i > 0 && delta == 0 {
+			d.fail("partition table order")
+		}
+		p += delta
+		s := partState{kind: partKind(d.byte()), epoch: d.uvarint(), peer: d.string()}
+		if p >= uint64(t.count) || s.kind < partOwned || s.kind > partIncoming {
+			d.fail("partition table entry")
+			break
+		}
+		t.parts[p] = s
+	}
+	if d.err == nil && len(d.buf) != 0 {
+		d.fail("partition table trailing bytes")
+	}
+	return t, d.err
+}
+
+// loadPartTable reads the partition table of s (the zero table: none).
+func loadPartTable(s Store) partTable {
+	r, ok := s.Get(RecordKey{PartitionsNamespace, PartitionsKey})
+	if !ok || r.State != StatePartitions || r.Response == nil {
+		return partTable{}
+	}
+	t, err := decodePartTable(r.Response.Body)
+	if err != nil {
+		panic("fsm: reading the partition table: " + err.Error())
+	}
+	return t
+}
+
+// savePartTable stores t as the partition table record.
+func (f *FSM) savePartTable(t partTable) {
+	k := RecordKey{PartitionsNamespace, PartitionsKey}
+	old, ok := f.store.Get(k)
+	if !ok {
+		old = nil
+	}
+	f.put(k, old, &Record{State: StatePartitions, ExpiresAt: math.MaxInt64, Response: &Response{Body: t.encode()}})
+	f.parts = t
+}
+
+// validHandoff checks what the mover must guarantee of a partition command.
+func validHandoff(cmd *Command) bool {
+	h := cmd.Handoff
+	if h == nil || cmd.Namespace != "" || cmd.Key != "" || h.Count == 0 || h.Count > MaxPartitionCount {
+		return false
+	}
+	if len(h.Partitions) > MaxHandoffPartitions && (cmd.Op != OpAdopt || len(h.Partitions) > int(h.Count)) {
+		return false
+	}
+	for i, p := range h.Partitions {
+		if p >= h.Count || (i > 0 && p <= h.Partitions[i-1]) {
+			return false
+		}
+	}
+	if cmd.Op != OpImport && (len(h.Records) > 0 || h.Reset || h.Floor != 0) {
+		return false
+	}
+	if h.Limit < 0 || (cmd.Op != OpDrop && h.Limit != 0) {
+		return false
+	}
+	if cmd.Op == OpAdopt {
+		return h.Peer == ""
+	}
+	if len(h.Partitions) == 0 || h.Epoch == 0 || (cmd.Op == OpFreeze && h.Peer == "") {
+		return false
+	}
+	for _, kr := range h.Records {
+		if kr.R == nil || kr.K.Namespace == "" || kr.K.Key == "" || kr.K.Namespace[0] == '!' ||
+			!slices.Contains(h.Partitions, PartitionOf(kr.K.Namespace, kr.K.Key, h.Count)) {
+			return false
+		}
+	}
+	return true
+}
+
+// handoffTable returns a copy of the group's table for a handoff command
+// with partition count n: OutcomeInvalid when the table counts partitions
+// differently (a proposer bug: the ring's count never changes), and
+// OutcomeFailedPrecondition when the group has not adopted a table yet.
+func (f *FSM) handoffTable(n uint32) (partTable, *Result) {
+	switch f.parts.count {
+	case n:
+		return f.parts.clone(), nil
+	case 0:
+		return partTable{}, &Result{Outcome: OutcomeFailedPrecondition}
+	}
+	return partTable{}, &Result{Outcome: OutcomeInvalid}
+}
+
+// adopt gives a group that has no partition table one: it owns exactly
+// the partitions listed (those the ring placed on it, or none for a group
+// a topology change created) at epoch Epoch. The mover sends it to every
+// group a layout change involves before any partition moves. A group that
+// has a table already keeps it (OK: adopting again is a no-op); a list of
+// none is refused for a group that holds records.
+func (f *FSM) adopt(cmd *Command) Result {
+	h := cmd.Handoff
+	if f.parts.count != 0 {
+		if f.parts.count != h.Count {
+			return Result{Outcome: OutcomeInvalid}
+		}
+		return Result{Outcome: OutcomeOK}
+	}
+	if len(h.Partitions) == 0 && f.meta.InProgress+f.meta.Completed+f.meta.Tombstones != 0 {
+		return Result{Outcome: OutcomeFailedPrecondition}
+	}
+	t := partTable{count: h.Count, parts: make([]partState, h.Count)}
+	for _, p := range h.Partitions {
+		t.parts[p] = partState{kind: partOwned, epoch: h.Epoch}
+	}
+	f.savePartTable(t)
+	return Result{Outcome: OutcomeOK}
+}
+
+// freeze stops the group admitting work for the partitions: from this
+// entry on, commands on their keys are answered OutcomeMoved (naming Peer,
+// the destination). The result's FencingToken is the highest token the
+// group has issued, the floor the destination's tokens must exceed.
+// Freezing a partition frozen at this or a later epoch is a no-op;
+// freezing one the group does not own is refused.
+func (f *FSM) freeze(cmd *Command, token uint64) Result {
+	h := cmd.Handoff
+	t, refused := f.handoffTable(h.Count)
+	if refused != nil {
+		return *refused
+	}
+	for _, p := range h.Partitions {
+		owned, s := t.owns(p)
+		if !owned && !(s.kind == partOut && s.epoch >= h.Epoch) {
+			return refusedAt(s)
+		}
+	}
+	for _, p := range h.Partitions {
+		if owned, _ := t.owns(p); owned {
+			t.parts[p] = partState{kind: partOut, epoch: h.Epoch, peer: h.Peer}
+		}
+	}
+	f.savePartTable(t)
+	return Result{Outcome: OutcomeOK, FencingToken: token}
+}
+
+// importRecords stores records of partitions the group is taking over and
+// raises its token base above the source's floor. A Reset import starts
+// the partitions (incoming; records the group still holds for them are
+// dropped); later imports add records to incoming partitions only. An
+// import into a partition the group owns is refused: it would overwrite
+// live state.
+func (f *FSM) importRecords(cmd *Command) Result {
+	h := cmd.Handoff
+	t, refused := f.handoffTable(h.Count)
+	if refused != nil {
+		return *refused
+	}
+	for _, p := range h.Partitions {
+		if owned, s := t.owns(p); !mayImport(owned, s, h) {
+			return refusedAt(s)
+		}
+	}
+	if h.Reset {
+		f.dropPartitions(h.Count, h.Partitions, 0)
+		for _, p := range h.Partitions {
+			t.parts[p] = partState{kind: partIncoming, epoch: h.Epoch, peer: h.Peer}
+		}
+	}
+	base := t.tokenBase
+	f.raiseTokens(&t, h.Floor)
+	if h.Reset || t.tokenBase != base {
+		f.savePartTable(t)
+	}
+	for _, kr := range h.Records {
+		old, ok := f.store.Get(kr.K)
+		if !ok {
+			old = nil
+		}
+		rec := *kr.R
+		f.put(kr.K, old, &rec)
+	}
+	return Result{Outcome: OutcomeOK}
+}
+
+// mayImport reports whether an import h may write a partition the group
+// owns (owned) or knows as s: a partition being imported at h's epoch
+// takes more records (or starts over, on a Reset sent again); a Reset
+// starts a partition the group does not serve (one it never had, one that
+// left it at an earlier epoch, an import of an earlier epoch that never
+// opened). Nothing overwrites an owned partition.
+func mayImport(owned bool, s partState, h *Handoff) bool {
+	switch {
+	case owned:
+		return false
+	case s.kind == partIncoming && s.epoch == h.Epoch:
+		return true
+	case !h.Reset:
+		return false
+	case s.kind == partOut || s.kind == partIncoming:
+		return s.epoch < h.Epoch
+	}
+	return true // never had it
+}
+
+// raiseTokens raises t's token base so that every fencing token issued
+// after this entry exceeds floor. A floor in packed mode switches the
+// group's slots to packed mode first (the last slot of this very entry in
+// packed form), so that tokens stay far from overflowing.
+func (f *FSM) raiseTokens(t *partTable, floor uint64) {
+	if floor&packedSlotMark != 0 && f.meta.LastIndex&packedSlotMark == 0 {
+		f.meta.LastIndex = packedSlotMark | f.meta.LastIndex<<tokenPositionBits | (1<<tokenPositionBits - 1)
+	}
+	if last := f.meta.LastIndex + t.tokenBase; last < floor {
+		t.tokenBase += floor - last
+	}
+}
+
+// open makes incoming partitions the group's own: from this entry on it
+// serves their keys. Opening a partition already owned is a no-op.
+func (f *FSM) open(cmd *Command) Result {
+	h := cmd.Handoff
+	t, refused := f.handoffTable(h.Count)
+	if refused != nil {
+		return *refused
+	}
+	for _, p := range h.Partitions {
+		owned, s := t.owns(p)
+		if !owned && !(s.kind == partIncoming && s.epoch == h.Epoch) {
+			return refusedAt(s)
+		}
+	}
+	for _, p := range h.Partitions {
+		if owned, _ := t.owns(p); !owned {
+			t.parts[p] = partState{kind: partOwned, epoch: h.Epoch}
+		}
+	}
+	f.savePartTable(t)
+	return Result{Outcome: OutcomeOK}
+}
+
+// drop deletes up to Limit records of partitions that left the group
+// (frozen here); Result.Swept is how many it deleted, fewer than Limit once
+// none are left. The partitions stay frozen: late commands still learn
+// where they went.
+func (f *FSM) drop(cmd *Command) Result {
+	h := cmd.Handoff
+	if _, refused := f.handoffTable(h.Count); refused != nil {
+		return *refused
+	}
+	for _, p := range h.Partitions {
+		if _, s := f.parts.owns(p); s.kind != partOut || s.epoch > h.Epoch {
+			return refusedAt(s)
+		}
+	}
+	return Result{Outcome: OutcomeOK, Swept: f.dropPartitions(h.Count, h.Partitions, h.Limit)}
+}
+
+// dropPartitions deletes up to limit (0: all) records of the partitions, in
+// (namespace, key) order, and returns how many it deleted.
+//
+// ScanPartitions reads the committed state, and replicas group entries
+// into store batches differently, so what it sees must not decide the
+// outcome: only partitions the group does not serve are dropped, where no
+// command creates a key (key commands are answered MOVED; a sweep only
+// deletes or shrinks records), so the committed keys are a superset of the
+// writer's, and each is checked against the writer's view before it counts.
+func (f *FSM) dropPartitions(count uint32, partitions []uint32, limit int) int {
+	var drop []KeyedRecord
+	err := f.store.ScanPartitions(count, partitions, func(k RecordKey, _ *Record) bool {
+		if cur, ok := f.store.Get(k); ok {
+			drop = append(drop, KeyedRecord{K: k, R: cur})
+		}
+		return limit == 0 || len(drop) < limit
+	})
+	if err != nil {
+		panic("fsm: scanning partitions: " + err.Error())
+	}
+	for _, kr := range drop {
+		f.put(kr.K, kr.R, nil)
+	}
+	return len(drop)
+}
+
+// Owns reports whether the group serves (namespace, key) now, and if not,
+// the shard it went to ("" while it is being imported here) and the epoch.
+// Reads check it before they answer from the group's state.
+func (f *FSM) Owns(namespace, key string) (owned bool, movedTo string, epoch uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	ok, s := f.parts.ownsKey(RecordKey{namespace, key})
+	return ok, s.peer, s.epoch
+}
+
+// PartitionInfo is what a group knows of one partition, for status pages
+// and the mover.
+type PartitionInfo struct {
+	Partition uint32
+	// State is "owned", "moved" or "incoming".
+	State string
+	Epoch uint64
+	Peer  string
+}
+
+// Partitions returns the group's partition table: its partition count (0:
+// the group has none and serves every key routed to it) and the
+// partitions it lists, in order.
+func (f *FSM) Partitions() (count uint32, list []PartitionInfo) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	names := [...]string{partOwned: "owned", partOut: "moved", partIncoming: "incoming"}
+	for p, s := range f.parts.parts {
+		if s.kind != 0 {
+			list = append(list, PartitionInfo{Partition: uint32(p), State: names[s.kind], Epoch: s.epoch, Peer: s.peer})
+		}
+	}
+	return f.parts.count, list
+}
+
+// ExportPartitions calls fn with every committed record of the partitions
+// (count partitions in the ring), in (namespace, key) order, until fn
+// returns false. The caller exports partitions the group froze: their
+// records no longer change.
+func (f *FSM) ExportPartitions(count uint32, partitions []uint32, fn func(KeyedRecord) bool) error {
+	return f.store.ScanPartitions(count, partitions, func(k RecordKey, r *Record) bool {
+		return fn(KeyedRecord{K: k, R: r})
+	})
+}
+
+// LastToken is the highest fencing token the group has issued (its last
+// slot plus its token base).
+func (f *FSM) LastToken() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.meta.LastIndex + f.parts.tokenBase
+}
