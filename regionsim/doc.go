@@ -24,7 +24,10 @@
 // reserves the key through a router (the local one; retries sometimes go
 // through another region's), makes a fenced read of the ledger to learn what
 // an earlier attempt did, charges the simulated payment provider with its
-// fencing token if nothing was charged, and completes with the response.
+// fencing token if nothing was charged, checkpoints the charge, and records
+// it (completes with the response). An attempt that RECLAIMS a key with the
+// checkpoint of an earlier attempt resumes at the record step; the report
+// counts these resumed attempts.
 // Instances may die after reserving or after charging, pause past their
 // lease, run slowly and heartbeat, or release on a transient decline;
 // clients time out and retry. Every call to idem is recorded with its

@@ -146,6 +146,9 @@ func (env *runEnv) fill(out *report.Scenario, r *scenarioRun, faults []*Fault, f
 	row.ExactlyOnceViolations, row.ChangedReplays, row.LostCompletions = once.Violations, replays.Violations, noLoss.Violations
 	row.Linearizability = lin.Violations
 	row.FencedWrites = r.guard.Stats().Rejected
+	idemRes.mu.Lock()
+	row.Resumed = idemRes.resumed
+	idemRes.mu.Unlock()
 	out.Systems = append(out.Systems, row)
 
 	var bare []check.Completion

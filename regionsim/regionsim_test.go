@@ -225,8 +225,8 @@ func assertClean(t *testing.T, cfg Config, rep *report.Report) {
 				t.Errorf("%s: the reconfiguration did not run through: %q %s", sc.Name, f.Detail, f.Error)
 			}
 		}
-		t.Logf("%s: %s; idem %d/%d payments, guard-off double charges %d, naive double charges %d, lost %d",
-			sc.Name, verdictWord(sc.Passed), idem.Completed, idem.Payments, sc.Systems[1].DoubleCharged,
+		t.Logf("%s: %s; idem %d/%d payments, %d attempts resumed, guard-off double charges %d, naive double charges %d, lost %d",
+			sc.Name, verdictWord(sc.Passed), idem.Completed, idem.Payments, idem.Resumed, sc.Systems[1].DoubleCharged,
 			lastSystem(sc).DoubleCharged, lastSystem(sc).LostCompletions)
 	}
 	if t.Failed() || !rep.Passed {

@@ -111,6 +111,7 @@ type systemResults struct {
 	abandoned  int
 	vanished   int
 	fenced     int
+	resumed    int // attempts that resumed from an earlier attempt's checkpoint
 	ok, failed atomic.Int64
 }
 
@@ -531,6 +532,13 @@ func (s *idemSystem) complete(ctx context.Context, cl *client.Client, in *instan
 	return err
 }
 
+func (s *idemSystem) checkpoint(ctx context.Context, cl *client.Client, in *instance, name string, data []byte) error {
+	op := s.op(in, history.Checkpoint)
+	_, err := cl.Checkpoint(ctx, client.CheckpointRequest{Namespace: namespace, Key: in.p.key, OwnerToken: in.owner, Name: name, Data: data})
+	s.finish(op, err)
+	return err
+}
+
 func (s *idemSystem) release(ctx context.Context, cl *client.Client, in *instance) error {
 	op := s.op(in, history.Release)
 	err := cl.Release(ctx, client.ReleaseRequest{Namespace: namespace, Key: in.p.key, OwnerToken: in.owner})
@@ -581,14 +589,44 @@ func (s *idemSystem) serve(ctx context.Context, in *instance) (string, bool, err
 	}
 }
 
-// owned is the work of an instance that holds the key: find out what an
-// earlier attempt did (a fenced read of the ledger), charge if nothing was,
-// and complete with the response.
+// checkpointCharged names the checkpoint written after the charge: the
+// payment's first step is done, and Data (chargeData) says which charge.
+const checkpointCharged = "charged"
+
+func chargeData(ch ledger.Charge) []byte { return fmt.Appendf(nil, "%s %d", ch.ID, ch.Amount) }
+
+func parseChargeData(data []byte) (ledger.Charge, bool) {
+	var ch ledger.Charge
+	n, err := fmt.Sscanf(string(data), "%s %d", &ch.ID, &ch.Amount)
+	return ch, err == nil && n == 2 && ch.ID != ""
+}
+
+// owned is the work of an instance that holds the key, in two steps: charge,
+// then record (complete with the response). An attempt that RECLAIMED the
+// key with the "charged" checkpoint of an earlier one resumes at the record
+// step; otherwise it finds out what an earlier attempt did (a fenced read of
+// the ledger), charges if nothing was, and checkpoints the charge.
+//
+// Resuming skips the fenced read, which is safe: the checkpoint was written
+// after a charge the guard accepted, which raised the key's highest token
+// to that attempt's, so every older owner's late charge is refused; and an
+// owner newer than that attempt either saw the checkpoint (and resumes) or
+// reclaimed before it was written, made its own fenced read and found the
+// charge (or fenced it out).
 func (s *idemSystem) owned(ctx context.Context, cl *client.Client, in *instance, res client.Reservation) (string, bool, error) {
 	r := s.r
 	rng := s.draw()
 	if in.behave == crashAfterReserve {
 		return "", false, errVanished
+	}
+	if cp := res.Checkpoint; res.Outcome == client.OutcomeReclaimed && cp != nil && cp.Name == checkpointCharged {
+		if ch, ok := parseChargeData(cp.Data); ok {
+			sres := r.result(sysIdem)
+			sres.mu.Lock()
+			sres.resumed++
+			sres.mu.Unlock()
+			return s.record(ctx, cl, in, ch)
+		}
 	}
 	token := res.FencingToken
 	prior, err := r.guard.Lookup(in.p.key, token)
@@ -629,9 +667,18 @@ func (s *idemSystem) owned(ctx context.Context, cl *client.Client, in *instance,
 			return "", false, errFenced
 		}
 	}
+	if err := s.checkpoint(ctx, cl, in, checkpointCharged, chargeData(ch)); errors.Is(err, client.ErrNotOwner) {
+		return "", false, errLostLease
+	} // an undecided checkpoint only costs the next attempt a ledger read
 	if in.behave == crashAfterCharge {
 		return "", false, errVanished
 	}
+	return s.record(ctx, cl, in, ch)
+}
+
+// record is the payment's last step: complete with the response of ch.
+func (s *idemSystem) record(ctx context.Context, cl *client.Client, in *instance, ch ledger.Charge) (string, bool, error) {
+	r := s.r
 	resp := response(in.p.key, ch)
 	for try := 0; ; try++ {
 		err := s.complete(ctx, cl, in, resp)

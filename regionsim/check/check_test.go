@@ -89,6 +89,12 @@ func TestLinearizableHistoriesPass(t *testing.T) {
 			add(acquireAt(0, "ownerA", 0, 10, 5, 3)).
 			add(complete(0, "ownerA", 20, 0, "201 ch_1", history.Unknown)).
 			add(reserve(1, "ownerB", 100, 110, history.InProgress, 0, base+2005*ms)).ops,
+		"checkpoint by the owner, refused after a reclaim": new(h).
+			add(acquireAt(0, "ownerA", 0, 10, 5, 3)).
+			add(history.Op{Client: 0, Key: "k", Kind: history.Checkpoint, Owner: "ownerA", Call: 20 * ms, Return: 30 * ms, Result: history.OK}).
+			add(reclaimAt(1, "ownerB", 3500, 3510, 3505, 9, 3)).
+			add(history.Op{Client: 0, Key: "k", Kind: history.Checkpoint, Owner: "ownerA", Call: 3600 * ms, Return: 3610 * ms, Result: history.NotOwner}).
+			add(complete(1, "ownerB", 3700, 3710, "201 ch_1", history.OK)).ops,
 		"release then acquire with a larger token": new(h).
 			add(acquireAt(0, "ownerA", 0, 10, 5, 3)).
 			add(history.Op{Client: 0, Key: "k", Kind: history.Release, Owner: "ownerA", Call: 20 * ms, Return: 30 * ms, Result: history.OK}).
@@ -129,6 +135,14 @@ func TestLinearizabilityCatchesViolations(t *testing.T) {
 			add(acquireAt(0, "ownerA", 0, 10, 5, 3)).
 			add(complete(0, "ownerA", 20, 30, "201 ch_1", history.OK)).
 			add(acquireAt(1, "ownerB", 40, 50, 45, 9)).ops,
+		"stale owner checkpoints after reclaim": new(h).
+			add(acquireAt(0, "ownerA", 0, 10, 5, 3)).
+			add(reclaimAt(1, "ownerB", 3500, 3510, 3505, 9, 3)).
+			add(history.Op{Client: 0, Key: "k", Kind: history.Checkpoint, Owner: "ownerA", Call: 3600 * ms, Return: 3610 * ms, Result: history.OK}).ops,
+		"checkpoint of a completed key": new(h).
+			add(acquireAt(0, "ownerA", 0, 10, 5, 3)).
+			add(complete(0, "ownerA", 20, 30, "201 ch_1", history.OK)).
+			add(history.Op{Client: 0, Key: "k", Kind: history.Checkpoint, Owner: "ownerA", Call: 40 * ms, Return: 50 * ms, Result: history.OK}).ops,
 		"stale owner completes after reclaim": new(h).
 			add(acquireAt(0, "ownerA", 0, 10, 5, 3)).
 			add(reclaimAt(1, "ownerB", 3500, 3510, 3505, 9, 3)).

@@ -153,6 +153,12 @@ func (m stepper) step(s keyState, op history.Op) []keyState {
 		case op.Result == history.NotOwner && !owns:
 			return []keyState{s}
 		}
+	case history.Checkpoint:
+		// Allowed while the caller owns the key; it changes no ownership.
+		owns := s.status == inProgress && s.owner == op.Owner
+		if op.Result == history.OK && owns || op.Result == history.NotOwner && !owns {
+			return []keyState{s}
+		}
 	case history.Get:
 		if next, ok := m.get(s, op); ok {
 			return []keyState{next}

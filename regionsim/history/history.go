@@ -19,6 +19,7 @@ const (
 	Complete
 	Release
 	Get
+	Checkpoint
 )
 
 func (k Kind) String() string {
@@ -33,6 +34,8 @@ func (k Kind) String() string {
 		return "release"
 	case Get:
 		return "get"
+	case Checkpoint:
+		return "checkpoint"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }

@@ -132,6 +132,10 @@ type System struct {
 	Linearizability int `json:"linearizability_violations"`
 	// FencedWrites: ledger writes refused for a stale fencing token.
 	FencedWrites int `json:"fenced_writes"`
+	// Resumed: attempts that reclaimed a key with an earlier attempt's
+	// checkpoint and resumed from it (recorded its charge instead of
+	// reading the ledger and charging).
+	Resumed int `json:"resumed_attempts"`
 	// Availability and P99Ms of client attempts over the whole scenario.
 	Availability float64 `json:"availability"`
 	P99Ms        float64 `json:"p99_ms"`

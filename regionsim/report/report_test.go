@@ -21,7 +21,7 @@ func sample(pass bool) *Report {
 			Findings: []check.Finding{{Key: "0190-key", Detail: "charged 2 times"}}[:violations/2]}},
 		Phases: []Phase{{Phase: "before", Region: "us-east", Attempts: 10, OK: 9, Availability: 0.9, P50Ms: 120, P99Ms: 1500}},
 		Systems: []System{
-			{Name: "idem", Payments: 10, Completed: 10, DoubleCharged: violations / 2, Availability: 0.9, P99Ms: 300},
+			{Name: "idem", Payments: 10, Completed: 10, DoubleCharged: violations / 2, Resumed: 3, Availability: 0.9, P99Ms: 300},
 			{Name: "naive SET NX PX lock", Payments: 12, Completed: 11, DoubleCharged: 3, LostCompletions: 4, Linearizability: -1, Availability: 0.8},
 		},
 		Timeline: []Series{{Region: "us-east", Points: []Point{{T: 0, OK: 3, P99Ms: 200}, {T: 1, OK: 0, Failed: 2}, {T: 2, OK: 4, P99Ms: 150}}}},
@@ -33,7 +33,7 @@ func sample(pass bool) *Report {
 
 func TestTotalsAndHeadline(t *testing.T) {
 	tot := Totals(sample(true))
-	if len(tot) != 2 || tot[0].Payments != 20 || tot[1].DoubleCharged != 6 || tot[1].LostCompletions != 8 || tot[1].Linearizability != -1 {
+	if len(tot) != 2 || tot[0].Payments != 20 || tot[0].Resumed != 6 || tot[1].DoubleCharged != 6 || tot[1].LostCompletions != 8 || tot[1].Linearizability != -1 {
 		t.Fatalf("totals %+v", tot)
 	}
 	h := Headline(tot)
@@ -66,11 +66,14 @@ func TestRenderings(t *testing.T) {
 				t.Fatalf("a failing text report must show the finding and the replay command:\n%s", text.String())
 			}
 		}
+		if !strings.Contains(text.String(), "idem: 6 attempts resumed from an earlier attempt's checkpoint") {
+			t.Fatalf("text report lacks the resumed attempts:\n%s", text.String())
+		}
 		if !strings.Contains(text.String(), wantVerdict) {
 			t.Fatalf("text report lacks %q:\n%s", wantVerdict, text.String())
 		}
 		html := page.String()
-		for _, want := range []string{"<svg", "SIGKILL the busiest leader", `id="leader-kill"`, "naive SET NX PX lock", "<polyline"} {
+		for _, want := range []string{"<svg", "SIGKILL the busiest leader", `id="leader-kill"`, "naive SET NX PX lock", "<polyline", "3 attempts resumed from a checkpoint"} {
 			if !strings.Contains(html, want) {
 				t.Fatalf("HTML lacks %q", want)
 			}

@@ -105,6 +105,10 @@ func writeSystems(b *strings.Builder, systems []System, indent string) {
 		if len(s.DoubleChargeCauses) > 0 {
 			fmt.Fprintf(b, "%s%s: extra charges written by %s\n", indent, s.Name, causeList(s.DoubleChargeCauses))
 		}
+		if s.Resumed > 0 {
+			fmt.Fprintf(b, "%s%s: %d attempts resumed from an earlier attempt's checkpoint (recorded its charge, did not charge again)\n",
+				indent, s.Name, s.Resumed)
+		}
 	}
 }
 
@@ -148,6 +152,7 @@ func Totals(r *Report) []System {
 			t.ChangedReplays += s.ChangedReplays
 			t.LostCompletions += s.LostCompletions
 			t.FencedWrites += s.FencedWrites
+			t.Resumed += s.Resumed
 			if s.Linearizability >= 0 {
 				t.Linearizability = max(t.Linearizability, 0) + s.Linearizability
 			}
