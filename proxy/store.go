@@ -101,11 +101,15 @@ func (s *backendStore) Heartbeat(ctx context.Context, ref Ref, lease time.Durati
 }
 
 func (s *backendStore) Complete(ctx context.Context, ref Ref, resp Response, retention time.Duration) (Completion, error) {
-	res, ambiguous, err := s.apply(ctx, &fsm.Command{
+	cmd := &fsm.Command{
 		Op: fsm.OpComplete, Namespace: ref.Namespace, Key: ref.Key, OwnerToken: ref.OwnerToken,
 		Response:  &fsm.Response{Status: int32(resp.Status), Headers: resp.Headers, Body: resp.Body},
 		Retention: int64(retention),
-	})
+	}
+	if retention == 0 { // the namespace's default, as a complete without retention_s
+		cmd.Retention, cmd.RetentionIsDefault = int64(contract.DefaultRetention), true
+	}
+	res, ambiguous, err := s.apply(ctx, cmd)
 	if err := s.decided(res, ambiguous, err); err != nil {
 		return Completion{}, err
 	}

@@ -139,6 +139,27 @@ func TestProxyModeEndToEnd(t *testing.T) {
 		t.Fatalf("Idempotency-Key-Expires: first %q, replay %q, want %q (expires_at %s)", first.Header.Get("Idempotency-Key-Expires"),
 			replay.Header.Get("Idempotency-Key-Expires"), wantExpires, rec.Str("expires_at"))
 	}
+	// A namespace whose policy keeps responses for one second: the proxy
+	// stores for that long (its header says so), then answers 410 Gone from
+	// the tombstone and nothing reaches the upstream.
+	if pol, err := r.API().Do(ctx, "PUT", "/v1/namespaces/tenant-c/policy", map[string]any{"default_retention_s": 1}); err != nil || pol.Status != 200 {
+		t.Fatalf("PUT policy: %v %v", pol, err)
+	}
+	short := send("POST", "/charges", "order-2", "tenant-c", "5 EUR")
+	read(short)
+	shortExpires, err := http.ParseTime(short.Header.Get("Idempotency-Key-Expires"))
+	if short.StatusCode != 201 || err != nil || time.Until(shortExpires) > 2*time.Second {
+		t.Fatalf("first answer under a one-second retention: %d %v", short.StatusCode, short.Header)
+	}
+	var gone *http.Response
+	testutil.Until(t, 20*time.Second, "410 once the retention ended", func() bool {
+		gone = send("POST", "/charges", "order-2", "tenant-c", "5 EUR")
+		read(gone)
+		return gone.StatusCode == http.StatusGone
+	})
+	if gone.Header.Get("Content-Type") != "application/problem+json" || gone.Header.Get("Idempotency-Key-Expires") != "" || runs("order-2") != 1 {
+		t.Fatalf("410: %v, upstream runs %d", gone.Header, runs("order-2"))
+	}
 	// Same key, another body or path: 422 problem+json.
 	for _, tc := range []struct{ path, body string }{{"/charges?x=1", "999 EUR"}, {"/refunds?x=1", "100 EUR"}, {"/charges?x=2", "100 EUR"}} {
 		resp := send("POST", tc.path, "order-1", "tenant-a", tc.body)

@@ -146,7 +146,9 @@ type Policy struct {
 	// reserve that runs out gets 503. Zero means DefaultStoreTimeout (10s).
 	StoreTimeout time.Duration
 	// Retention is how long a completed response is kept, 1s..30 days in
-	// whole seconds. Zero means DefaultRetention (24h).
+	// whole seconds (at most the namespace policy's max_retention_s). Zero
+	// means the namespace's default: its policy's default_retention_s, else
+	// DefaultRetention (24h).
 	Retention time.Duration
 	// MaxWait bounds how long a request with "Prefer: wait=N" (RFC 7240)
 	// that meets a running request with its key waits for that request's
@@ -184,7 +186,6 @@ func DefaultPolicy() Policy {
 		MaxStoredBodyBytes:  DefaultMaxStoredBodyBytes,
 		Lease:               DefaultLease,
 		StoreTimeout:        DefaultStoreTimeout,
-		Retention:           DefaultRetention,
 		MaxWait:             DefaultMaxWait,
 		ReleaseStatuses:     DefaultReleaseStatuses,
 	}
@@ -224,9 +225,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = DefaultStoreTimeout
-	}
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
 	}
 	if c.MaxWait == 0 {
 		c.MaxWait = DefaultMaxWait
@@ -297,8 +295,8 @@ func (c Config) Problems() []string {
 	if c.StoreTimeout < 0 {
 		bad("StoreTimeout %v is negative: use a duration, or 0 for %v", c.StoreTimeout, DefaultStoreTimeout)
 	}
-	if d.Retention < contract.MinRetention || d.Retention > contract.MaxRetention || d.Retention%time.Second != 0 {
-		bad("Retention %v is out of range: use %v..%v in whole seconds, or 0 for %v", c.Retention, contract.MinRetention, contract.MaxRetention, DefaultRetention)
+	if d.Retention != 0 && (d.Retention < contract.MinRetention || d.Retention > contract.MaxRetention || d.Retention%time.Second != 0) {
+		bad("Retention %v is out of range: use %v..%v in whole seconds, or 0 for the namespace's default", c.Retention, contract.MinRetention, contract.MaxRetention)
 	}
 	if _, err := ParseStatusSet(d.ReleaseStatuses); err != nil {
 		bad("ReleaseStatuses: %v", err)

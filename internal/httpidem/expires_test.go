@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/httpidem"
 	"github.com/idem-dev/idem/proxy"
 )
@@ -75,5 +76,35 @@ func TestKeyExpiresHeader(t *testing.T) {
 	now.Add(int64(31 * time.Minute))
 	if r := do("/pay", "k1"); r.StatusCode != http.StatusGone || r.Header.Get(httpidem.HeaderKeyExpires) != "" || runs != 2 {
 		t.Fatalf("after retention: %d %v (runs %d)", r.StatusCode, r.Header, runs)
+	}
+}
+
+// TestZeroRetentionIsTheNamespaceDefault: an engine without a Retention
+// completes with the namespace's default retention (its policy's, here
+// 60 s), which Idempotency-Key-Expires reports; an explicit one is sent as
+// is.
+func TestZeroRetentionIsTheNamespaceDefault(t *testing.T) {
+	var now atomic.Int64
+	now.Store(time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC).UnixNano())
+	mem := backend.NewMem(backend.MemConfig{Now: now.Load, SkewMargin: -1})
+	if _, err := mem.SetPolicy(t.Context(), &fsm.Command{Op: fsm.OpSetPolicy, Namespace: httpidem.DefaultNamespace,
+		Policy: &fsm.Policy{DefaultRetention: int64(time.Minute), MaxRetention: int64(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		retention time.Duration
+		want      string
+	}{{0, "Sun, 01 Mar 2026 10:01:00 GMT"}, {time.Hour, "Sun, 01 Mar 2026 11:00:00 GMT"}} {
+		eng, err := httpidem.New(httpidem.Config{Store: proxy.BackendStore(mem), Policy: httpidem.Policy{Retention: tc.retention}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := httptest.NewRequest("POST", "/pay", strings.NewReader("{}"))
+		req.Header.Set(httpidem.HeaderKey, "key-"+tc.retention.String())
+		rec := httptest.NewRecorder()
+		eng.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })).ServeHTTP(rec, req)
+		if got := rec.Result().Header.Get(httpidem.HeaderKeyExpires); rec.Code != 201 || got != tc.want {
+			t.Fatalf("Retention %v: %d, %s %q, want %q", tc.retention, rec.Code, httpidem.HeaderKeyExpires, got, tc.want)
+		}
 	}
 }

@@ -105,7 +105,8 @@ type Store interface {
 	Reserve(ctx context.Context, req ReserveRequest) (Reservation, error)
 	// Heartbeat extends the owner's lease to lease from now.
 	Heartbeat(ctx context.Context, ref Ref, lease time.Duration) error
-	// Complete stores the owner's final response for retention.
+	// Complete stores the owner's final response for retention (0: the
+	// namespace's default retention).
 	Complete(ctx context.Context, ref Ref, resp Response, retention time.Duration) (Completion, error)
 	// Release frees a key its owner did not complete.
 	Release(ctx context.Context, ref Ref) error
