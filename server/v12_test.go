@@ -176,5 +176,22 @@ func TestCheckpoints(t *testing.T) {
 	if _, err := h.grpc.Checkpoint(t.Context(), &idemv1.CheckpointRequest{Namespace: "pay", Key: "k", OwnerToken: owner2, Name: "late"}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("checkpoint of a completed key: %v", err)
 	}
+
+	// Bounds: a 64-char name and 64 KiB of data are accepted, one more is not.
+	h.do("POST", ns+"b:reserve", `{"owner_token":"`+owner1+`","lease_ms":1000}`)
+	full := base64.StdEncoding.EncodeToString(make([]byte, 64<<10))
+	if r = h.do("POST", ns+"b:checkpoint", `{"owner_token":"`+owner1+`","name":"`+strings.Repeat("n", 64)+`","data":"`+full+`"}`); r.status != 200 {
+		t.Fatalf("checkpoint at the bounds: %s", r)
+	}
+	h.expectError(h.do("POST", ns+"b:checkpoint", `{"owner_token":"`+owner1+`","name":"`+strings.Repeat("n", 65)+`"}`), 400, CodeInvalidArgument)
+	// A release drops it: the next owner, even one that reclaims, gets none.
+	h.do("POST", ns+"b:release", `{"owner_token":"`+owner1+`"}`)
+	if r = h.do("POST", ns+"b:reserve", `{"owner_token":"`+owner2+`","lease_ms":1000}`); r.body["outcome"] != "ACQUIRED" || r.body["checkpoint"] != nil {
+		t.Fatalf("reserve after a release: %s", r)
+	}
+	clock.Advance(3 * time.Second)
+	if r = h.do("POST", ns+"b:reserve", `{"owner_token":"`+owner1+`"}`); r.body["outcome"] != "RECLAIMED" || r.body["checkpoint"] != nil {
+		t.Fatalf("RECLAIMED after a released checkpoint: %s", r)
+	}
 	_ = http.StatusOK
 }
