@@ -381,6 +381,20 @@ func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
 	if err := rt.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// A namespace policy set before the changes holds after them, on every
+	// shard, whichever voters lead then.
+	mustCtl(t, "--config", c.TopologyPath, "namespaces", "set-policy", "capped", "--max-lease-ms", "5000")
+	ring, err := topology.NewRing(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cappedKeys := map[string]string{} // shard -> a key of it
+	for i := 0; len(cappedKeys) < 2 && i < 200; i++ {
+		key := fmt.Sprintf("capped-%d", i)
+		if id := ring.Locate("capped", key).ID; cappedKeys[id] == "" {
+			cappedKeys[id] = key
+		}
+	}
 	l := startLoad(ctx, []string{rt.HTTPAddr}, 8)
 	testutil.Until(t, 30*time.Second, "writes before the changes", func() bool { return l.count() >= 100 })
 
@@ -435,6 +449,18 @@ func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
 		return regexp.MustCompile(`msg="following the cluster's topology".* active_version=4 target_version=0`).Match(data)
 	})
 	api := rt.API()
+	if p := decode[policyView](t, mustCtl(t, "--config", active, "namespaces", "get-policy", "capped", "--json")); p.MaxLeaseMs != 5000 {
+		t.Fatalf("policy after the changes: %+v", p)
+	}
+	if len(cappedKeys) != 2 {
+		t.Fatalf("capped keys fell on %d shards", len(cappedKeys))
+	}
+	for shard, key := range cappedKeys {
+		r, err := api.Reserve(t.Context(), "capped", key, map[string]any{"lease_ms": 6000})
+		if err != nil || r.Status != 400 || !strings.Contains(string(r.Raw), "max_lease_ms 5000") {
+			t.Fatalf("reserve over the policy's max on shard %s after the changes: %v %v", shard, r, err)
+		}
+	}
 	for key, a := range l.acked {
 		r, err := api.Reserve(t.Context(), "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
 		if err != nil {

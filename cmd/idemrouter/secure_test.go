@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/api/openapi"
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/security/auth"
@@ -151,6 +152,10 @@ func TestSecureRegion(t *testing.T) {
 		// The probes need no credentials and reveal no record.
 		for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
 			expect(name+" "+p, must2(anon.Do(ctx, "GET", p, nil)), http.StatusOK, "")
+		}
+		// So does the OpenAPI document, which is the committed one.
+		if doc := expect(name+" /openapi.json", must2(anon.Do(ctx, "GET", openapi.Path, nil)), http.StatusOK, ""); !bytes.Equal(doc.Raw, openapi.Document()) {
+			t.Errorf("%s: GET /openapi.json is not the committed document (%d bytes)", name, len(doc.Raw))
 		}
 
 		// 401: nothing, an unknown token, a malformed header, a certificate
