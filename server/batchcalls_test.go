@@ -91,6 +91,11 @@ func TestBatchMalformedJSON(t *testing.T) {
 			}
 		}
 	}
+	// Exactly the maximum is one call.
+	if r := h.do(http.MethodPost, "/v1/namespaces/ns/keys:batch-reserve", `{"items":[`+strings.Join(items[:MaxBatchItems], ",")+`]}`); r.status != http.StatusOK ||
+		len(r.body["results"].([]any)) != MaxBatchItems {
+		t.Errorf("batch-reserve of %d items: %d", MaxBatchItems, r.status)
+	}
 	if r := h.do(http.MethodPost, "/v1/namespaces/ns/keys:batch-nothing", `{"items":[{"key":"a"}]}`); r.status != http.StatusNotFound {
 		t.Errorf("unknown batch verb: %v", r)
 	}
