@@ -236,14 +236,15 @@ func startBenchCluster(n int, logStore string, noFsync bool) (_ *benchCluster, e
 			return nil, err
 		}
 		c.nodes = append(c.nodes, nn)
-		if err := nn.Start(); err != nil {
-			return nil, err
-		}
-		go nn.Serve(context.Background())
-		grpcAddrs = append(grpcAddrs, nn.GRPCAddr())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	if err := startTogether(ctx, c.nodes, func(i int) { go c.nodes[i].Serve(context.Background()) }); err != nil {
+		return nil, err
+	}
+	for _, nn := range c.nodes {
+		grpcAddrs = append(grpcAddrs, nn.GRPCAddr())
+	}
 	for _, nn := range c.nodes {
 		if err := nn.WaitReady(ctx); err != nil {
 			return nil, err

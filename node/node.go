@@ -32,8 +32,10 @@ var (
 	// ErrDataDirMismatch: the data dir belongs to another cluster, node or ring.
 	ErrDataDirMismatch = datadir.ErrMismatch
 	// ErrStateLost: the data dir held this node's Raft state (it has an
-	// identity file) but the state is missing, truncated or unreadable; the
-	// node refuses to start (idemctl replace-node brings it back).
+	// identity file) but the state is missing, truncated or unreadable, or
+	// the data dir is empty while another node already holds state of a
+	// group this node would bootstrap; the node refuses to start (idemctl
+	// replace-node brings it back).
 	ErrStateLost = errors.New("node: Raft state lost")
 	// ErrClockSkewed: this node's clock is off from its peers' by more than
 	// Config.MaxClockOffset, or a shard's voters' clocks do not agree: it

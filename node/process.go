@@ -76,12 +76,16 @@ func New(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// Start opens the data dir (refusing one that belongs to another cluster,
-// node or ring), starts the Raft groups of every shard this node hosts
-// (bootstrapping them on first start), binds the API listeners and starts
-// the background loops. Serve then answers. On error everything Start
-// opened is closed again.
-func (n *Node) Start() (err error) {
+// Start is StartContext without a deadline.
+func (n *Node) Start() error { return n.StartContext(context.Background()) }
+
+// StartContext opens the data dir (refusing one that belongs to another
+// cluster, node or ring), starts the Raft groups of every shard this node
+// hosts (bootstrapping them on the first start of a new cluster, once every
+// other node has said it holds no state: awaitFirstStart, which ctx ends),
+// binds the API listeners and starts the background loops. Serve then
+// answers. On error everything it opened is closed again.
+func (n *Node) StartContext(ctx context.Context) (err error) {
 	if !n.started.CompareAndSwap(false, true) {
 		return errors.New("node: already started")
 	}
@@ -91,6 +95,13 @@ func (n *Node) Start() (err error) {
 		}
 	}()
 	cfg := n.cfg
+	// Before the identity file makes the dir look used: a first start
+	// interrupted while it waits is a first start again.
+	if dataDirEmpty(cfg.DataDir) && n.bootstraps(true) {
+		if err := n.awaitFirstStart(ctx); err != nil {
+			return err
+		}
+	}
 	// The identity pins the cluster, the node and the key layout (which
 	// shard a key lives in), not the voters: a membership change keeps it.
 	id, existed, err := datadir.Check(cfg.DataDir, datadir.Identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.layout},
@@ -242,7 +253,10 @@ func (n *Node) GRPCAddr() string { return n.grpcLn.Addr().String() }
 
 // Run starts the node and serves until ctx ends, then drains (see Serve).
 func (n *Node) Run(ctx context.Context) error {
-	if err := n.Start(); err != nil {
+	if err := n.StartContext(ctx); err != nil {
+		if errors.Is(err, errStoppedBeforeFirstStart) {
+			return nil // stopped while waiting: nothing to drain
+		}
 		return err
 	}
 	return n.Serve(ctx)

@@ -1,11 +1,13 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -109,4 +111,22 @@ func errString(err error) string {
 		return "nil"
 	}
 	return err.Error()
+}
+
+// startTogether starts nodes at once, as a new cluster's nodes start: each
+// waits for the others to answer before it bootstraps (awaitFirstStart),
+// and serves (serve(i), which must call Serve or start it) as soon as its
+// Start returns, since the others ask it again then.
+func startTogether(ctx context.Context, nodes []*Node, serve func(i int)) error {
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, nn := range nodes {
+		wg.Go(func() {
+			if errs[i] = nn.StartContext(ctx); errs[i] == nil {
+				serve(i)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

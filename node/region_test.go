@@ -76,13 +76,23 @@ func startRegion(t *testing.T, n int, mod func(*Config)) *testRegion {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := nn.Start(); err != nil {
-			t.Fatal(err)
-		}
+		r.nodes, r.regs = append(r.nodes, nn), append(r.regs, reg)
+	}
+	// Together, as a new cluster's nodes start: each waits for the others
+	// to say they hold no state before it bootstraps.
+	r.cancels, r.served = make([]context.CancelFunc, len(r.nodes)), make([]chan error, len(r.nodes))
+	for i := range r.nodes {
+		r.cancels[i], r.served[i] = func() {}, make(chan error, 1)
+	}
+	err = startTogether(t.Context(), r.nodes, func(i int) {
 		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- nn.Serve(ctx) }()
-		r.nodes, r.regs, r.cancels, r.served = append(r.nodes, nn), append(r.regs, reg), append(r.cancels, cancel), append(r.served, done)
+		r.cancels[i] = cancel
+		go func() { r.served[i] <- r.nodes[i].Serve(ctx) }()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, nn := range r.nodes {
 		ccfg := client.DefaultConfig(nn.GRPCAddr()) // one endpoint: requests land on this node
 		ccfg.MaxAttempts = 1
 		ccfg.DisableRouting = true // ... and not on the leader: these tests are about forwarding
@@ -106,8 +116,10 @@ func (r *testRegion) close() {
 	for _, cl := range r.clients {
 		cl.Close()
 	}
-	for i, nn := range r.nodes {
-		r.cancels[i]()
+	for _, cancel := range r.cancels {
+		cancel()
+	}
+	for _, nn := range r.nodes {
 		nn.Close()
 	}
 }

@@ -21,7 +21,7 @@ import (
 
 var binaries map[string]string
 
-func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode") }
+func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode", "idemctl") }
 
 // startCluster starts a three-node, one-region cluster and stops it when the test ends.
 func startCluster(t testing.TB, spec cluster.Spec, extraArgs ...string) *cluster.Cluster {

@@ -1,0 +1,240 @@
+package node
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/security/auth"
+	"github.com/idem-dev/idem/security/pki"
+)
+
+// A node bootstraps its groups only on the first start of a new cluster
+// (an empty data dir and a file at version 1). An empty data dir alone does
+// not tell a new cluster from a node whose dir was emptied or lost while its
+// peers kept running: bootstrapping then would put a replica with no log and
+// no vote among voters that hold state. So before it bootstraps, a node asks
+// every other node of the file, over the nodes' gRPC port, whether it holds
+// Raft state of a group they share (ShardState), and bootstraps only once
+// every one of them answered:
+//
+//   - empty: the peer is itself waiting to bootstrap (it answers from a
+//     small server that serves ShardState alone, with nothing hosted);
+//   - or holding state that it bootstrapped after asking this node (a peer
+//     that saw every node empty, this one included, and went first).
+//
+// A peer that holds state and never asked this node belongs to a running
+// cluster: the node refuses to start with one line. A peer that does not
+// answer (down, or never started) is waited for, with a line every
+// firstStartLogEvery naming who has not answered: it may hold state.
+
+// errStoppedBeforeFirstStart: the node was stopped while it waited for
+// its peers; nothing was written, so Run ends cleanly.
+var errStoppedBeforeFirstStart = errors.New("node: stopped before the first start")
+
+// firstStartMetadata is the gRPC metadata key a node waiting to bootstrap
+// sends with its ShardState calls, with its node id: the peers it asks
+// record it (an ordinary ShardState of a running node carries none).
+const firstStartMetadata = "idem-first-start"
+
+// firstStartPoll is how often a waiting node asks the peers that have not
+// answered yet; firstStartLogEvery how often it says whom it waits for.
+const (
+	firstStartPoll     = 200 * time.Millisecond
+	firstStartLogEvery = 10 * time.Second
+)
+
+// dataDirEmpty reports whether dir is missing or empty: no identity file and
+// nothing else (a dir with other files is refused by datadir.Check).
+func dataDirEmpty(dir string) bool {
+	entries, err := os.ReadDir(dir)
+	return errors.Is(err, os.ErrNotExist) || err == nil && len(entries) == 0
+}
+
+// firstStartPeers lists, per other node of the file, the groups this node
+// shares with it: the meta group (every node of a new cluster bootstraps
+// it) and the shards of which both are voters.
+func (n *Node) firstStartPeers() map[string][]string {
+	out := map[string][]string{}
+	for _, nd := range n.cfg.Topology.Nodes() {
+		if nd.ID != n.cfg.NodeID {
+			out[nd.ID] = []string{MetaGroupID}
+		}
+	}
+	for _, s := range n.cfg.Topology.ShardsOnNode(n.cfg.NodeID) {
+		for _, v := range s.Voters {
+			if v != n.cfg.NodeID {
+				out[v] = append(out[v], s.ID)
+			}
+		}
+	}
+	return out
+}
+
+// awaitFirstStart runs before this node bootstraps on an empty data dir:
+// it answers its peers' questions and asks its own until every other node
+// answered (see above), and refuses with ErrStateLost when one holds state
+// that did not start with this node. A node without peers (--dev, a
+// one-node cluster) bootstraps at once.
+func (n *Node) awaitFirstStart(ctx context.Context) error {
+	peers := n.firstStartPeers()
+	if len(peers) == 0 {
+		return nil
+	}
+	fs := &firstStartServer{asked: map[string]bool{}}
+	stop, err := n.serveFirstStart(fs)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	ids := slices.Sorted(func(yield func(string) bool) {
+		for id := range peers {
+			if !yield(id) {
+				return
+			}
+		}
+	})
+	n.log.Info("first start: asking the other nodes whether they hold Raft state before bootstrapping", "peers", strings.Join(ids, ","))
+	answered := map[string]bool{}
+	lastLog := time.Now()
+	ticker := time.NewTicker(firstStartPoll)
+	defer ticker.Stop()
+	for {
+		var waiting []string
+		for _, id := range ids {
+			if answered[id] {
+				continue
+			}
+			group, holds, err := n.peerHoldsState(ctx, id, peers[id])
+			switch {
+			case err != nil:
+				waiting = append(waiting, id)
+			case holds && !fs.wasAsked(id):
+				return fmt.Errorf("%w: data dir %s is empty but node %s already holds Raft state of %s; "+
+					"bootstrapping here would put a replica without its log and vote among voters that hold state, so this node refuses: "+
+					"bring it back as a fresh replica with `idemctl replace-node --config FILE --id %s --data-dir %s`, or remove it with a topology change (idemctl topology apply)",
+					ErrStateLost, n.cfg.DataDir, id, groupName(group), n.cfg.NodeID, n.cfg.DataDir)
+			default: // empty, or it bootstrapped after seeing this node empty
+				answered[id] = true
+			}
+		}
+		if len(waiting) == 0 {
+			n.log.Info("first start: every other node answered; bootstrapping", "peers", strings.Join(ids, ","))
+			return nil
+		}
+		if time.Since(lastLog) >= firstStartLogEvery {
+			n.log.Warn("first start: waiting for nodes that have not answered (they may hold state, so this node does not bootstrap without them)",
+				"waiting_for", strings.Join(waiting, ","))
+			lastLog = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			n.log.Info("first start: stopped while waiting", "waiting_for", strings.Join(waiting, ","))
+			return fmt.Errorf("%w: nodes %s had not answered", errStoppedBeforeFirstStart, strings.Join(waiting, ","))
+		case <-ticker.C:
+		}
+	}
+}
+
+func groupName(id string) string {
+	if id == MetaGroupID {
+		return "the meta group"
+	}
+	return "shard " + id
+}
+
+// peerHoldsState asks node id about each of groups: holds is true, with
+// the group, when it hosts one with state (a configuration, or applied or
+// committed entries).
+func (n *Node) peerHoldsState(ctx context.Context, id string, groups []string) (group string, holds bool, err error) {
+	ctx = metadata.AppendToOutgoingContext(ctx, firstStartMetadata, n.cfg.NodeID)
+	for _, g := range groups {
+		st, err := n.shardStateOf(ctx, id, g)
+		if err != nil {
+			return "", false, err
+		}
+		if st.hosted && (len(st.members) > 0 || st.applied > 0 || st.commit > 0) {
+			return g, true, nil
+		}
+	}
+	return "", false, nil
+}
+
+// serveFirstStart serves fs on this node's gRPC address until stop, which
+// releases the address for the node's API.
+func (n *Node) serveFirstStart(fs *firstStartServer) (stop func(), err error) {
+	ln, err := n.cfg.Security.ListenGRPC(cmp.Or(n.cfg.GRPCAddr, n.self.GRPCAddr))
+	if err != nil {
+		return nil, fmt.Errorf("node: grpc listener: %w", err)
+	}
+	srv := grpc.NewServer(n.cfg.Security.GRPCServerOptions()...)
+	idemv1.RegisterTopologyServer(srv, fs)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	return func() {
+		srv.Stop()
+		<-done
+	}, nil
+}
+
+// firstStartServer answers ShardState while this node waits to bootstrap:
+// it hosts nothing yet. It records the nodes that asked in the same
+// situation (firstStartMetadata).
+type firstStartServer struct {
+	idemv1.UnimplementedTopologyServer
+	mu    sync.Mutex
+	asked map[string]bool
+}
+
+func (f *firstStartServer) ShardState(ctx context.Context, _ *idemv1.ShardStateRequest) (*idemv1.ShardStateResponse, error) {
+	if !auth.FromNodePeer(ctx) {
+		return nil, status.Error(codes.PermissionDenied, "ShardState answers node peers only")
+	}
+	if id := firstStartAsker(ctx); id != "" {
+		f.mu.Lock()
+		f.asked[id] = true
+		f.mu.Unlock()
+	}
+	return &idemv1.ShardStateResponse{}, nil
+}
+
+func (f *firstStartServer) wasAsked(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.asked[id]
+}
+
+// firstStartAsker is the node a first-start ShardState came from: the
+// metadata's id, which over TLS must be the node certificate's name;
+// "" for an ordinary ShardState.
+func firstStartAsker(ctx context.Context) string {
+	v := metadata.ValueFromIncomingContext(ctx, firstStartMetadata)
+	if len(v) == 0 {
+		return ""
+	}
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			if id := auth.PeerIdentity(&info.State); id.Kind != pki.KindNode || id.Name != v[0] {
+				return ""
+			}
+		}
+	}
+	return v[0]
+}
