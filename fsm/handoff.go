@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/idem-dev/idem/keyspace"
 )
@@ -249,8 +250,16 @@ func validHandoff(cmd *Command) bool {
 		return false
 	}
 	for _, kr := range h.Records {
-		if kr.R == nil || kr.K.Namespace == "" || kr.K.Key == "" || kr.K.Namespace[0] == '!' ||
-			!slices.Contains(h.Partitions, PartitionOf(kr.K.Namespace, kr.K.Key, h.Count)) {
+		if kr.R == nil || kr.K.Namespace == "" || kr.K.Key == "" {
+			return false
+		}
+		if kr.K.Namespace == PolicyNamespace {
+			if !h.Reset || kr.R.State != StatePolicy || kr.R.Policy == nil || !validPolicy(*kr.R.Policy) {
+				return false
+			}
+			continue
+		}
+		if kr.K.Namespace[0] == '!' || !slices.Contains(h.Partitions, PartitionOf(kr.K.Namespace, kr.K.Key, h.Count)) {
 			return false
 		}
 	}
@@ -353,6 +362,18 @@ func (f *FSM) importRecords(cmd *Command) Result {
 	}
 	for _, kr := range h.Records {
 		old, ok := f.store.Get(kr.K)
+		if kr.K.Namespace == PolicyNamespace {
+			// The source's namespace policies travel with the first import,
+			// so a group a change created enforces them; a policy the group
+			// already has is newer or the same (set-policy reaches every
+			// group) and is kept.
+			if !ok {
+				p := *kr.R.Policy
+				f.put(kr.K, nil, &Record{State: StatePolicy, ExpiresAt: math.MaxInt64, Policy: &p})
+				f.policies[kr.K.Key] = p
+			}
+			continue
+		}
 		if !ok {
 			old = nil
 		}
@@ -371,7 +392,7 @@ func (f *FSM) importRecords(cmd *Command) Result {
 func mayImport(owned bool, s partState, h *Handoff) bool {
 	switch {
 	case owned:
-		return false
+		return false // refusedAt names the epoch it was opened at: an import that already opened
 	case s.kind == partIncoming && s.epoch == h.Epoch:
 		return true
 	case !h.Reset:
@@ -471,6 +492,14 @@ func (f *FSM) Owns(namespace, key string) (owned bool, movedTo string, epoch uin
 	return ok, s.peer, s.epoch
 }
 
+// PartitionCount is the ring's partition count in the group's partition
+// table; 0 while the group has none.
+func (f *FSM) PartitionCount() uint32 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.parts.count
+}
+
 // PartitionInfo is what a group knows of one partition, for status pages
 // and the mover.
 type PartitionInfo struct {
@@ -504,6 +533,30 @@ func (f *FSM) ExportPartitions(count uint32, partitions []uint32, fn func(KeyedR
 	return f.store.ScanPartitions(count, partitions, func(k RecordKey, r *Record) bool {
 		return fn(KeyedRecord{K: k, R: r})
 	})
+}
+
+// PolicyRecords returns the group's namespace policies as the records an
+// import carries.
+func (f *FSM) PolicyRecords() []KeyedRecord {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]KeyedRecord, 0, len(f.policies))
+	for ns, p := range f.policies {
+		out = append(out, KeyedRecord{K: RecordKey{PolicyNamespace, ns}, R: &Record{State: StatePolicy, ExpiresAt: math.MaxInt64, Policy: &p}})
+	}
+	slices.SortFunc(out, func(a, b KeyedRecord) int { return strings.Compare(a.K.Key, b.K.Key) })
+	return out
+}
+
+// PartitionStates returns what the group's table says of each partition
+// it lists: "owned", "moved" or "incoming", with the epoch.
+func (f *FSM) PartitionStates() map[uint32]PartitionInfo {
+	_, list := f.Partitions()
+	out := make(map[uint32]PartitionInfo, len(list))
+	for _, pi := range list {
+		out[pi.Partition] = pi
+	}
+	return out
 }
 
 // LastToken is the highest fencing token the group has issued (its last

@@ -71,7 +71,11 @@ func move(t *testing.T, src, dst *encodedApplier, srcID, dstID string, parts []u
 	first := true
 	for len(recs) > 0 || first {
 		n := min(batch, len(recs))
-		dst.must(handoffCmd(OpImport, now, Handoff{Partitions: parts, Epoch: epoch, Peer: srcID, Floor: fr.FencingToken, Reset: first, Records: recs[:n]}), OutcomeOK)
+		records := recs[:n]
+		if first { // the source's policies travel with the first import
+			records = append(src.f.PolicyRecords(), records...)
+		}
+		dst.must(handoffCmd(OpImport, now, Handoff{Partitions: parts, Epoch: epoch, Peer: srcID, Floor: fr.FencingToken, Reset: first, Records: records}), OutcomeOK)
 		recs, first = recs[n:], false
 	}
 	dst.must(handoffCmd(OpOpen, now, Handoff{Partitions: parts, Epoch: epoch, Peer: srcID}), OutcomeOK)
@@ -94,6 +98,8 @@ func TestHandoffKeepsEveryPromise(t *testing.T) {
 	// The source's history: completed, in progress with a checkpoint,
 	// released, and a tombstone (a completed key past retention, swept).
 	now := t0
+	policy := Policy{MaxLease: 90 * sec, Tombstone: 3600 * sec, TombstoneSet: true}
+	src.must(&Command{Op: OpSetPolicy, Namespace: "ns", Now: now, Policy: &policy}, OutcomeOK)
 	responses := map[string]Result{}
 	for i, k := range moving {
 		owner := "owner-" + k
@@ -143,7 +149,14 @@ func TestHandoffKeepsEveryPromise(t *testing.T) {
 	src.must(heartbeatCmd(staying[0], "owner-"+staying[0], now), OutcomeOK)
 	dst.must(reserveCmd(staying[0], "x", "fp", now), OutcomeMoved)
 
-	// The destination keeps every promise.
+	// The destination keeps every promise, and enforces the source's
+	// namespace policy.
+	if p, ok := dst.f.Policy("ns"); !ok || p != policy {
+		t.Fatalf("policy at the destination: %+v %v", p, ok)
+	}
+	over := reserveCmd(moving[2], "x", "fp-"+moving[2], now)
+	over.Lease = 100 * sec
+	dst.must(over, OutcomeLimitExceeded)
 	now += sec
 	for i, k := range moving {
 		owner := "owner-" + k

@@ -100,7 +100,7 @@ func (c *clocks) setPeers(v *view) {
 	seats := v.seats(self)
 	seen := map[string]bool{self: true}
 	var peers []string
-	for _, s := range v.ring.Shards() {
+	for _, s := range v.placer.Shards() {
 		if !seats[s.ID] {
 			continue
 		}

@@ -26,9 +26,15 @@ type view struct {
 	active *topology.Topology
 	target *topology.Topology // nil unless a change runs
 	dead   []string
-	// ring places keys and carries the active placement's voters: stamping
-	// and admission use them.
+	// ring is the active topology's ring, with its voters: stamping and
+	// admission use them, and the Routing RPC describes it.
 	ring *topology.Ring
+	// placer places keys: ring, or while a change moves keys between
+	// shards, a blend of ring and the target's ring (a partition the change
+	// moved by the target's). Its shards are the active and the target's.
+	placer *topology.Ring
+	// moved is how many partitions the running change has moved.
+	moved int
 	// targetVoters are the voters the target placement gives each shard
 	// (nil without a change).
 	targetVoters map[string][]string
@@ -66,14 +72,14 @@ func (n *Node) seatedInView(group, node string) bool {
 		_, ok := v.node(node)
 		return ok
 	}
-	info, ok := v.ring.ShardByID(group)
+	info, ok := v.placer.ShardByID(group)
 	return ok && slices.Contains(v.forwardShard(info).Voters, node)
 }
 
 // seats lists the shards in which node id holds or is to hold a seat.
 func (v *view) seats(id string) map[string]bool {
 	out := map[string]bool{}
-	for _, s := range v.ring.Shards() {
+	for _, s := range v.placer.Shards() {
 		if s.HasVoter(id) || slices.Contains(v.targetVoters[s.ID], id) {
 			out[s.ID] = true
 		}
@@ -129,21 +135,37 @@ func (n *Node) ownAddrs(nodes []topology.Node) []topology.Node {
 	return out
 }
 
-// newView builds the view of active (and target), with ring parameters
-// and shard set checked against the ring this node places keys with.
-func newView(active, target *topology.Topology, dead []string, fromMeta bool) (*view, error) {
+// newView builds the view of active (and target, with the partitions moved
+// so far).
+func newView(active, target *topology.Topology, dead []string, moved map[uint32]bool, fromMeta bool) (*view, error) {
 	ring, err := topology.NewRing(active)
 	if err != nil {
 		return nil, err
 	}
-	v := &view{active: active, target: target, dead: dead, ring: ring, fromMeta: fromMeta}
+	v := &view{active: active, target: target, dead: dead, ring: ring, placer: ring, fromMeta: fromMeta}
 	if target != nil {
 		v.targetVoters = map[string][]string{}
 		for _, s := range target.Shards() {
 			v.targetVoters[s.ID] = s.Voters
 		}
+		next, err := topology.NewRing(target)
+		if err != nil {
+			return nil, err
+		}
+		v.placer = ring.Blend(next, func(p uint32) bool { return moved[p] })
+		v.moved = len(moved)
 	}
 	return v, nil
+}
+
+// created reports whether shard id is one the running change creates.
+func (v *view) created(id string) bool {
+	if v.target == nil {
+		return false
+	}
+	_, inActive := v.ring.ShardByID(id)
+	_, inTarget := v.target.ShardByID(id)
+	return inTarget && !inActive
 }
 
 func (n *Node) view() *view { return n.viewp.Load() }
@@ -152,7 +174,7 @@ func (n *Node) view() *view { return n.viewp.Load() }
 // a running change's target too when withTarget.
 func (n *Node) voters(id string, withTarget bool) []string {
 	v := n.view()
-	info, ok := v.ring.ShardByID(id)
+	info, ok := v.placer.ShardByID(id)
 	if !ok {
 		return nil
 	}
@@ -244,6 +266,18 @@ func (n *Node) startMode(id string, bootstrap bool) raftstore.StartMode {
 		return raftstore.StartBootstrap
 	}
 	return raftstore.StartJoin
+}
+
+// seatStart is how this node opens its replica of shard info in view v
+// (startMode; bootstrap: the first start of a new cluster's node): a shard
+// the running change creates is bootstrapped by its preferred leader with
+// the target's voters, which join it.
+func (n *Node) seatStart(v *view, info topology.Shard, bootstrap bool) raftstore.StartMode {
+	start := n.startMode(info.ID, bootstrap)
+	if start == raftstore.StartJoin && !n.identity.Rejoining && v.created(info.ID) && len(info.Voters) > 0 && info.Voters[0] == n.cfg.NodeID {
+		return raftstore.StartBootstrap
+	}
+	return start
 }
 
 // bootstraps reports whether this start is the first of a new cluster's
@@ -358,9 +392,10 @@ func (n *Node) refreshView(ctx context.Context) {
 	if mv.active != nil {
 		changed := !cur.fromMeta || cur.active.EffectiveVersion() != mv.active.EffectiveVersion() ||
 			(cur.target == nil) != (mv.target == nil) ||
-			(cur.target != nil && mv.target != nil && cur.target.EffectiveVersion() != mv.target.EffectiveVersion())
+			(cur.target != nil && mv.target != nil && cur.target.EffectiveVersion() != mv.target.EffectiveVersion()) ||
+			cur.moved != len(mv.moved)
 		if changed {
-			v, err := newView(mv.active, mv.target, mv.dead, true)
+			v, err := newView(mv.active, mv.target, mv.dead, mv.moved, true)
 			if err != nil {
 				n.log.Error("topology from the meta group unusable", "error", err)
 				return
@@ -375,7 +410,7 @@ func (n *Node) refreshView(ctx context.Context) {
 			if fileV := n.cfg.Topology.EffectiveVersion(); fileV < v.version() {
 				n.log.Info("following the cluster's topology version", "file_version", fileV, "active_version", v.version())
 			}
-			n.log.Info("topology view", "active_version", v.version(), "target_version", versionOf(mv.target), "dead", mv.dead)
+			n.log.Info("topology view", "active_version", v.version(), "target_version", versionOf(mv.target), "dead", mv.dead, "partitions_moved", v.moved)
 			n.viewp.Store(v)
 			next = v
 		}
@@ -409,16 +444,21 @@ func versionOf(t *topology.Topology) int {
 func (n *Node) reconcileSeats(ctx context.Context, v *view) {
 	want := v.seats(n.cfg.NodeID)
 	hosted := n.shardMap()
-	for _, info := range v.ring.Shards() {
+	for _, info := range v.placer.Shards() {
 		if !want[info.ID] || hosted[info.ID] != nil {
 			continue
 		}
 		forward := v.forwardShard(info)
-		if err := n.openShard(v, forward, n.startMode(info.ID, false)); err != nil {
+		start := n.seatStart(v, info, false)
+		if err := n.openShard(v, forward, start); err != nil {
 			n.log.Error("could not open a replica for a new seat", "shard", info.ID, "error", err)
 			continue
 		}
-		n.log.Info("replica opened for a new seat: it catches up as a learner", "shard", info.ID)
+		if start == raftstore.StartBootstrap {
+			n.log.Info("replica opened for a shard the topology change creates: bootstrapped with its voters", "shard", info.ID, "voters", info.Voters)
+		} else {
+			n.log.Info("replica opened for a new seat: it catches up as a learner", "shard", info.ID)
+		}
 	}
 	if n.metaGroup.Stats().LastLogIndex > 0 {
 		if err := n.writeSeatMarker(MetaGroupID); err != nil {
@@ -432,6 +472,18 @@ func (n *Node) reconcileSeats(ctx context.Context, v *view) {
 			}
 		}
 		if want[id] || v.target != nil || !v.fromMeta {
+			continue
+		}
+		if _, ok := v.ring.ShardByID(id); !ok {
+			// The change that removed the shard is done: its partitions
+			// moved out before it was activated, so the group serves
+			// nothing. Its replicas close; its state stays parked.
+			n.setShard(id, nil)
+			if err := n.host.RemoveGroup(id); err != nil {
+				n.log.Warn("closing the replica of a removed shard", "shard", id, "error", err)
+			}
+			n.park(id, s.sm)
+			n.log.Info("replica closed: the shard was removed by a topology change", "shard", id)
 			continue
 		}
 		// The change that took this seat away is done: the leader removed
@@ -453,7 +505,7 @@ func (n *Node) reconcileSeats(ctx context.Context, v *view) {
 // leaderDropped reports whether the leader of shard id, found among the
 // shard's voters in v, has this node in none of its members.
 func (n *Node) leaderDropped(ctx context.Context, v *view, id string) bool {
-	info, ok := v.ring.ShardByID(id)
+	info, ok := v.placer.ShardByID(id)
 	if !ok {
 		return false
 	}

@@ -25,12 +25,15 @@ type metaCommand struct {
 	// Op is "init" (record the first active topology, once), "target"
 	// (store the target of a change), "activate" (the change is done: the
 	// target becomes the active topology) or "progress" (a step of the
-	// running change was taken at At).
+	// running change was taken at At), "moved" (Partitions of the running
+	// change's Version now live in their target shard).
 	Op       string          `json:"op"`
 	Topology json.RawMessage `json:"topology,omitempty"`
 	Dead     []string        `json:"dead,omitempty"`
 	Version  int             `json:"version,omitempty"`
 	At       int64           `json:"at,omitempty"` // unix nanos, the proposer's clock
+	// Partitions (moved) are ring partitions, ascending.
+	Partitions []uint32 `json:"partitions,omitempty"`
 }
 
 // metaRecord is the meta state as stored in snapshots.
@@ -42,6 +45,10 @@ type metaRecord struct {
 	LastProgress  int64           `json:"last_progress,omitempty"`
 	// Left lists the nodes the last change removed: they may be stopped.
 	Left []string `json:"left,omitempty"`
+	// Moved lists the ring partitions the running change has moved to
+	// their target shard, ascending; the others are still where the
+	// active topology puts them.
+	Moved []uint32 `json:"moved,omitempty"`
 }
 
 // metaView is a consistent read of the meta state. active is nil until
@@ -51,6 +58,9 @@ type metaView struct {
 	dead, left                  []string
 	changeStarted, lastProgress int64
 	applied                     uint64
+	// moved is the set of partitions the running change moved (shared,
+	// read-only).
+	moved map[uint32]bool
 }
 
 // voters returns shard id's voters in the active topology, then those
@@ -141,7 +151,7 @@ func (m *metaSM) Apply(index uint64, data []byte) any {
 				return fmt.Errorf("--dead %s: the new topology still lists it; a dead node must leave", d)
 			}
 		}
-		rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left = cmd.Topology, slices.Clone(cmd.Dead), cmd.At, cmd.At, nil
+		rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left, rec.Moved = cmd.Topology, slices.Clone(cmd.Dead), cmd.At, cmd.At, nil, nil
 	case "activate":
 		if m.view.target == nil || m.view.target.EffectiveVersion() != cmd.Version {
 			return nil // already activated: a repeated step
@@ -152,7 +162,19 @@ func (m *metaSM) Apply(index uint64, data []byte) any {
 				left = append(left, nd.ID)
 			}
 		}
-		rec.Active, rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left = rec.Target, nil, nil, 0, 0, left
+		rec.Active, rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left, rec.Moved = rec.Target, nil, nil, 0, 0, left, nil
+	case "moved":
+		if m.view.target == nil || m.view.target.EffectiveVersion() != cmd.Version {
+			return fmt.Errorf("meta: partitions moved for version %d, the running change is %d", cmd.Version, versionOf(m.view.target))
+		}
+		moved := slices.Clone(rec.Moved)
+		for _, p := range cmd.Partitions {
+			if !m.view.moved[p] {
+				moved = append(moved, p)
+			}
+		}
+		slices.Sort(moved)
+		rec.Moved = moved
 	case "progress":
 		if m.view.target != nil && cmd.At > rec.LastProgress {
 			rec.LastProgress = cmd.At
@@ -174,7 +196,12 @@ func (m *metaSM) set(rec metaRecord, applied uint64) error {
 		return fmt.Errorf("meta: stored target topology: %w", err)
 	}
 	m.rec = rec
-	m.view = metaView{active: active, target: target, dead: rec.Dead, left: rec.Left, changeStarted: rec.ChangeStarted, lastProgress: rec.LastProgress, applied: applied}
+	moved := make(map[uint32]bool, len(rec.Moved))
+	for _, p := range rec.Moved {
+		moved[p] = true
+	}
+	m.view = metaView{active: active, target: target, dead: rec.Dead, left: rec.Left, changeStarted: rec.ChangeStarted, lastProgress: rec.LastProgress,
+		applied: applied, moved: moved}
 	close(m.changed)
 	m.changed = make(chan struct{})
 	return nil

@@ -47,9 +47,16 @@ const (
 // moveStep is one step the mover takes.
 type moveStep struct {
 	shard, op, node, addr string
+	// partitions (handoff) move from shard to node, which names a shard.
+	partitions []uint32
 }
 
-func (s moveStep) String() string { return fmt.Sprintf("%s %s %s", s.shard, s.op, s.node) }
+func (s moveStep) String() string {
+	if s.op == "handoff" {
+		return fmt.Sprintf("%s handoff of %d partitions to %s", s.shard, len(s.partitions), s.node)
+	}
+	return fmt.Sprintf("%s %s %s", s.shard, s.op, s.node)
+}
 
 // runMover takes a step whenever this node leads the meta group and a
 // change runs.
@@ -90,6 +97,10 @@ type shardState struct {
 	applied uint64
 	commit  uint64
 	members []raftstore.Member
+	// partitionCount is the group's partition table's (0: none adopted);
+	// features what the node's release can do.
+	partitionCount uint32
+	features       []string
 }
 
 // localShardState is this node's ShardState for shard id.
@@ -107,6 +118,10 @@ func (n *Node) localShardState(id string) shardState {
 	stats := g.Stats()
 	st.hosted, st.leader, st.applied, st.commit = true, g.IsLeader(), stats.AppliedIndex, stats.CommitIndex
 	st.members, _ = g.Members()
+	st.features = []string{FeaturePartitionHandoff}
+	if s := n.shard(id); s != nil {
+		st.partitionCount = s.fsm.PartitionCount()
+	}
 	return st
 }
 
@@ -125,7 +140,8 @@ func (n *Node) shardStateOf(ctx context.Context, id, shard string) (shardState, 
 	if err != nil {
 		return shardState{}, err
 	}
-	st := shardState{node: id, hosted: resp.GetHosted(), leader: resp.GetLeader(), applied: resp.GetAppliedIndex(), commit: resp.GetCommitIndex()}
+	st := shardState{node: id, hosted: resp.GetHosted(), leader: resp.GetLeader(), applied: resp.GetAppliedIndex(), commit: resp.GetCommitIndex(),
+		partitionCount: resp.GetPartitionCount(), features: resp.GetFeatures()}
 	for _, m := range resp.GetMembers() {
 		st.members = append(st.members, raftstore.Member{ID: m.GetId(), Addr: m.GetAddr(), Voter: m.GetVoter()})
 	}
@@ -198,6 +214,10 @@ func (n *Node) nextStep(ctx context.Context, mv metaView) (moveStep, bool, error
 			return step, false, err
 		}
 	}
+	// Every shard has its target voters: keys whose shard changes move.
+	if step, ok, err := n.layoutStep(ctx, mv); err != nil || ok {
+		return step, false, err
+	}
 	// The meta group: promote its target voters, then remove the members
 	// that leave (after handing its leadership over if this node leaves).
 	metaLeader := n.localShardState(MetaGroupID)
@@ -264,6 +284,14 @@ func (n *Node) shardStep(ctx context.Context, shard string, voters []string, ls 
 // takeStep runs step on the group's leader (here, or through the
 // ChangeMember RPC).
 func (n *Node) takeStep(ctx context.Context, step moveStep) error {
+	switch step.op {
+	case "adopt":
+		mv, _ := n.meta.read()
+		return n.adopt(ctx, mv, step.shard)
+	case "handoff":
+		mv, _ := n.meta.read()
+		return n.handoff(ctx, mv, step.shard, step.node, step.partitions)
+	}
 	var leader string
 	if step.shard == MetaGroupID {
 		leader = n.cfg.NodeID

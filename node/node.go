@@ -140,7 +140,7 @@ func (n *Node) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) 
 // (other nodes' and routers' forwarders learn leaders from it).
 func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res fsm.Result, leader string, err error) {
 	v := n.view()
-	info := v.ring.Locate(cmd.Namespace, cmd.Key)
+	info := v.placer.Locate(cmd.Namespace, cmd.Key)
 	if cmd.Op == fsm.OpReserve && cmd.Wait > 0 {
 		// A waiting reserve holds a goroutine and a stream for up to 30 s:
 		// past --max-waiters on this node it is answered at once, as with
@@ -162,6 +162,11 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 			res, leader, done, err = n.proposeLocal(ctx, s, info, cmd)
 		}
 		if done {
+			if err == nil && res.Outcome == fsm.OutcomeMoved {
+				return n.movedAway(ctx, info, cmd.Namespace, cmd.Key, res.MovedTo, hops, func(hops int) (fsm.Result, string, error) {
+					return n.ApplyRouted(ctx, cmd, hops)
+				})
+			}
 			return res, leader, err
 		}
 		prefer = leader
@@ -174,6 +179,28 @@ func (n *Node) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (res
 		}
 	}
 	return res, leader, err
+}
+
+// maxMovedHops bounds how often a command is sent on after a shard
+// answered that the key's partition moved.
+const maxMovedHops = 3
+
+// movedAway answers for a key whose shard (info) no longer serves it: its
+// partition moved to shard movedTo, or is moving ("" while it is being
+// imported). Once this node's view places the key on another shard, again
+// (hops: how often the request travelled already) is run; until then, and
+// past maxMovedHops, the caller is asked to retry in a moment, which the
+// contract allows while a key's shard hands over.
+func (n *Node) movedAway(ctx context.Context, info topology.Shard, namespace, key, movedTo string, hops int, again func(hops int) (fsm.Result, string, error)) (fsm.Result, string, error) {
+	if next := n.view().placer.Locate(namespace, key); next.ID != info.ID && hops < maxMovedHops {
+		return again(hops + 1)
+	}
+	where := "to another shard"
+	if movedTo != "" {
+		where = "to shard " + movedTo
+	}
+	return fsm.Result{}, "", &server.UnavailableError{RetryAfter: time.Second,
+		Reason: fmt.Sprintf("shard %s: the key's partition is moving %s (a topology change): retry with the same owner token after Retry-After", info.ID, where)}
 }
 
 // proposeLocal proposes cmd to this node's replica s of the key's shard.
@@ -248,11 +275,22 @@ func (n *Node) Get(ctx context.Context, namespace, key string) (fsm.Record, bool
 // leader after a read barrier, otherwise forwarded to the leader.
 func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (fsm.Record, bool, string, error) {
 	v := n.view()
-	info := v.ring.Locate(namespace, key)
+	info := v.placer.Locate(namespace, key)
 	prefer := ""
 	if s := n.shard(info.ID); s != nil {
 		err := s.group.ReadBarrier(ctx)
 		if err == nil {
+			if owned, movedTo, _ := s.fsm.Owns(namespace, key); !owned {
+				var rec fsm.Record
+				var found bool
+				_, leader, err := n.movedAway(ctx, info, namespace, key, movedTo, hops, func(hops int) (fsm.Result, string, error) {
+					var leader string
+					var err error
+					rec, found, leader, err = n.GetRouted(ctx, namespace, key, hops)
+					return fsm.Result{}, leader, err
+				})
+				return rec, found, leader, err
+			}
 			rec, ok := s.fsm.Get(namespace, key, n.now())
 			return rec, ok, n.cfg.NodeID, nil
 		}
@@ -274,7 +312,7 @@ func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (
 // each shard's part read on its leader (here after a read barrier, or
 // forwarded).
 func (n *Node) List(ctx context.Context, q backend.ListQuery) (backend.ListPage, error) {
-	return backend.ListShards(ctx, router.ShardIDs(n.view().ring), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
+	return backend.ListShards(ctx, router.ShardIDs(n.view().placer), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
 		return n.ListShard(ctx, id, sq, 0)
 	})
 }
@@ -284,7 +322,7 @@ func (n *Node) List(ctx context.Context, q backend.ListQuery) (backend.ListPage,
 // otherwise forwarded to the leader (hops: how often it was forwarded).
 func (n *Node) ListShard(ctx context.Context, id string, q backend.ShardQuery, hops int) (fsm.ListPage, error) {
 	v := n.view()
-	info, ok := v.ring.ShardByID(id)
+	info, ok := v.placer.ShardByID(id)
 	if !ok {
 		return fsm.ListPage{}, &backend.Error{Code: server.CodeInvalidArgument, Message: fmt.Sprintf("no shard %q in this cluster's ring", id)}
 	}

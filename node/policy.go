@@ -23,7 +23,7 @@ import (
 // SetPolicy implements backend.Policies: cmd is proposed to every shard's
 // leader (here, or forwarded) and SetPolicy returns once all applied it.
 func (n *Node) SetPolicy(ctx context.Context, cmd *fsm.Command) (fsm.Policy, error) {
-	err := backend.SetPolicyShards(ctx, router.ShardIDs(n.view().ring), func(ctx context.Context, id string) error {
+	err := backend.SetPolicyShards(ctx, router.ShardIDs(n.view().placer), func(ctx context.Context, id string) error {
 		return n.SetShardPolicy(ctx, id, cmd, 0)
 	})
 	if err != nil {
@@ -36,7 +36,7 @@ func (n *Node) SetPolicy(ctx context.Context, cmd *fsm.Command) (fsm.Policy, err
 // when this node leads it, otherwise forwarded to the leader.
 func (n *Node) SetShardPolicy(ctx context.Context, id string, cmd *fsm.Command, hops int) error {
 	v := n.view()
-	info, ok := v.ring.ShardByID(id)
+	info, ok := v.placer.ShardByID(id)
 	if !ok {
 		return &backend.Error{Code: server.CodeInvalidArgument, Message: fmt.Sprintf("no shard %q in this cluster's ring", id)}
 	}

@@ -33,7 +33,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	cfg = cfg.withDefaults()
 	self, _ := cfg.Topology.NodeByID(cfg.NodeID)
-	v, err := newView(cfg.Topology, nil, nil, false)
+	v, err := newView(cfg.Topology, nil, nil, nil, false)
 	if err != nil {
 		return nil, err
 	}
@@ -102,10 +102,13 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	// The identity pins the cluster, the node and the key layout (which
-	// shard a key lives in), not the voters: a membership change keeps it.
+	// The identity pins the cluster, the node and the key layout (the ring
+	// parameters that place keys in partitions), not the shard set or the
+	// voters: topology changes keep it. Identities of earlier releases
+	// (which pinned the shard set, or the voters too) are rewritten once.
+	ring := n.view().ring
 	id, existed, err := datadir.Check(cfg.DataDir, datadir.Identity{Cluster: cfg.Topology.Cluster, NodeID: cfg.NodeID, RingFingerprint: n.layout},
-		n.view().ring.Fingerprint())
+		ring.Fingerprint(), ring.ShardLayoutFingerprint())
 	if err != nil {
 		return err
 	}
@@ -162,7 +165,7 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	// (refreshView).
 	v := n.view()
 	if mv, _ := n.meta.read(); mv.active != nil {
-		if nv, err := newView(mv.active, mv.target, mv.dead, true); err == nil && nv.ring.LayoutFingerprint() == n.layout {
+		if nv, err := newView(mv.active, mv.target, mv.dead, mv.moved, true); err == nil && nv.ring.LayoutFingerprint() == n.layout {
 			v = nv
 			n.viewp.Store(v)
 		}
@@ -172,14 +175,14 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 		fileSeats[s.ID] = true
 	}
 	seats := v.seats(cfg.NodeID)
-	for _, info := range v.ring.Shards() {
+	for _, info := range v.placer.Shards() {
 		if !seats[info.ID] && !(fileSeats[info.ID] && n.hasSeatMarker(info.ID)) {
 			continue
 		}
 		if !seats[info.ID] && v.fromMeta {
 			continue // a seat this node gave up in a change it missed
 		}
-		if err := n.openShard(v, v.forwardShard(info), n.startMode(info.ID, n.bootstraps(!existed))); err != nil {
+		if err := n.openShard(v, v.forwardShard(info), n.seatStart(v, info, n.bootstraps(!existed))); err != nil {
 			return err
 		}
 	}

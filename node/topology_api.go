@@ -47,6 +47,10 @@ type TopologyProgress struct {
 	LastStepAt    time.Time       `json:"last_step_at,omitzero"`
 	Stalled       bool            `json:"stalled"`
 	LeaderUnknown []string        `json:"leader_unknown,omitempty"`
+	// PartitionsTotal is how many ring partitions the change moves to
+	// another shard; PartitionsMoved how many it has moved.
+	PartitionsTotal int `json:"partitions_total"`
+	PartitionsMoved int `json:"partitions_moved"`
 }
 
 // ShardProgress is one shard a change has not finished.
@@ -97,6 +101,21 @@ func (n *Node) topologyDocument(ctx context.Context) (*TopologyDocument, error) 
 			continue
 		}
 		p.Left = append(p.Left, sp)
+	}
+	if from, err := topology.NewRing(mv.active); err == nil {
+		if to, err := topology.NewRing(mv.target); err == nil {
+			for _, m := range from.Moves(to) {
+				p.PartitionsTotal += len(m.Partitions)
+			}
+		}
+	}
+	p.PartitionsMoved = len(mv.moved)
+	for _, s := range mv.active.Shards() {
+		if _, kept := mv.target.ShardByID(s.ID); !kept {
+			for _, v := range s.Voters { // a removed shard serves until its partitions moved out
+				holding[v] = true
+			}
+		}
 	}
 	for _, nd := range mv.active.Nodes() {
 		if _, stays := mv.target.NodeByID(nd.ID); stays {
@@ -260,7 +279,8 @@ func (t *topologyService) ShardState(ctx context.Context, req *idemv1.ShardState
 		return nil, status.Error(codes.PermissionDenied, "ShardState answers node peers only")
 	}
 	st := t.n.localShardState(req.GetShard())
-	resp := &idemv1.ShardStateResponse{Hosted: st.hosted, Leader: st.leader, AppliedIndex: st.applied, CommitIndex: st.commit}
+	resp := &idemv1.ShardStateResponse{Hosted: st.hosted, Leader: st.leader, AppliedIndex: st.applied, CommitIndex: st.commit,
+		PartitionCount: st.partitionCount, Features: []string{FeaturePartitionHandoff}}
 	if st.hosted {
 		if id := req.GetShard(); id == MetaGroupID {
 			resp.LeaderId, _ = t.n.metaGroup.Leader()
@@ -351,8 +371,12 @@ type topoMetrics struct {
 	inProgress prometheus.Gauge
 	stalled    prometheus.Gauge
 	keysMoved  prometheus.Counter
-	steps      *prometheus.CounterVec
-	log        *slog.Logger
+	// bytesMoved, partitionsMoved and pause describe the partition
+	// handoffs this node drove.
+	bytesMoved, partitionsMoved prometheus.Counter
+	pause                       prometheus.Histogram
+	steps                       *prometheus.CounterVec
+	log                         *slog.Logger
 }
 
 func newTopoMetrics() *topoMetrics {
@@ -364,14 +388,21 @@ func newTopoMetrics() *topoMetrics {
 		stalled: prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_topology_change_stalled",
 			Help: "1 when a running topology change has taken no step for 10 minutes (alert on it), 0 otherwise."}),
 		keysMoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_topology_keys_moved_total",
-			Help: "Keys moved to another shard by topology changes; membership changes move none."}),
+			Help: "Records moved to another shard by the topology changes this node drove (as the meta group's leader); membership changes move none."}),
+		bytesMoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_topology_bytes_moved_total",
+			Help: "Bytes of records moved to another shard by the topology changes this node drove."}),
+		partitionsMoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_topology_partitions_moved_total",
+			Help: "Ring partitions moved to another shard by the topology changes this node drove."}),
+		pause: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "idem_topology_handoff_pause_seconds",
+			Help:    "How long one batch of moving partitions paused writes (from the source's freeze to the destination's open).",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
 		steps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_topology_steps_total",
-			Help: "Membership steps this node took as the driver of a topology change, by step (add_learner, promote, remove, demote, transfer_leader)."}, []string{"step"}),
+			Help: "Steps this node took as the driver of a topology change, by step (add_learner, promote, remove, demote, transfer_leader, adopt, handoff)."}, []string{"step"}),
 	}
 }
 
 func (m *topoMetrics) register(r *prometheus.Registry) error {
-	for _, c := range []prometheus.Collector{m.version, m.inProgress, m.stalled, m.keysMoved, m.steps} {
+	for _, c := range []prometheus.Collector{m.version, m.inProgress, m.stalled, m.keysMoved, m.bytesMoved, m.partitionsMoved, m.pause, m.steps} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

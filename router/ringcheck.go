@@ -55,9 +55,12 @@ func (c *RingCheck) Check(ctx context.Context) (answered bool, err error) {
 			}
 			continue
 		}
-		// Nodes report their key layout (Ring.LayoutFingerprint): voters
-		// change online, where keys live does not.
-		if st.GetCluster() != c.ring.Cluster() || (st.GetRingFingerprint() != "" && st.GetRingFingerprint() != c.ring.LayoutFingerprint()) {
+		// Nodes report their key layout (Ring.LayoutFingerprint: the
+		// cluster and the ring parameters, which voters and shard-set
+		// changes keep); releases before shards could change reported the
+		// shard set too (Ring.ShardLayoutFingerprint).
+		fp := st.GetRingFingerprint()
+		if st.GetCluster() != c.ring.Cluster() || (fp != "" && fp != c.ring.LayoutFingerprint() && fp != c.ring.ShardLayoutFingerprint()) {
 			return true, fmt.Errorf("%w: node %s belongs to cluster %q with key layout %s, this topology gives cluster %q with key layout %s; use the topology file the cluster was created with",
 				ErrRingMismatch, n.ID, st.GetCluster(), st.GetRingFingerprint(), c.ring.Cluster(), c.ring.LayoutFingerprint())
 		}

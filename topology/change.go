@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -74,9 +75,15 @@ type Change struct {
 	// of every joining node, whichever is more).
 	SeatsMoved    int `json:"seats_moved"`
 	MinSeatsMoved int `json:"min_seats_moved"`
-	// KeysMovedShare is the share of keys whose home shard changes: 0 for
-	// the membership changes this release applies.
-	KeysMovedShare float64 `json:"keys_moved_share"`
+	// ShardsCreated and ShardsRemoved list the shards only the new or only
+	// the active file has (shards_per_region or the regions changed).
+	ShardsCreated []string `json:"shards_created,omitempty"`
+	ShardsRemoved []string `json:"shards_removed,omitempty"`
+	// KeysMovedShare is the share of keys whose home shard changes (their
+	// ring partitions move to another shard's Raft group, records and
+	// all); RegionMovedShare the share whose home region changes.
+	KeysMovedShare   float64 `json:"keys_moved_share"`
+	RegionMovedShare float64 `json:"region_moved_share"`
 	// Meta is the meta group's voters after the change.
 	MetaVoters []string `json:"meta_voters"`
 }
@@ -92,7 +99,7 @@ type ShardChange struct {
 
 // Empty reports whether the change moves nothing.
 func (c *Change) Empty() bool {
-	return len(c.Joining) == 0 && len(c.Leaving) == 0 && len(c.Shards) == 0
+	return len(c.Joining) == 0 && len(c.Leaving) == 0 && len(c.Shards) == 0 && len(c.ShardsCreated) == 0 && len(c.ShardsRemoved) == 0
 }
 
 // PlanError lists every reason a new file cannot be applied to the
@@ -106,9 +113,9 @@ func (e *PlanError) Error() string {
 // Plan compares next with the cluster's active topology and returns the
 // change applying it makes, or a *PlanError with every reason it cannot be
 // applied: a changed cluster name or ring section (never allowed), a
-// version other than the active one + 1, a changed set of regions or
-// shards_per_region (keys would change home shard: not done by this
-// release), or a file Validate refuses. Both must be valid topologies
+// version other than the active one + 1, a node that changes region, or a
+// file Validate refuses. Regions and shards_per_region may change: whole
+// ring partitions then move to other shards (Change.KeysMovedShare). Both must be valid topologies
 // unless the error says otherwise.
 func Plan(active, next *Topology) (*Change, error) {
 	var reasons []string
@@ -125,14 +132,6 @@ func Plan(active, next *Topology) (*Change, error) {
 		reasons = append(reasons, fmt.Sprintf("version: %d, the active version is %d: a change must say version: %d",
 			next.EffectiveVersion(), active.EffectiveVersion(), want))
 	}
-	if a, b := regionSet(active), regionSet(next); !slices.Equal(a, b) {
-		reasons = append(reasons, fmt.Sprintf("regions: %s, the cluster has %s: adding or removing a region moves keys to other shards, which this release does not do online",
-			strings.Join(b, ","), strings.Join(a, ",")))
-	}
-	if active.ShardsPerRegion != next.ShardsPerRegion {
-		reasons = append(reasons, fmt.Sprintf("shards_per_region: %d, the cluster has %d: changing it moves keys to other shards, which this release does not do online",
-			next.ShardsPerRegion, active.ShardsPerRegion))
-	}
 	for _, n := range next.Nodes() {
 		if o, ok := active.NodeByID(n.ID); ok && o.Region != n.Region {
 			reasons = append(reasons, fmt.Sprintf("node %s: moved from region %s to %s: remove it and add a node with a new id instead", n.ID, o.Region, n.Region))
@@ -141,16 +140,14 @@ func Plan(active, next *Topology) (*Change, error) {
 	if len(reasons) > 0 {
 		return nil, &PlanError{Reasons: reasons}
 	}
-	return diff(active, next), nil
-}
-
-func regionSet(t *Topology) []string {
-	var out []string
-	for _, r := range t.Regions {
-		out = append(out, r.Name)
+	c := diff(active, next)
+	from, err1 := NewRing(active)
+	to, err2 := NewRing(next)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, &PlanError{Reasons: []string{err.Error()}}
 	}
-	slices.Sort(out)
-	return out
+	c.KeysMovedShare, c.RegionMovedShare = from.MovedShares(to)
+	return c, nil
 }
 
 // diff computes the change between two valid topologies with the same
@@ -173,6 +170,18 @@ func diff(active, next *Topology) *Change {
 	before := map[string]Shard{}
 	for _, s := range active.Shards() {
 		before[s.ID] = s
+	}
+	after := map[string]bool{}
+	for _, s := range next.Shards() {
+		after[s.ID] = true
+		if _, ok := before[s.ID]; !ok {
+			c.ShardsCreated = append(c.ShardsCreated, s.ID)
+		}
+	}
+	for _, s := range active.Shards() {
+		if !after[s.ID] {
+			c.ShardsRemoved = append(c.ShardsRemoved, s.ID)
+		}
 	}
 	filled := 0 // seats that must be filled: of leaving nodes, or new ones
 	for _, s := range next.Shards() {

@@ -99,23 +99,72 @@ func TestPlanRefusesWithEveryReason(t *testing.T) {
 	bad.Version = 5
 	bad.Cluster = "other"
 	bad.Ring.PartitionCount = 1031
-	bad.ShardsPerRegion = 2
 	_, err := Plan(base, bad)
 	var pe *PlanError
 	if !errors.As(err, &pe) {
 		t.Fatalf("Plan: %v, want a *PlanError", err)
 	}
-	for _, want := range []string{"cluster:", "ring:", "version: 5", "shards_per_region: 2"} {
+	for _, want := range []string{"cluster:", "ring:", "version: 5"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
 	}
+}
+
+// Shard-set changes move whole partitions: about the share of keys the
+// new shards should own, and nothing between shards that stay.
+func TestPlanShardAndRegionChanges(t *testing.T) {
 	three := loadTestdata(t, "three-region.yaml")
-	moved := three.Clone()
-	moved.Version = 2
-	moved.Regions = moved.Regions[:2]
-	if _, err := Plan(three, moved); err == nil || !strings.Contains(err.Error(), "regions:") {
-		t.Fatalf("removing a region: %v", err)
+	within := func(what string, got, want, tol float64) {
+		t.Helper()
+		if got < want-tol || got > want+tol {
+			t.Errorf("%s: %.3f, want %.3f +- %.2f", what, got, want, tol)
+		}
+	}
+	// Five shards per region instead of four: the ring spreads keys over
+	// 15 shards instead of 12, so about a fifth of them move, each to a new
+	// shard of any region (two thirds of them to another region).
+	grown := three.Clone()
+	grown.Version = 2
+	grown.ShardsPerRegion = 5
+	c, err := Plan(three, grown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.ShardsCreated) != 3 || len(c.ShardsRemoved) != 0 {
+		t.Fatalf("created %v, removed %v", c.ShardsCreated, c.ShardsRemoved)
+	}
+	within("grow 4->5 shards per region: keys moved", c.KeysMovedShare, 0.2, 0.08)
+	within("grow 4->5 shards per region: keys changing region", c.RegionMovedShare, 0.2*2/3, 0.05)
+	t.Logf("4 -> 5 shards per region: %.3f of keys change shard, %.3f change region", c.KeysMovedShare, c.RegionMovedShare)
+
+	// A region removed (zone survival: region survival needs three): its
+	// shards go, its keys (a third) are re-homed.
+	three = three.Clone()
+	three.Survival = SurvivalZone
+	shrunk := three.Clone()
+	shrunk.Version = 2
+	shrunk.Regions = shrunk.Regions[:2]
+	c, err = Plan(three, shrunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.ShardsRemoved) != 4 || len(c.ShardsCreated) != 0 || len(c.Leaving) != 3 {
+		t.Fatalf("removed %v, created %v, leaving %v", c.ShardsRemoved, c.ShardsCreated, c.Leaving)
+	}
+	within("remove a region: keys changing region", c.RegionMovedShare, 1.0/3, 0.06)
+	t.Logf("3 -> 2 regions: %.3f of keys change shard, %.3f change region", c.KeysMovedShare, c.RegionMovedShare)
+
+	// And added back: the new region's shards take about a third.
+	back := three.Clone()
+	back.Version = 3
+	c, err = Plan(func() *Topology { s := shrunk.Clone(); s.Version = 2; return s }(), back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	within("add a region: keys changing region", c.RegionMovedShare, 1.0/3, 0.06)
+	if len(c.ShardsCreated) != 4 || len(c.Joining) != 3 {
+		t.Fatalf("created %v, joining %v", c.ShardsCreated, c.Joining)
 	}
 }
 

@@ -186,7 +186,7 @@ func buildRing(cluster string, cfg RingConfig, shards []Shard) (*Ring, error) {
 		r.partitions[p] = uint32(idx)
 	}
 	r.fingerprint = fingerprintOf(cluster, cfg, shards)
-	r.layout = layoutFingerprintOf(cluster, cfg, shards)
+	r.layout = layoutFingerprintOf(cluster, cfg)
 	return r, nil
 }
 
@@ -293,16 +293,25 @@ func (r *Ring) PartitionCounts() map[string]int {
 // serve under a different one.
 func (r *Ring) Fingerprint() string { return r.fingerprint }
 
-// LayoutFingerprint is Fingerprint without the voters: a stable hex SHA-256
-// of what decides which shard a key lives in (hashing scheme, cluster name,
-// ring parameters, every shard id with its home region, in ring order). A
-// membership change (nodes joining or leaving, replicas, survival) keeps
-// it; a change of the shard set or the ring section changes it. Data dirs
-// pin it.
+// LayoutFingerprint is what never changes for a cluster's life: a stable
+// hex SHA-256 of the hashing scheme, the cluster name and the ring
+// parameters (partition count, virtual nodes, load), which decide the
+// partition of every key. Membership and shard-set changes keep it (keys
+// change shard as whole partitions, online); a changed cluster name or
+// ring section changes it. Data dirs pin it, and routers compare it with
+// the nodes'.
 func (r *Ring) LayoutFingerprint() string { return r.layout }
 
-func layoutFingerprintOf(cluster string, cfg RingConfig, shards []Shard) string {
-	return ringHash(" layout", cluster, cfg, shards, false)
+// ShardLayoutFingerprint is the key layout fingerprint of releases that
+// could not move keys between shards: LayoutFingerprint with every shard id
+// and home region, in ring order. A data dir that pinned it is rewritten
+// to LayoutFingerprint once it matches the node's file.
+func (r *Ring) ShardLayoutFingerprint() string {
+	return ringHash(" layout", r.cluster, r.config, r.shards, false)
+}
+
+func layoutFingerprintOf(cluster string, cfg RingConfig) string {
+	return ringHash(" partitions", cluster, cfg, nil, false)
 }
 
 func fingerprintOf(cluster string, cfg RingConfig, shards []Shard) string {

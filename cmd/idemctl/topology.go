@@ -32,12 +32,14 @@ type topologyDoc struct {
 			Learners []string `json:"learners"`
 			Want     []string `json:"want"`
 		} `json:"left"`
-		Dead          []string  `json:"dead"`
-		MayStop       []string  `json:"may_stop"`
-		StartedAt     time.Time `json:"started_at"`
-		LastStepAt    time.Time `json:"last_step_at"`
-		Stalled       bool      `json:"stalled"`
-		LeaderUnknown []string  `json:"leader_unknown"`
+		Dead            []string  `json:"dead"`
+		MayStop         []string  `json:"may_stop"`
+		StartedAt       time.Time `json:"started_at"`
+		LastStepAt      time.Time `json:"last_step_at"`
+		Stalled         bool      `json:"stalled"`
+		LeaderUnknown   []string  `json:"leader_unknown"`
+		PartitionsTotal int       `json:"partitions_total"`
+		PartitionsMoved int       `json:"partitions_moved"`
 	} `json:"progress,omitempty"`
 }
 
@@ -191,6 +193,9 @@ func runTopology(ctx context.Context, e *env, args []string) error {
 			}
 			if p := doc.Progress; p != nil {
 				line := fmt.Sprintf("version %d -> %d: %d/%d shards done", doc.ActiveVersion, doc.TargetVersion, p.ShardsDone, p.ShardsTotal)
+				if p.PartitionsTotal > 0 {
+					line += fmt.Sprintf(", %d/%d partitions moved", p.PartitionsMoved, p.PartitionsTotal)
+				}
 				if p.Stalled {
 					line += " (STALLED: no step for 10 minutes; see the nodes' logs)"
 				}
@@ -235,11 +240,17 @@ func printPlan(e *env, doc *topologyDoc, next *topology.Topology) error {
 	if len(change.Leaving) > 0 {
 		fmt.Fprintf(e.stdout, "leaving: %s\n", strings.Join(change.Leaving, ", "))
 	}
+	if len(change.ShardsCreated) > 0 {
+		fmt.Fprintf(e.stdout, "shards created: %s\n", strings.Join(change.ShardsCreated, ", "))
+	}
+	if len(change.ShardsRemoved) > 0 {
+		fmt.Fprintf(e.stdout, "shards removed: %s\n", strings.Join(change.ShardsRemoved, ", "))
+	}
 	for _, s := range change.Shards {
 		fmt.Fprintf(e.stdout, "  shard %-16s add %-24s remove %-24s -> voters %s\n", s.ID, dash(strings.Join(s.Add, ",")), dash(strings.Join(s.Remove, ",")), strings.Join(s.Voters, ","))
 	}
-	fmt.Fprintf(e.stdout, "seats moved: %d (lower bound for any balanced placement: %d); keys changing home shard: %.0f%%\n",
-		change.SeatsMoved, change.MinSeatsMoved, 100*change.KeysMovedShare)
+	fmt.Fprintf(e.stdout, "seats moved: %d (lower bound for any balanced placement: %d)\n", change.SeatsMoved, change.MinSeatsMoved)
+	fmt.Fprintf(e.stdout, "keys changing home shard: %.1f%%; changing home region: %.1f%%\n", 100*change.KeysMovedShare, 100*change.RegionMovedShare)
 	fmt.Fprintf(e.stdout, "meta group voters: %s\n", strings.Join(change.MetaVoters, ", "))
 	return nil
 }
@@ -259,6 +270,9 @@ func printTopologyStatus(e *env, doc *topologyDoc) error {
 	}
 	fmt.Fprintf(e.stdout, "target version: %d (started %s, last step %s)\n", doc.TargetVersion, p.StartedAt.Format(time.RFC3339), p.LastStepAt.Format(time.RFC3339))
 	fmt.Fprintf(e.stdout, "shards done: %d/%d\n", p.ShardsDone, p.ShardsTotal)
+	if p.PartitionsTotal > 0 {
+		fmt.Fprintf(e.stdout, "partitions moved to their new shard: %d/%d\n", p.PartitionsMoved, p.PartitionsTotal)
+	}
 	for _, s := range p.Left {
 		fmt.Fprintf(e.stdout, "  shard %-16s voters %-30s learners %-20s want %s\n", s.Shard, strings.Join(s.Voters, ","), dash(strings.Join(s.Learners, ",")), strings.Join(s.Want, ","))
 	}

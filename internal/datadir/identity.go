@@ -87,7 +87,7 @@ func Check(dir string, want Identity, formerRings ...string) (Identity, bool, er
 		problems = append(problems, fmt.Errorf("it belongs to node %q, this is node %q", have.NodeID, want.NodeID))
 	}
 	if have.RingFingerprint != want.RingFingerprint {
-		problems = append(problems, fmt.Errorf("it was created with key layout %s, the topology now gives %s (the regions, shards_per_region or ring section changed; moving keys between shards is not supported yet: change nodes and replicas online with idemctl topology apply)",
+		problems = append(problems, fmt.Errorf("it was created with key layout %s, the topology now gives %s (the cluster name or the ring section changed, which moves every key; change nodes, shards and regions online with idemctl topology apply)",
 			have.RingFingerprint, want.RingFingerprint))
 	}
 	if len(problems) > 0 {

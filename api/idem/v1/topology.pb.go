@@ -270,12 +270,18 @@ func (x *ShardMember) GetVoter() bool {
 type ShardStateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// hosted is false when this node runs no replica of the shard.
-	Hosted        bool           `protobuf:"varint,1,opt,name=hosted,proto3" json:"hosted,omitempty"`
-	Leader        bool           `protobuf:"varint,2,opt,name=leader,proto3" json:"leader,omitempty"`
-	LeaderId      string         `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
-	AppliedIndex  uint64         `protobuf:"varint,4,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	CommitIndex   uint64         `protobuf:"varint,5,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
-	Members       []*ShardMember `protobuf:"bytes,6,rep,name=members,proto3" json:"members,omitempty"`
+	Hosted       bool           `protobuf:"varint,1,opt,name=hosted,proto3" json:"hosted,omitempty"`
+	Leader       bool           `protobuf:"varint,2,opt,name=leader,proto3" json:"leader,omitempty"`
+	LeaderId     string         `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	AppliedIndex uint64         `protobuf:"varint,4,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	CommitIndex  uint64         `protobuf:"varint,5,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	Members      []*ShardMember `protobuf:"bytes,6,rep,name=members,proto3" json:"members,omitempty"`
+	// The ring's partition count in the group's partition table; 0 while the
+	// group has none (it serves every key routed to it).
+	PartitionCount uint32 `protobuf:"varint,7,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
+	// What the answering node's release can do ("partition-handoff": it
+	// applies the partition commands, so a shard it votes in may move keys).
+	Features      []string `protobuf:"bytes,8,rep,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -348,6 +354,20 @@ func (x *ShardStateResponse) GetCommitIndex() uint64 {
 func (x *ShardStateResponse) GetMembers() []*ShardMember {
 	if x != nil {
 		return x.Members
+	}
+	return nil
+}
+
+func (x *ShardStateResponse) GetPartitionCount() uint32 {
+	if x != nil {
+		return x.PartitionCount
+	}
+	return 0
+}
+
+func (x *ShardStateResponse) GetFeatures() []string {
+	if x != nil {
+		return x.Features
 	}
 	return nil
 }
@@ -458,6 +478,306 @@ func (*ChangeMemberResponse) Descriptor() ([]byte, []int) {
 	return file_topology_proto_rawDescGZIP(), []int{7}
 }
 
+type HandoffRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Shard string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	// "adopt", "freeze", "import", "open" or "drop".
+	Op             string   `protobuf:"bytes,2,opt,name=op,proto3" json:"op,omitempty"`
+	PartitionCount uint32   `protobuf:"varint,3,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
+	Partitions     []uint32 `protobuf:"varint,4,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	Epoch          uint64   `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Peer           string   `protobuf:"bytes,6,opt,name=peer,proto3" json:"peer,omitempty"`
+	Floor          uint64   `protobuf:"varint,7,opt,name=floor,proto3" json:"floor,omitempty"`
+	// The first import of the partitions (fsm.Handoff.Reset).
+	ResetPartitions bool  `protobuf:"varint,8,opt,name=reset_partitions,json=resetPartitions,proto3" json:"reset_partitions,omitempty"`
+	Limit           int32 `protobuf:"varint,9,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Records (import), each as fsm.AppendRecord encodes it.
+	Records       [][]byte `protobuf:"bytes,10,rep,name=records,proto3" json:"records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandoffRequest) Reset() {
+	*x = HandoffRequest{}
+	mi := &file_topology_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandoffRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandoffRequest) ProtoMessage() {}
+
+func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_topology_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
+func (*HandoffRequest) Descriptor() ([]byte, []int) {
+	return file_topology_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *HandoffRequest) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+func (x *HandoffRequest) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
+}
+
+func (x *HandoffRequest) GetPartitionCount() uint32 {
+	if x != nil {
+		return x.PartitionCount
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *HandoffRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *HandoffRequest) GetFloor() uint64 {
+	if x != nil {
+		return x.Floor
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetResetPartitions() bool {
+	if x != nil {
+		return x.ResetPartitions
+	}
+	return false
+}
+
+func (x *HandoffRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetRecords() [][]byte {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+type HandoffResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The fsm outcome ("OK", "FAILED_PRECONDITION", ...).
+	Outcome       string `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	FencingToken  uint64 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	Swept         int64  `protobuf:"varint,3,opt,name=swept,proto3" json:"swept,omitempty"`
+	MovedTo       string `protobuf:"bytes,4,opt,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandoffResponse) Reset() {
+	*x = HandoffResponse{}
+	mi := &file_topology_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandoffResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandoffResponse) ProtoMessage() {}
+
+func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_topology_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
+func (*HandoffResponse) Descriptor() ([]byte, []int) {
+	return file_topology_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *HandoffResponse) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *HandoffResponse) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *HandoffResponse) GetSwept() int64 {
+	if x != nil {
+		return x.Swept
+	}
+	return 0
+}
+
+func (x *HandoffResponse) GetMovedTo() string {
+	if x != nil {
+		return x.MovedTo
+	}
+	return ""
+}
+
+func (x *HandoffResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type ExportPartitionsRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Shard          string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	PartitionCount uint32                 `protobuf:"varint,2,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
+	Partitions     []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ExportPartitionsRequest) Reset() {
+	*x = ExportPartitionsRequest{}
+	mi := &file_topology_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportPartitionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportPartitionsRequest) ProtoMessage() {}
+
+func (x *ExportPartitionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_topology_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportPartitionsRequest.ProtoReflect.Descriptor instead.
+func (*ExportPartitionsRequest) Descriptor() ([]byte, []int) {
+	return file_topology_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ExportPartitionsRequest) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+func (x *ExportPartitionsRequest) GetPartitionCount() uint32 {
+	if x != nil {
+		return x.PartitionCount
+	}
+	return 0
+}
+
+func (x *ExportPartitionsRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type ExportPartitionsChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Records       [][]byte               `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportPartitionsChunk) Reset() {
+	*x = ExportPartitionsChunk{}
+	mi := &file_topology_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportPartitionsChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportPartitionsChunk) ProtoMessage() {}
+
+func (x *ExportPartitionsChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_topology_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportPartitionsChunk.ProtoReflect.Descriptor instead.
+func (*ExportPartitionsChunk) Descriptor() ([]byte, []int) {
+	return file_topology_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ExportPartitionsChunk) GetRecords() [][]byte {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
 var File_topology_proto protoreflect.FileDescriptor
 
 const file_topology_proto_rawDesc = "" +
@@ -474,26 +794,58 @@ const file_topology_proto_rawDesc = "" +
 	"\vShardMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
-	"\x05voter\x18\x03 \x01(\bR\x05voter\"\xd9\x01\n" +
+	"\x05voter\x18\x03 \x01(\bR\x05voter\"\x9e\x02\n" +
 	"\x12ShardStateResponse\x12\x16\n" +
 	"\x06hosted\x18\x01 \x01(\bR\x06hosted\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\bR\x06leader\x12\x1b\n" +
 	"\tleader_id\x18\x03 \x01(\tR\bleaderId\x12#\n" +
 	"\rapplied_index\x18\x04 \x01(\x04R\fappliedIndex\x12!\n" +
 	"\fcommit_index\x18\x05 \x01(\x04R\vcommitIndex\x12.\n" +
-	"\amembers\x18\x06 \x03(\v2\x14.idem.v1.ShardMemberR\amembers\"c\n" +
+	"\amembers\x18\x06 \x03(\v2\x14.idem.v1.ShardMemberR\amembers\x12'\n" +
+	"\x0fpartition_count\x18\a \x01(\rR\x0epartitionCount\x12\x1a\n" +
+	"\bfeatures\x18\b \x03(\tR\bfeatures\"c\n" +
 	"\x13ChangeMemberRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x04 \x01(\tR\x04addr\"\x16\n" +
-	"\x14ChangeMemberResponse2\xa0\x02\n" +
+	"\x14ChangeMemberResponse\"\x9a\x02\n" +
+	"\x0eHandoffRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x0e\n" +
+	"\x02op\x18\x02 \x01(\tR\x02op\x12'\n" +
+	"\x0fpartition_count\x18\x03 \x01(\rR\x0epartitionCount\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x04 \x03(\rR\n" +
+	"partitions\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12\x12\n" +
+	"\x04peer\x18\x06 \x01(\tR\x04peer\x12\x14\n" +
+	"\x05floor\x18\a \x01(\x04R\x05floor\x12)\n" +
+	"\x10reset_partitions\x18\b \x01(\bR\x0fresetPartitions\x12\x14\n" +
+	"\x05limit\x18\t \x01(\x05R\x05limit\x12\x18\n" +
+	"\arecords\x18\n" +
+	" \x03(\fR\arecords\"\x97\x01\n" +
+	"\x0fHandoffResponse\x12\x18\n" +
+	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x12#\n" +
+	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12\x14\n" +
+	"\x05swept\x18\x03 \x01(\x03R\x05swept\x12\x19\n" +
+	"\bmoved_to\x18\x04 \x01(\tR\amovedTo\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\"x\n" +
+	"\x17ExportPartitionsRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\tR\x05shard\x12'\n" +
+	"\x0fpartition_count\x18\x02 \x01(\rR\x0epartitionCount\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\rR\n" +
+	"partitions\"1\n" +
+	"\x15ExportPartitionsChunk\x12\x18\n" +
+	"\arecords\x18\x01 \x03(\fR\arecords2\xb6\x03\n" +
 	"\bTopology\x12=\n" +
 	"\x03Get\x12\x1b.idem.v1.GetTopologyRequest\x1a\x19.idem.v1.TopologyDocument\x12A\n" +
 	"\tSetTarget\x12\x19.idem.v1.SetTargetRequest\x1a\x19.idem.v1.TopologyDocument\x12E\n" +
 	"\n" +
 	"ShardState\x12\x1a.idem.v1.ShardStateRequest\x1a\x1b.idem.v1.ShardStateResponse\x12K\n" +
-	"\fChangeMember\x12\x1c.idem.v1.ChangeMemberRequest\x1a\x1d.idem.v1.ChangeMemberResponseB-Z+github.com/idem-dev/idem/api/idem/v1;idemv1b\x06proto3"
+	"\fChangeMember\x12\x1c.idem.v1.ChangeMemberRequest\x1a\x1d.idem.v1.ChangeMemberResponse\x12<\n" +
+	"\aHandoff\x12\x17.idem.v1.HandoffRequest\x1a\x18.idem.v1.HandoffResponse\x12V\n" +
+	"\x10ExportPartitions\x12 .idem.v1.ExportPartitionsRequest\x1a\x1e.idem.v1.ExportPartitionsChunk0\x01B-Z+github.com/idem-dev/idem/api/idem/v1;idemv1b\x06proto3"
 
 var (
 	file_topology_proto_rawDescOnce sync.Once
@@ -507,32 +859,40 @@ func file_topology_proto_rawDescGZIP() []byte {
 	return file_topology_proto_rawDescData
 }
 
-var file_topology_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_topology_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_topology_proto_goTypes = []any{
-	(*GetTopologyRequest)(nil),   // 0: idem.v1.GetTopologyRequest
-	(*TopologyDocument)(nil),     // 1: idem.v1.TopologyDocument
-	(*SetTargetRequest)(nil),     // 2: idem.v1.SetTargetRequest
-	(*ShardStateRequest)(nil),    // 3: idem.v1.ShardStateRequest
-	(*ShardMember)(nil),          // 4: idem.v1.ShardMember
-	(*ShardStateResponse)(nil),   // 5: idem.v1.ShardStateResponse
-	(*ChangeMemberRequest)(nil),  // 6: idem.v1.ChangeMemberRequest
-	(*ChangeMemberResponse)(nil), // 7: idem.v1.ChangeMemberResponse
+	(*GetTopologyRequest)(nil),      // 0: idem.v1.GetTopologyRequest
+	(*TopologyDocument)(nil),        // 1: idem.v1.TopologyDocument
+	(*SetTargetRequest)(nil),        // 2: idem.v1.SetTargetRequest
+	(*ShardStateRequest)(nil),       // 3: idem.v1.ShardStateRequest
+	(*ShardMember)(nil),             // 4: idem.v1.ShardMember
+	(*ShardStateResponse)(nil),      // 5: idem.v1.ShardStateResponse
+	(*ChangeMemberRequest)(nil),     // 6: idem.v1.ChangeMemberRequest
+	(*ChangeMemberResponse)(nil),    // 7: idem.v1.ChangeMemberResponse
+	(*HandoffRequest)(nil),          // 8: idem.v1.HandoffRequest
+	(*HandoffResponse)(nil),         // 9: idem.v1.HandoffResponse
+	(*ExportPartitionsRequest)(nil), // 10: idem.v1.ExportPartitionsRequest
+	(*ExportPartitionsChunk)(nil),   // 11: idem.v1.ExportPartitionsChunk
 }
 var file_topology_proto_depIdxs = []int32{
-	4, // 0: idem.v1.ShardStateResponse.members:type_name -> idem.v1.ShardMember
-	0, // 1: idem.v1.Topology.Get:input_type -> idem.v1.GetTopologyRequest
-	2, // 2: idem.v1.Topology.SetTarget:input_type -> idem.v1.SetTargetRequest
-	3, // 3: idem.v1.Topology.ShardState:input_type -> idem.v1.ShardStateRequest
-	6, // 4: idem.v1.Topology.ChangeMember:input_type -> idem.v1.ChangeMemberRequest
-	1, // 5: idem.v1.Topology.Get:output_type -> idem.v1.TopologyDocument
-	1, // 6: idem.v1.Topology.SetTarget:output_type -> idem.v1.TopologyDocument
-	5, // 7: idem.v1.Topology.ShardState:output_type -> idem.v1.ShardStateResponse
-	7, // 8: idem.v1.Topology.ChangeMember:output_type -> idem.v1.ChangeMemberResponse
-	5, // [5:9] is the sub-list for method output_type
-	1, // [1:5] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	4,  // 0: idem.v1.ShardStateResponse.members:type_name -> idem.v1.ShardMember
+	0,  // 1: idem.v1.Topology.Get:input_type -> idem.v1.GetTopologyRequest
+	2,  // 2: idem.v1.Topology.SetTarget:input_type -> idem.v1.SetTargetRequest
+	3,  // 3: idem.v1.Topology.ShardState:input_type -> idem.v1.ShardStateRequest
+	6,  // 4: idem.v1.Topology.ChangeMember:input_type -> idem.v1.ChangeMemberRequest
+	8,  // 5: idem.v1.Topology.Handoff:input_type -> idem.v1.HandoffRequest
+	10, // 6: idem.v1.Topology.ExportPartitions:input_type -> idem.v1.ExportPartitionsRequest
+	1,  // 7: idem.v1.Topology.Get:output_type -> idem.v1.TopologyDocument
+	1,  // 8: idem.v1.Topology.SetTarget:output_type -> idem.v1.TopologyDocument
+	5,  // 9: idem.v1.Topology.ShardState:output_type -> idem.v1.ShardStateResponse
+	7,  // 10: idem.v1.Topology.ChangeMember:output_type -> idem.v1.ChangeMemberResponse
+	9,  // 11: idem.v1.Topology.Handoff:output_type -> idem.v1.HandoffResponse
+	11, // 12: idem.v1.Topology.ExportPartitions:output_type -> idem.v1.ExportPartitionsChunk
+	7,  // [7:13] is the sub-list for method output_type
+	1,  // [1:7] is the sub-list for method input_type
+	1,  // [1:1] is the sub-list for extension type_name
+	1,  // [1:1] is the sub-list for extension extendee
+	0,  // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_topology_proto_init() }
@@ -546,7 +906,7 @@ func file_topology_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_topology_proto_rawDesc), len(file_topology_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

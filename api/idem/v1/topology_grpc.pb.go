@@ -24,10 +24,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Topology_Get_FullMethodName          = "/idem.v1.Topology/Get"
-	Topology_SetTarget_FullMethodName    = "/idem.v1.Topology/SetTarget"
-	Topology_ShardState_FullMethodName   = "/idem.v1.Topology/ShardState"
-	Topology_ChangeMember_FullMethodName = "/idem.v1.Topology/ChangeMember"
+	Topology_Get_FullMethodName              = "/idem.v1.Topology/Get"
+	Topology_SetTarget_FullMethodName        = "/idem.v1.Topology/SetTarget"
+	Topology_ShardState_FullMethodName       = "/idem.v1.Topology/ShardState"
+	Topology_ChangeMember_FullMethodName     = "/idem.v1.Topology/ChangeMember"
+	Topology_Handoff_FullMethodName          = "/idem.v1.Topology/Handoff"
+	Topology_ExportPartitions_FullMethodName = "/idem.v1.Topology/ExportPartitions"
 )
 
 // TopologyClient is the client API for Topology service.
@@ -49,6 +51,13 @@ type TopologyClient interface {
 	// peers only): NOT_FOUND when this node does not host the shard,
 	// FAILED_PRECONDITION with the leader's id when it does not lead it.
 	ChangeMember(ctx context.Context, in *ChangeMemberRequest, opts ...grpc.CallOption) (*ChangeMemberResponse, error)
+	// Handoff proposes one partition-handoff command (fsm.OpAdopt, OpFreeze,
+	// OpImport, OpOpen, OpDrop) to a shard's group; the node must lead the
+	// shard (FAILED_PRECONDITION otherwise). Node identities only.
+	Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffResponse, error)
+	// ExportPartitions streams the committed records of partitions the shard
+	// froze, from the node that leads it. Node identities only.
+	ExportPartitions(ctx context.Context, in *ExportPartitionsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportPartitionsChunk], error)
 }
 
 type topologyClient struct {
@@ -99,6 +108,35 @@ func (c *topologyClient) ChangeMember(ctx context.Context, in *ChangeMemberReque
 	return out, nil
 }
 
+func (c *topologyClient) Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HandoffResponse)
+	err := c.cc.Invoke(ctx, Topology_Handoff_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *topologyClient) ExportPartitions(ctx context.Context, in *ExportPartitionsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportPartitionsChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Topology_ServiceDesc.Streams[0], Topology_ExportPartitions_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExportPartitionsRequest, ExportPartitionsChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Topology_ExportPartitionsClient = grpc.ServerStreamingClient[ExportPartitionsChunk]
+
 // TopologyServer is the server API for Topology service.
 // All implementations must embed UnimplementedTopologyServer
 // for forward compatibility.
@@ -118,6 +156,13 @@ type TopologyServer interface {
 	// peers only): NOT_FOUND when this node does not host the shard,
 	// FAILED_PRECONDITION with the leader's id when it does not lead it.
 	ChangeMember(context.Context, *ChangeMemberRequest) (*ChangeMemberResponse, error)
+	// Handoff proposes one partition-handoff command (fsm.OpAdopt, OpFreeze,
+	// OpImport, OpOpen, OpDrop) to a shard's group; the node must lead the
+	// shard (FAILED_PRECONDITION otherwise). Node identities only.
+	Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error)
+	// ExportPartitions streams the committed records of partitions the shard
+	// froze, from the node that leads it. Node identities only.
+	ExportPartitions(*ExportPartitionsRequest, grpc.ServerStreamingServer[ExportPartitionsChunk]) error
 	mustEmbedUnimplementedTopologyServer()
 }
 
@@ -139,6 +184,12 @@ func (UnimplementedTopologyServer) ShardState(context.Context, *ShardStateReques
 }
 func (UnimplementedTopologyServer) ChangeMember(context.Context, *ChangeMemberRequest) (*ChangeMemberResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ChangeMember not implemented")
+}
+func (UnimplementedTopologyServer) Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Handoff not implemented")
+}
+func (UnimplementedTopologyServer) ExportPartitions(*ExportPartitionsRequest, grpc.ServerStreamingServer[ExportPartitionsChunk]) error {
+	return status.Error(codes.Unimplemented, "method ExportPartitions not implemented")
 }
 func (UnimplementedTopologyServer) mustEmbedUnimplementedTopologyServer() {}
 func (UnimplementedTopologyServer) testEmbeddedByValue()                  {}
@@ -233,6 +284,35 @@ func _Topology_ChangeMember_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Topology_Handoff_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HandoffRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TopologyServer).Handoff(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Topology_Handoff_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TopologyServer).Handoff(ctx, req.(*HandoffRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Topology_ExportPartitions_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExportPartitionsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(TopologyServer).ExportPartitions(m, &grpc.GenericServerStream[ExportPartitionsRequest, ExportPartitionsChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Topology_ExportPartitionsServer = grpc.ServerStreamingServer[ExportPartitionsChunk]
+
 // Topology_ServiceDesc is the grpc.ServiceDesc for Topology service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -256,7 +336,17 @@ var Topology_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ChangeMember",
 			Handler:    _Topology_ChangeMember_Handler,
 		},
+		{
+			MethodName: "Handoff",
+			Handler:    _Topology_Handoff_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ExportPartitions",
+			Handler:       _Topology_ExportPartitions_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "topology.proto",
 }

@@ -1,0 +1,385 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/security/auth"
+	"github.com/idem-dev/idem/topology"
+)
+
+// Keys that change shard (a changed shards_per_region, regions added or
+// removed) move as whole ring partitions, by the state machine's handoff
+// commands (fsm/DESIGN.md, "Partitions and handoff"). The mover drives it
+// once every shard of the target has its voters: each group that gives or
+// takes partitions adopts a partition table, then batches of partitions
+// move from their active shard to their target shard, one batch per step
+// (freeze at the source, export, import, open at the destination, record
+// the batch as moved in the meta group, drop the source's copy). Nodes
+// place keys with a blend of the active and the target ring (view.placer):
+// a moved partition by the target's.
+
+// FeaturePartitionHandoff is what a node's ShardState answer lists when its
+// release applies the partition commands: the mover moves no partition of
+// a shard until every voter of it lists it (a replica of an older release
+// would refuse the commands its peers apply, and diverge).
+const FeaturePartitionHandoff = "partition-handoff"
+
+const (
+	// handoffBatch is the most partitions one handoff step moves: the
+	// batch's keys pause (answered 503 with Retry-After) from its freeze to
+	// its open, so a batch stays small (at 1M keys and 16,411 partitions,
+	// about 7,800 records).
+	handoffBatch = 128
+	// importBytes bounds one import command's records (one Raft entry); a
+	// single larger record goes alone.
+	importBytes = 1 << 20
+	// dropLimit is how many records one drop command deletes.
+	dropLimit = 2000
+)
+
+// handoffOp maps the RPC's op names to the state machine's.
+var handoffOp = map[string]fsm.Op{"adopt": fsm.OpAdopt, "freeze": fsm.OpFreeze, "import": fsm.OpImport, "open": fsm.OpOpen, "drop": fsm.OpDrop}
+
+// handoffLocal proposes a partition command to this node's replica of
+// shard id, which must lead. Handoff commands carry no time (Now 0): they
+// neither need one nor move the shard's clock.
+func (n *Node) handoffLocal(ctx context.Context, id string, op fsm.Op, h fsm.Handoff) (fsm.Result, error) {
+	s := n.shard(id)
+	if s == nil {
+		return fsm.Result{}, status.Errorf(codes.FailedPrecondition, "node %s does not host %s", n.cfg.NodeID, id)
+	}
+	if !s.group.IsLeader() {
+		leader, _ := s.group.Leader()
+		return fsm.Result{}, status.Errorf(codes.FailedPrecondition, "node %s does not lead %s (leader %q)", n.cfg.NodeID, id, leader)
+	}
+	out, err := s.group.Apply(ctx, fsm.EncodeCommand(&fsm.Command{Op: op, Handoff: &h}))
+	if err != nil {
+		return fsm.Result{}, status.Errorf(codes.Unavailable, "shard %s: %v", id, err)
+	}
+	res, ok := out.(fsm.Result)
+	if !ok {
+		return fsm.Result{}, fmt.Errorf("node: shard %s returned %T", id, out)
+	}
+	return res, nil
+}
+
+// Handoff implements the Topology service's Handoff: one partition
+// command on the shard this node leads.
+func (t *topologyService) Handoff(ctx context.Context, req *idemv1.HandoffRequest) (*idemv1.HandoffResponse, error) {
+	if !auth.FromNodePeer(ctx) {
+		return nil, status.Error(codes.PermissionDenied, "Handoff answers node peers only")
+	}
+	op, ok := handoffOp[req.GetOp()]
+	if !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "unknown handoff op %q", req.GetOp())
+	}
+	h := fsm.Handoff{Count: req.GetPartitionCount(), Partitions: req.GetPartitions(), Epoch: req.GetEpoch(), Peer: req.GetPeer(),
+		Floor: req.GetFloor(), Reset: req.GetResetPartitions(), Limit: int(req.GetLimit())}
+	for _, frame := range req.GetRecords() {
+		k, r, err := fsm.DecodeRecord(frame)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "record: %v", err)
+		}
+		h.Records = append(h.Records, fsm.KeyedRecord{K: k, R: r})
+	}
+	res, err := t.n.handoffLocal(ctx, req.GetShard(), op, h)
+	if err != nil {
+		return nil, err
+	}
+	return handoffResponse(res), nil
+}
+
+func handoffResponse(res fsm.Result) *idemv1.HandoffResponse {
+	return &idemv1.HandoffResponse{Outcome: res.Outcome.String(), FencingToken: res.FencingToken, Swept: int64(res.Swept), MovedTo: res.MovedTo, Epoch: res.Epoch}
+}
+
+// ExportPartitions implements the Topology service's ExportPartitions: the
+// records of partitions the shard this node leads has frozen, after a read
+// barrier (a leader elected after the freeze has applied it).
+func (t *topologyService) ExportPartitions(req *idemv1.ExportPartitionsRequest, stream idemv1.Topology_ExportPartitionsServer) error {
+	ctx := stream.Context()
+	if !auth.FromNodePeer(ctx) {
+		return status.Error(codes.PermissionDenied, "ExportPartitions answers node peers only")
+	}
+	return t.n.exportLocal(ctx, req.GetShard(), req.GetPartitionCount(), req.GetPartitions(), func(frames [][]byte) error {
+		return stream.Send(&idemv1.ExportPartitionsChunk{Records: frames})
+	})
+}
+
+// exportLocal sends the records of frozen partitions of shard id, which
+// this node leads, in chunks of about importBytes; the first chunk also
+// carries the shard's namespace policies.
+func (n *Node) exportLocal(ctx context.Context, id string, count uint32, parts []uint32, send func([][]byte) error) error {
+	s := n.shard(id)
+	if s == nil {
+		return status.Errorf(codes.FailedPrecondition, "node %s does not host %s", n.cfg.NodeID, id)
+	}
+	if err := s.group.ReadBarrier(ctx); err != nil {
+		return status.Errorf(codes.FailedPrecondition, "shard %s: %v", id, err)
+	}
+	states := s.fsm.PartitionStates()
+	for _, p := range parts {
+		if states[p].State != "moved" {
+			return status.Errorf(codes.FailedPrecondition, "shard %s has not frozen partition %d (%q)", id, p, states[p].State)
+		}
+	}
+	var chunk [][]byte
+	size := 0
+	for _, kr := range s.fsm.PolicyRecords() {
+		chunk = append(chunk, fsm.AppendRecord(nil, kr.K, kr.R))
+	}
+	var sendErr error
+	err := s.fsm.ExportPartitions(count, parts, func(kr fsm.KeyedRecord) bool {
+		frame := fsm.AppendRecord(nil, kr.K, kr.R)
+		if size > 0 && size+len(frame) > importBytes {
+			if sendErr = send(chunk); sendErr != nil {
+				return false
+			}
+			chunk, size = nil, 0
+		}
+		chunk = append(chunk, frame)
+		size += len(frame)
+		return true
+	})
+	if err := errors.Join(err, sendErr); err != nil {
+		return status.Errorf(codes.Unavailable, "exporting %s: %v", id, err)
+	}
+	return send(chunk)
+}
+
+// handoffOn runs one partition command on the leader of shard id.
+func (n *Node) handoffOn(ctx context.Context, mv metaView, id string, op string, h fsm.Handoff) (*idemv1.HandoffResponse, error) {
+	ls, err := n.leaderState(ctx, id, mv.voters(id), mv.dead)
+	if err != nil {
+		return nil, err
+	}
+	req := &idemv1.HandoffRequest{Shard: id, Op: op, PartitionCount: h.Count, Partitions: h.Partitions, Epoch: h.Epoch, Peer: h.Peer,
+		Floor: h.Floor, ResetPartitions: h.Reset, Limit: int32(h.Limit)}
+	for _, kr := range h.Records {
+		req.Records = append(req.Records, fsm.AppendRecord(nil, kr.K, kr.R))
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if ls.node == n.cfg.NodeID {
+		res, err := n.handoffLocal(ctx, id, handoffOp[op], h)
+		if err != nil {
+			return nil, err
+		}
+		return handoffResponse(res), nil
+	}
+	conn, err := n.fwd.Conn(ls.node)
+	if err != nil {
+		return nil, err
+	}
+	return idemv1.NewTopologyClient(conn).Handoff(ctx, req)
+}
+
+// layoutStep is the next step of moving partitions: ok is false when no
+// partition is left to move (or the change moves none).
+func (n *Node) layoutStep(ctx context.Context, mv metaView) (moveStep, bool, error) {
+	from, err1 := topology.NewRing(mv.active)
+	to, err2 := topology.NewRing(mv.target)
+	if err := errors.Join(err1, err2); err != nil {
+		return moveStep{}, false, err
+	}
+	moves := from.Moves(to)
+	if len(moves) == 0 {
+		return moveStep{}, false, nil
+	}
+	involved := map[string]bool{}
+	for _, m := range moves {
+		involved[m.From], involved[m.To] = true, true
+	}
+	for _, id := range slices.Sorted(func(yield func(string) bool) {
+		for id := range involved {
+			if !yield(id) {
+				return
+			}
+		}
+	}) {
+		ls, err := n.leaderState(ctx, id, mv.voters(id), mv.dead)
+		if err != nil {
+			return moveStep{}, false, err
+		}
+		if ls.partitionCount != 0 {
+			continue
+		}
+		for _, m := range ls.members {
+			st, err := n.shardStateOf(ctx, m.ID, id)
+			if err != nil {
+				return moveStep{}, false, fmt.Errorf("asking %s whether it can take part in moving %s's partitions: %w", m.ID, id, err)
+			}
+			if !slices.Contains(st.features, FeaturePartitionHandoff) {
+				return moveStep{}, false, fmt.Errorf("node %s (a member of %s) runs a release that cannot move partitions: upgrade it first", m.ID, id)
+			}
+		}
+		return moveStep{shard: id, op: "adopt"}, true, nil
+	}
+	for _, m := range moves {
+		var batch []uint32
+		for _, p := range m.Partitions {
+			if !mv.moved[p] {
+				batch = append(batch, p)
+				if len(batch) == handoffBatch {
+					break
+				}
+			}
+		}
+		if len(batch) > 0 {
+			return moveStep{shard: m.From, op: "handoff", node: m.To, partitions: batch}, true, nil
+		}
+	}
+	return moveStep{}, false, nil
+}
+
+// adopt gives shard id its partition table: the partitions the active ring
+// places on it (none for a shard the change creates).
+func (n *Node) adopt(ctx context.Context, mv metaView, id string) error {
+	from, err := topology.NewRing(mv.active)
+	if err != nil {
+		return err
+	}
+	resp, err := n.handoffOn(ctx, mv, id, "adopt", fsm.Handoff{Count: from.PartitionCount(), Partitions: from.PartitionsOf(id), Epoch: uint64(mv.active.EffectiveVersion())})
+	if err != nil {
+		return err
+	}
+	if resp.GetOutcome() != fsm.OutcomeOK.String() {
+		return fmt.Errorf("shard %s refused its partition table: %s", id, resp.GetOutcome())
+	}
+	return nil
+}
+
+// handoff moves partitions from shard src to shard dst: freeze, export,
+// import, open, record, drop. Every part is safe to repeat after a failure
+// (the next step starts over with the partitions not recorded as moved).
+func (n *Node) handoff(ctx context.Context, mv metaView, src, dst string, parts []uint32) error {
+	ring, err := topology.NewRing(mv.active)
+	if err != nil {
+		return err
+	}
+	count, epoch := ring.PartitionCount(), uint64(mv.target.EffectiveVersion())
+	start := time.Now()
+	fr, err := n.handoffOn(ctx, mv, src, "freeze", fsm.Handoff{Count: count, Partitions: parts, Epoch: epoch, Peer: dst})
+	if err != nil {
+		return fmt.Errorf("freezing at %s: %w", src, err)
+	}
+	if fr.GetOutcome() != fsm.OutcomeOK.String() {
+		return fmt.Errorf("%s refused to freeze: %s (moved to %q at %d)", src, fr.GetOutcome(), fr.GetMovedTo(), fr.GetEpoch())
+	}
+	records, bytes, opened, err := n.transfer(ctx, mv, src, dst, fsm.Handoff{Count: count, Partitions: parts, Epoch: epoch, Peer: src, Floor: fr.GetFencingToken()})
+	if err != nil {
+		return err
+	}
+	if !opened {
+		op, err := n.handoffOn(ctx, mv, dst, "open", fsm.Handoff{Count: count, Partitions: parts, Epoch: epoch, Peer: src})
+		if err != nil {
+			return fmt.Errorf("opening at %s: %w", dst, err)
+		}
+		if op.GetOutcome() != fsm.OutcomeOK.String() {
+			return fmt.Errorf("%s refused to open: %s", dst, op.GetOutcome())
+		}
+	}
+	pause := time.Since(start)
+	if err := n.proposeMeta(ctx, metaCommand{Op: "moved", Version: int(epoch), Partitions: parts}); err != nil {
+		return fmt.Errorf("recording the move: %w", err)
+	}
+	n.topoMetrics.keysMoved.Add(float64(records))
+	n.topoMetrics.bytesMoved.Add(float64(bytes))
+	n.topoMetrics.partitionsMoved.Add(float64(len(parts)))
+	n.topoMetrics.pause.Observe(pause.Seconds())
+	n.log.Info("topology change: partitions moved", "from", src, "to", dst, "partitions", len(parts), "records", records, "bytes", bytes,
+		"paused", pause.Round(time.Microsecond), "took", time.Since(start).Round(time.Microsecond))
+	// What the source kept is garbage now; dropping it is bounded per
+	// command and may be left to a later change's step if it fails here.
+	for range 100_000 {
+		dr, err := n.handoffOn(ctx, mv, src, "drop", fsm.Handoff{Count: count, Partitions: parts, Epoch: epoch, Limit: dropLimit})
+		if err != nil || dr.GetOutcome() != fsm.OutcomeOK.String() {
+			n.log.Warn("topology change: dropping moved records at the source", "shard", src, "outcome", dr.GetOutcome(), "error", err)
+			break
+		}
+		if dr.GetSwept() < dropLimit {
+			break
+		}
+	}
+	return nil
+}
+
+// transfer streams the frozen partitions' records from src's leader into
+// dst's (the first import resets the partitions there). opened is true when
+// dst had already opened them at this epoch (an earlier try got that far).
+func (n *Node) transfer(ctx context.Context, mv metaView, src, dst string, h fsm.Handoff) (records int, bytes int64, opened bool, err error) {
+	ls, err := n.leaderState(ctx, src, mv.voters(src), mv.dead)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	first := true
+	imp := func(frames [][]byte) error {
+		req := h
+		req.Reset = first
+		for _, f := range frames {
+			k, r, err := fsm.DecodeRecord(f)
+			if err != nil {
+				return err
+			}
+			req.Records = append(req.Records, fsm.KeyedRecord{K: k, R: r})
+			if k.Namespace != fsm.PolicyNamespace {
+				records++
+				bytes += int64(len(f))
+			}
+		}
+		resp, err := n.handoffOn(ctx, mv, dst, "import", req)
+		if err != nil {
+			return fmt.Errorf("importing at %s: %w", dst, err)
+		}
+		if first && resp.GetOutcome() == fsm.OutcomeFailedPrecondition.String() && resp.GetEpoch() == h.Epoch && resp.GetMovedTo() == "" {
+			opened = true // opened at this epoch by an earlier try
+			return errOpened
+		}
+		if resp.GetOutcome() != fsm.OutcomeOK.String() {
+			return fmt.Errorf("%s refused an import: %s", dst, resp.GetOutcome())
+		}
+		first = false
+		return nil
+	}
+	ectx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if ls.node == n.cfg.NodeID {
+		err = n.exportLocal(ectx, src, h.Count, h.Partitions, imp)
+	} else {
+		conn, cerr := n.fwd.Conn(ls.node)
+		if cerr != nil {
+			return 0, 0, false, cerr
+		}
+		var stream idemv1.Topology_ExportPartitionsClient
+		stream, err = idemv1.NewTopologyClient(conn).ExportPartitions(ectx, &idemv1.ExportPartitionsRequest{Shard: src, PartitionCount: h.Count, Partitions: h.Partitions})
+		for err == nil {
+			var chunk *idemv1.ExportPartitionsChunk
+			if chunk, err = stream.Recv(); err == nil {
+				err = imp(chunk.GetRecords())
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+	}
+	if errors.Is(err, errOpened) {
+		return 0, 0, true, nil
+	}
+	if err != nil {
+		return 0, 0, false, fmt.Errorf("moving records %s -> %s: %w", src, dst, err)
+	}
+	return records, bytes, false, nil
+}
+
+// errOpened stops a transfer whose destination had opened the partitions.
+var errOpened = errors.New("node: the destination already opened the partitions")
