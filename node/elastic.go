@@ -287,15 +287,25 @@ func (n *Node) bootstraps(freshDir bool) bool {
 	return freshDir && n.cfg.Topology.EffectiveVersion() == 1
 }
 
-// openShard starts hosting shard info (voters from v) with start mode.
-func (n *Node) openShard(v *view, info topology.Shard, start raftstore.StartMode) error {
+// peersOf is the Raft peers of shard info's voters, at the addresses of v
+// (nodeOf).
+func (n *Node) peersOf(v *view, info topology.Shard) ([]raftstore.Peer, error) {
 	peers := make([]raftstore.Peer, 0, len(info.Voters))
 	for _, id := range info.Voters {
 		vn, ok := n.nodeOf(v, id)
 		if !ok {
-			return fmt.Errorf("node: shard %s: voter %s has no address in the topology", info.ID, id)
+			return nil, fmt.Errorf("node: shard %s: voter %s has no address in the topology", info.ID, id)
 		}
 		peers = append(peers, raftstore.Peer{ID: id, Addr: vn.RaftAddr})
+	}
+	return peers, nil
+}
+
+// openShard starts hosting shard info (voters from v) with start mode.
+func (n *Node) openShard(v *view, info topology.Shard, start raftstore.StartMode) error {
+	peers, err := n.peersOf(v, info)
+	if err != nil {
+		return err
 	}
 	if !slices.Contains(info.Voters, n.cfg.NodeID) {
 		// A joining replica: raftstore wants it among the group's members;
@@ -319,7 +329,6 @@ func (n *Node) openShard(v *view, info topology.Shard, start raftstore.StartMode
 	logShardState(n.log, "shard state open", info.ID, sm.Store(), true)
 	s := &shard{info: info, sm: sm, fsm: sm.FSM(), waiters: new(backend.Waiters)}
 	s.fsm.OnApply(s.waiters.Settled)
-	var err error
 	if s.group, err = n.host.AddGroup(gc, sm); err != nil {
 		n.park(info.ID, sm)
 		return n.startError(info.ID, err)
@@ -466,6 +475,20 @@ func (n *Node) reconcileSeats(ctx context.Context, v *view) {
 		}
 	}
 	for id, s := range n.shardMap() {
+		if info, ok := v.placer.ShardByID(id); ok && n.seatStart(v, info, false) == raftstore.StartBootstrap && s.group.Stats().LastLogIndex == 0 {
+			// A shard the change creates whose replica this node opened
+			// empty before it learnt of the change (it started with the new
+			// file): as its preferred leader, it bootstraps it now.
+			peers, err := n.peersOf(v, info)
+			if err == nil {
+				err = s.group.Bootstrap(peers)
+			}
+			if err != nil {
+				n.log.Warn("bootstrapping a shard the topology change creates", "shard", id, "error", err)
+				continue
+			}
+			n.log.Info("shard the topology change creates bootstrapped with its voters", "shard", id, "voters", info.Voters)
+		}
 		if s.group.Stats().LastLogIndex > 0 {
 			if err := n.writeSeatMarker(id); err != nil {
 				n.log.Warn("seat marker", "shard", id, "error", err)
@@ -474,10 +497,12 @@ func (n *Node) reconcileSeats(ctx context.Context, v *view) {
 		if want[id] || v.target != nil || !v.fromMeta {
 			continue
 		}
-		if _, ok := v.ring.ShardByID(id); !ok {
+		if _, ok := v.ring.ShardByID(id); !ok && n.cfg.Topology.EffectiveVersion() <= v.version() {
 			// The change that removed the shard is done: its partitions
 			// moved out before it was activated, so the group serves
-			// nothing. Its replicas close; its state stays parked.
+			// nothing. Its replicas close; its state stays parked. (A node
+			// whose file is newer than the view is still learning the
+			// change that creates the shard: it keeps it.)
 			n.setShard(id, nil)
 			if err := n.host.RemoveGroup(id); err != nil {
 				n.log.Warn("closing the replica of a removed shard", "shard", id, "error", err)

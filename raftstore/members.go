@@ -177,3 +177,21 @@ func (g *Group) Demote(ctx context.Context, id string) error {
 	g.logger.Info("voter demoted to learner", "member", id)
 	return nil
 }
+
+// Bootstrap writes the first configuration (voters) into a running group
+// that started empty (StartJoin) and still holds no state, which makes it
+// elect a leader among them: how a group that a topology change creates
+// starts on the one node that is to bootstrap it, when its replica was
+// opened before the node learnt of the change. A group that holds state
+// already (a leader added it, or it bootstrapped before) is left as it is.
+func (g *Group) Bootstrap(voters []Peer) error {
+	servers := make([]raft.Server, 0, len(voters))
+	for _, p := range voters {
+		servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+	}
+	err := g.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+	if errors.Is(err, raft.ErrCantBootstrap) {
+		return nil
+	}
+	return err
+}

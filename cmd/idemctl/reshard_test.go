@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/internal/testutil"
+	"github.com/idem-dev/idem/topology"
 )
 
 // heldKey is a key reserved before a change and still IN_PROGRESS when its
@@ -167,20 +170,35 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 			}
 		}
 	}
-	moved := 0
+	hs := handoffStats(t, c)
+	total := l.ok.Load() + l.u503.Load()
+	t.Logf("2 -> 4 shards took %v, 4 -> 2 took %v; %s; %d acknowledged completions and %d held keys kept; %d calls answered 200, %d answered 503 (retried): availability %.2f%%",
+		grow.Round(time.Millisecond), shrink.Round(time.Millisecond), hs, len(l.acked), len(held), l.ok.Load(), l.u503.Load(), 100*float64(l.ok.Load())/float64(total))
+}
+
+// handoffStats sums what the nodes' logs say of the partition batches they
+// moved: records, bytes, and how long each batch paused its keys.
+func handoffStats(t *testing.T, c *cluster.Cluster) string {
+	t.Helper()
+	var records, bytes int
+	var pauses []time.Duration
+	re := regexp.MustCompile(`partitions moved.* records=(\d+) bytes=(\d+) paused=(\S+)`)
 	for _, p := range c.Nodes {
 		data, _ := os.ReadFile(p.Log)
-		for _, m := range regexp.MustCompile(`partitions moved.* records=(\d+)`).FindAllStringSubmatch(string(data), -1) {
+		for _, m := range re.FindAllStringSubmatch(string(data), -1) {
 			r, _ := strconv.Atoi(m[1])
-			moved += r
+			b, _ := strconv.Atoi(m[2])
+			d, _ := time.ParseDuration(m[3])
+			records, bytes = records+r, bytes+b
+			pauses = append(pauses, d)
 		}
 	}
-	if moved == 0 {
+	if records == 0 || len(pauses) == 0 {
 		t.Fatal("no node logged a record moved")
 	}
-	total := l.ok.Load() + l.u503.Load()
-	t.Logf("2 -> 4 shards took %v, 4 -> 2 took %v; %d records moved; %d acknowledged completions and %d held keys kept; %d calls answered 200, %d answered 503 (retried): availability %.2f%%",
-		grow.Round(time.Millisecond), shrink.Round(time.Millisecond), moved, len(l.acked), len(held), l.ok.Load(), l.u503.Load(), 100*float64(l.ok.Load())/float64(total))
+	slices.Sort(pauses)
+	return fmt.Sprintf("%d batches moved %d records (%d bytes); pause per batch p50 %v, p99 %v, max %v", len(pauses), records, bytes,
+		pauses[len(pauses)/2].Round(time.Microsecond), pauses[len(pauses)*99/100].Round(time.Microsecond), pauses[len(pauses)-1].Round(time.Microsecond))
 }
 
 // check fails the test unless a call answered with status want.
@@ -195,4 +213,147 @@ func check(t *testing.T, want int) func(cluster.Reply, error) cluster.Reply {
 		}
 		return r
 	}
+}
+
+// A two-region cluster gains a third region under load (its nodes start
+// with the new file, a node of the cluster is killed mid-move and
+// restarted), then loses it again: the third region's keys are re-homed to
+// the other two before its nodes may stop. A router started with the first
+// file serves throughout; every acknowledged completion replays.
+func TestTopologyAddAndRemoveRegion(t *testing.T) {
+	topo, err := cluster.Topology(cluster.Spec{Cluster: "regions", Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	t.Cleanup(func() {
+		if t.Failed() {
+			exec.Command("cp", "-r", dir, "/tmp/region-debug").Run()
+		}
+	})
+	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.StopOnCleanup(t)
+	rt, err := c.NewRouter(binaries["idemrouter"], "router", "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v1 := c.TopologyPath
+	l := startLoad(ctx, []string{c.HTTPAddr("r2-1"), rt.HTTPAddr}, 8)
+	testutil.Until(t, 30*time.Second, "writes before the change", func() bool { return l.count() >= 200 })
+
+	// Version 2: region r3 with three nodes, which start with the new file.
+	ports, err := cluster.FreePorts(9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	three := topo.Clone()
+	r3 := topology.Region{Name: "r3"}
+	for i := range 3 {
+		r3.Nodes = append(r3.Nodes, topology.Node{ID: fmt.Sprintf("r3-%d", i+1), Region: "r3", RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[3*i]),
+			GRPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[3*i+1]), HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[3*i+2])})
+	}
+	three.Regions = append(three.Regions, r3)
+	v2 := nextVersion(t, three, 2, dir)
+	for _, nd := range r3.Nodes {
+		c.Nodes[nd.ID] = &cluster.Process{Name: nd.ID, Bin: binaries["idemnode"], Log: filepath.Join(dir, nd.ID+".log"),
+			Args: []string{"--config", v2, "--id", nd.ID, "--data-dir", filepath.Join(dir, "data", nd.ID), "--log-level", "debug"}}
+		if err := c.Nodes[nd.ID].Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plan := mustCtl(t, "--config", v1, "topology", "plan", v2)
+	t.Logf("plan:\n%s", plan)
+	if !strings.Contains(plan, "shards created: r3-0, r3-1") || !strings.Contains(plan, "joining: r3-1, r3-2, r3-3") {
+		t.Fatalf("plan does not show the new region:\n%s", plan)
+	}
+	start := time.Now()
+	mustCtl(t, "--config", v1, "topology", "apply", v2, "--no-wait")
+	leader := metaLeader(t, c, topo)
+	victim := "r1-1"
+	if leader == victim {
+		victim = "r1-2"
+	}
+	testutil.Until(t, 90*time.Second, "the first partitions moved", func() bool {
+		data, _ := os.ReadFile(c.Nodes[leader].Log)
+		return strings.Contains(string(data), "partitions moved")
+	})
+	t.Logf("killing %s (a voter of the source shards) mid-move", victim)
+	if err := c.Nodes[victim].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Nodes[victim].Start(); err != nil {
+		t.Fatal(err)
+	}
+	out := mustCtlWithin(t, 3*time.Minute, "--config", v1, "--timeout", "10s", "topology", "apply", v2)
+	add := time.Since(start)
+	t.Logf("apply v2 took %v:\n%s", add, out)
+	for _, nd := range r3.Nodes {
+		if err := cluster.WaitHTTP(ctx, "http://"+nd.HTTPAddr+"/readyz"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := l.count()
+	testutil.Until(t, 30*time.Second, "writes after adding a region", func() bool { return l.count() >= n+100 })
+	// The new region serves keys it is now home to.
+	via3 := cluster.NewAPI(r3.Nodes[0].HTTPAddr)
+	r := check(t, 200)(via3.Reserve(ctx, "payments", "after-the-move", map[string]any{"owner_token": "late-owner-token-01"}))
+	if r.Str("outcome") != "ACQUIRED" {
+		t.Fatalf("a fresh key through the new region: %s", r)
+	}
+
+	// Version 3: r3 goes again; its keys are re-homed to r1 and r2.
+	v3 := nextVersion(t, topo.Clone(), 3, dir)
+	start = time.Now()
+	out = mustCtlWithin(t, 3*time.Minute, "--config", v2, "--timeout", "10s", "topology", "apply", v3)
+	remove := time.Since(start)
+	t.Logf("apply v3 took %v:\n%s", remove, out)
+	if !strings.Contains(out, "may be stopped: r3-1, r3-2, r3-3") {
+		t.Fatalf("apply does not say the removed region's nodes may stop:\n%s", out)
+	}
+	for _, nd := range r3.Nodes {
+		if err := c.Nodes[nd.ID].Stop(20 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n = l.count()
+	testutil.Until(t, 30*time.Second, "writes after removing the region", func() bool { return l.count() >= n+100 })
+	l.finish()
+	if len(l.failures) > 0 {
+		t.Fatalf("%d calls failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
+	}
+	router := cluster.NewAPI(rt.HTTPAddr)
+	for key, a := range l.acked {
+		r, err := router.Reserve(ctx, "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, _ := r.Body["response"].(map[string]any)
+		if r.Status != 200 || r.Str("outcome") != "COMPLETED" || resp["body"] != a.body || r.Str("fencing_token") != a.token {
+			t.Fatalf("acknowledged completion of %s (token %s) after the changes: %s", key, a.token, r)
+		}
+	}
+	if r := check(t, 200)(router.Reserve(ctx, "payments", "after-the-move", map[string]any{"owner_token": "late-owner-token-01"})); r.Str("outcome") != "ACQUIRED" {
+		t.Fatalf("the key reserved in the removed region, by its owner, after the region left: %s", r)
+	}
+	hs := handoffStats(t, c)
+	total := l.ok.Load() + l.u503.Load()
+	t.Logf("adding a region took %v, removing it %v; %s; %d acknowledged completions all replay; %d calls answered 200, %d answered 503 (retried): availability %.2f%%",
+		add.Round(time.Millisecond), remove.Round(time.Millisecond), hs, len(l.acked), l.ok.Load(), l.u503.Load(), 100*float64(l.ok.Load())/float64(total))
 }
