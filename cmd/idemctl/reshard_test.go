@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
@@ -81,6 +82,31 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 	}
 	short := check(t, 200)(node.Reserve(ctx, "payments", "short-lease", map[string]any{"owner_token": "short-owner-token-1", "lease_ms": 1000}))
 
+	// A Go client that keeps the first version's routing throughout (it
+	// routes to the leaders of the shards it knows; the nodes take each
+	// call to the key's current shard).
+	var grpcAddrs []string
+	for _, nd := range topo.Nodes() {
+		grpcAddrs = append(grpcAddrs, nd.GRPCAddr)
+	}
+	cl, err := client.New(client.Config{Endpoints: grpcAddrs, RoutingRefresh: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	runs := map[string]int{}
+	once := func(stage string, from, to int, wantRan bool) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			id := fmt.Sprintf("event-%d", i)
+			ran, err := cl.Once(ctx, "events", id, func(context.Context, uint64) error { runs[id]++; return nil })
+			if err != nil || ran != wantRan || runs[id] != 1 {
+				t.Fatalf("%s: Once(%s) ran=%v (want %v), %d runs, %v", stage, id, ran, wantRan, runs[id], err)
+			}
+		}
+	}
+	once("before the change", 0, 50, true)
+
 	l := startLoad(ctx, []string{c.HTTPAddr("r1-1"), rt.HTTPAddr}, 8)
 	testutil.Until(t, 30*time.Second, "writes before the change", func() bool { return l.count() >= 200 })
 
@@ -127,6 +153,8 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 		}
 	}
 	checkHeld("after growing")
+	once("after growing: events run before", 0, 50, false)
+	once("after growing: new events", 50, 100, true)
 	// The short lease ran out: a reclaim after the move gets a token above
 	// every token the key had.
 	rec := check(t, 200)(router.Reserve(ctx, "payments", "short-lease", map[string]any{"owner_token": "second-owner-token-1"}))
@@ -149,6 +177,7 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 		t.Fatalf("%d calls failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
 	}
 	checkHeld("after shrinking")
+	once("after shrinking", 0, 100, false)
 	for _, k := range held {
 		check(t, 200)(node.Complete(ctx, "payments", k.key, map[string]any{"owner_token": k.owner, "response": map[string]any{"status": 201, "body": ""}}))
 		if r := check(t, 200)(router.Reserve(ctx, "payments", k.key, map[string]any{})); r.Str("outcome") != "COMPLETED" || r.Str("fencing_token") != k.token {
