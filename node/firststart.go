@@ -3,8 +3,10 @@ package node
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -19,6 +21,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/security/auth"
 	"github.com/idem-dev/idem/security/pki"
 )
@@ -95,7 +99,7 @@ func (n *Node) awaitFirstStart(ctx context.Context) error {
 	if len(peers) == 0 {
 		return nil
 	}
-	fs := &firstStartServer{asked: map[string]bool{}}
+	fs := &firstStartServer{asked: map[string]bool{}, version: n.cfg.Version}
 	stop, err := n.serveFirstStart(fs)
 	if err != nil {
 		return err
@@ -108,6 +112,7 @@ func (n *Node) awaitFirstStart(ctx context.Context) error {
 			}
 		}
 	})
+	fs.setWaiting(ids)
 	n.log.Info("first start: asking the other nodes whether they hold Raft state before bootstrapping", "peers", strings.Join(ids, ","))
 	answered := map[string]bool{}
 	lastLog := time.Now()
@@ -132,6 +137,7 @@ func (n *Node) awaitFirstStart(ctx context.Context) error {
 				answered[id] = true
 			}
 		}
+		fs.setWaiting(waiting)
 		if len(waiting) == 0 {
 			n.log.Info("first start: every other node answered; bootstrapping", "peers", strings.Join(ids, ","))
 			return nil
@@ -174,24 +180,50 @@ func (n *Node) peerHoldsState(ctx context.Context, id string, groups []string) (
 	return "", false, nil
 }
 
-// serveFirstStart serves fs on this node's gRPC address until stop, which
-// releases the address for the node's API.
+// serveFirstStart serves, until stop: fs on this node's gRPC address, and
+// the probes on its HTTP address (/healthz 200, /readyz and everything else
+// 503 naming the nodes it waits for), so a supervisor sees a live process.
+// stop releases both addresses for the node's API.
 func (n *Node) serveFirstStart(fs *firstStartServer) (stop func(), err error) {
 	ln, err := n.cfg.Security.ListenGRPC(cmp.Or(n.cfg.GRPCAddr, n.self.GRPCAddr))
 	if err != nil {
 		return nil, fmt.Errorf("node: grpc listener: %w", err)
 	}
+	hln, err := n.cfg.Security.ListenAPI(cmp.Or(n.cfg.HTTPAddr, n.self.HTTPAddr))
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("node: http listener: %w", err)
+	}
 	srv := grpc.NewServer(n.cfg.Security.GRPCServerOptions()...)
 	idemv1.RegisterTopologyServer(srv, fs)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
+	probes := serving.HTTPWithTimeouts("node: http (first start)", hln, http.HandlerFunc(fs.serveHTTP), n.log, n.cfg.Security.HTTPTimeouts())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = srv.Serve(ln) })
+	wg.Go(func() { _ = probes.Serve() })
 	return func() {
 		srv.Stop()
-		<-done
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = probes.Drain(ctx)
+		wg.Wait()
 	}, nil
+}
+
+// serveHTTP answers the probes while the node waits to bootstrap.
+func (f *firstStartServer) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if r.URL.Path == "/healthz" {
+		_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok", "version": f.version})
+		return
+	}
+	w.Header().Set("Retry-After", "1")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	msg := "first start: waiting for the other nodes to answer that they hold no Raft state before bootstrapping"
+	if waiting := f.waitingFor(); waiting != "" {
+		msg += " (not answered yet: " + waiting + ")"
+	}
+	_ = json.NewEncoder(w).Encode(map[string]map[string]string{"error": {"code": string(contract.CodeUnavailable), "message": msg}})
 }
 
 // firstStartServer answers ShardState while this node waits to bootstrap:
@@ -199,8 +231,22 @@ func (n *Node) serveFirstStart(fs *firstStartServer) (stop func(), err error) {
 // situation (firstStartMetadata).
 type firstStartServer struct {
 	idemv1.UnimplementedTopologyServer
-	mu    sync.Mutex
-	asked map[string]bool
+	version string // for /healthz
+	mu      sync.Mutex
+	asked   map[string]bool
+	waiting string // the nodes not answered yet, for /readyz
+}
+
+func (f *firstStartServer) setWaiting(ids []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.waiting = strings.Join(ids, ",")
+}
+
+func (f *firstStartServer) waitingFor() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.waiting
 }
 
 func (f *firstStartServer) ShardState(ctx context.Context, _ *idemv1.ShardStateRequest) (*idemv1.ShardStateResponse, error) {

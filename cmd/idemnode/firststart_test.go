@@ -99,8 +99,9 @@ func TestEmptiedDataDirIsRefused(t *testing.T) {
 }
 
 // A new cluster's nodes that come up seconds apart still make one cluster:
-// the first waits, saying every 10 s which nodes have not answered, and
-// bootstraps once all of them have.
+// the first waits, saying every 10 s which nodes have not answered (and
+// answering /healthz, with /readyz 503 naming them), and bootstraps once
+// all of them have.
 func TestFirstStartWaitsForEveryNode(t *testing.T) {
 	topo, err := cluster.Topology(cluster.Spec{Cluster: "apart", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
 	if err != nil {
@@ -126,6 +127,14 @@ func TestFirstStartWaitsForEveryNode(t *testing.T) {
 	})
 	if logHas(first, "every other node answered") {
 		t.Fatalf("%s bootstrapped alone", first)
+	}
+	// A supervisor sees it alive, and not ready for a reason.
+	probe := cluster.NewAPI(c.HTTPAddr(first))
+	if r, err := probe.Do(t.Context(), "GET", "/healthz", nil); err != nil || r.Status != 200 {
+		t.Fatalf("/healthz while waiting: %v %v", r, err)
+	}
+	if r, err := probe.Do(t.Context(), "GET", "/readyz", nil); err != nil || r.Status != 503 || !strings.Contains(string(r.Raw), others) {
+		t.Fatalf("/readyz while waiting: %v %v", r, err)
 	}
 	if err := c.Nodes[nodes[1].ID].Start(); err != nil {
 		t.Fatal(err)
