@@ -457,7 +457,7 @@ func (f *FSM) drop(cmd *Command) Result {
 }
 
 // dropPartitions deletes up to limit (0: all) records of the partitions, in
-// (namespace, key) order, and returns how many it deleted.
+// the store's ScanPartitions order, and returns how many it deleted.
 //
 // ScanPartitions reads the committed state, and replicas group entries
 // into store batches differently, so what it sees must not decide the
@@ -526,7 +526,7 @@ func (f *FSM) Partitions() (count uint32, list []PartitionInfo) {
 }
 
 // ExportPartitions calls fn with every committed record of the partitions
-// (count partitions in the ring), in (namespace, key) order, until fn
+// (count partitions in the ring), partition by partition, each in (namespace, key) order, until fn
 // returns false. The caller exports partitions the group froze: their
 // records no longer change.
 func (f *FSM) ExportPartitions(count uint32, partitions []uint32, fn func(KeyedRecord) bool) error {

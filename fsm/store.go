@@ -63,10 +63,11 @@ type Store interface {
 	// concurrently with the writer.
 	ScanInProgress(fn func(k RecordKey, r *Record) bool) error
 	// ScanPartitions visits the committed records of the given ring
-	// partitions (count partitions in the ring; PartitionOf), in
-	// (namespace, key) order, until fn returns false. Records of reserved
-	// namespaces (policies, the partition table) belong to no partition.
-	// Safe concurrently with the writer.
+	// partitions (count partitions in the ring; PartitionOf), partition by
+	// partition in ascending order and each in (namespace, key) order,
+	// until fn returns false. Records of reserved namespaces (policies, the
+	// partition table) belong to no partition. Safe concurrently with the
+	// writer.
 	ScanPartitions(count uint32, partitions []uint32, fn func(k RecordKey, r *Record) bool) error
 	// Put replaces old (nil when absent) at k with rec (nil deletes) and
 	// keeps the indexes in step.
@@ -230,7 +231,12 @@ func (s *memStore) ScanPartitions(count uint32, partitions []uint32, fn func(Rec
 			keys = append(keys, k)
 		}
 	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].less(keys[j]) })
+	sort.Slice(keys, func(i, j int) bool {
+		if pi, pj := PartitionOf(keys[i].Namespace, keys[i].Key, count), PartitionOf(keys[j].Namespace, keys[j].Key, count); pi != pj {
+			return pi < pj
+		}
+		return keys[i].less(keys[j])
+	})
 	for _, k := range keys {
 		if !fn(k, s.m[k]) {
 			break

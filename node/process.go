@@ -149,7 +149,7 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	}
 	stateDir := filepath.Join(cfg.DataDir, "state")
 	if n.state, err = statedb.Open(statedb.Config{Dir: stateDir, MaxStateBytes: maxState, CacheBytes: cfg.StateCacheBytes, Registry: cfg.Registry,
-		TestingRestoreFault: cfg.TestingRestoreFault}); err != nil {
+		PartitionCount: ring.PartitionCount(), TestingRestoreFault: cfg.TestingRestoreFault}); err != nil {
 		return err
 	}
 	n.log.Info("state engine open", "dir", stateDir, "max_state_bytes", maxState, "state_bytes", n.state.StateBytes())

@@ -42,6 +42,13 @@ type Config struct {
 	MaxStateBytes int64
 	// Registry receives the idem_state_* metrics; nil: not exported.
 	Registry *prometheus.Registry
+	// PartitionCount is the ring's partition count (fixed for the
+	// cluster's life). When set, every shard indexes its records by ring
+	// partition, so that the records of the partitions a topology change
+	// moves are found without a pass over the shard (ScanPartitions); an
+	// index missing from an older data dir is built when the shard opens.
+	// 0: no index.
+	PartitionCount uint32
 	// TestingRestoreFault, when set, injects a crash into every Restore:
 	// fault injection for tests only (cmd/idemnode's
 	// --testing-crash-during-restore). Nil in production.
@@ -84,6 +91,7 @@ type DB struct {
 	stateBytes atomic.Int64 // committed record bytes of every open shard
 	refused    prometheus.Counter
 	fault      *RestoreFault
+	partitions uint32 // Config.PartitionCount
 
 	mu     sync.Mutex
 	shards map[string]bool
@@ -101,7 +109,7 @@ func Open(cfg Config) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("statedb: opening %s: %w", cfg.Dir, err)
 	}
-	d := &DB{db: db, shards: map[string]bool{}, maxBytes: cfg.MaxStateBytes, fault: cfg.TestingRestoreFault}
+	d := &DB{db: db, shards: map[string]bool{}, maxBytes: cfg.MaxStateBytes, fault: cfg.TestingRestoreFault, partitions: cfg.PartitionCount}
 	if err := d.registerMetrics(cfg.Registry); err != nil {
 		db.Close()
 		return nil, err
@@ -141,7 +149,7 @@ func (d *DB) openShard(id string) (*ShardStore, error) {
 	case d.shards[id]:
 		return nil, fmt.Errorf("%w: %s", ErrShardOpen, id)
 	}
-	s := &ShardStore{db: d.db, id: id, gen: 1, total: &d.stateBytes, fault: d.fault}
+	s := &ShardStore{db: d.db, id: id, gen: 1, total: &d.stateBytes, fault: d.fault, partitions: d.partitions}
 	v, closer, err := d.db.Get(genKey(id))
 	switch {
 	case err == nil:
@@ -188,6 +196,9 @@ func (d *DB) openShard(id string) (*ShardStore, error) {
 		}
 	case !errors.Is(err, pebble.ErrNotFound):
 		return nil, fmt.Errorf("statedb: shard %s: %w", id, err)
+	}
+	if err := s.indexPartitions(); err != nil {
+		return nil, err
 	}
 	d.shards[id] = true
 	s.committedBytes = s.meta.Bytes

@@ -16,6 +16,16 @@ import (
 // workload; the disk store answers, exports, counts and snapshots exactly
 // as the in-memory one, across restarts.
 func TestDiskHandoffMatchesMemory(t *testing.T) {
+	for _, indexed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("indexed=%v", indexed), func(t *testing.T) { diskHandoffMatchesMemory(t, indexed) })
+	}
+}
+
+// diskHandoffMatchesMemory runs the comparison with the disk store's
+// partition index (indexed: the DB knows the partition count; restarts then
+// alternate with and without it, so the index is dropped and rebuilt) or
+// without it.
+func diskHandoffMatchesMemory(t *testing.T, indexed bool) {
 	const count = 16
 	seed := rand.Uint64()
 	if s := os.Getenv("IDEM_SEED"); s != "" {
@@ -24,7 +34,19 @@ func TestDiskHandoffMatchesMemory(t *testing.T) {
 	t.Logf("seed %d (replay: IDEM_SEED=%d go test -run TestDiskHandoffMatchesMemory ./statedb)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 3))
 	dir := t.TempDir()
-	db := openTestDB(t, dir)
+	open := func(partitions uint32) *DB {
+		t.Helper()
+		db, err := Open(Config{Dir: dir, CacheBytes: 8 << 20, PartitionCount: partitions})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return db
+	}
+	partitions := uint32(0)
+	if indexed {
+		partitions = count
+	}
+	db := open(partitions)
 	defer func() { db.Close() }()
 	ids := []string{"s1", "s2"}
 	disk := []*StateMachine{openShard(t, db, "s1"), openShard(t, db, "s2")}
@@ -163,7 +185,11 @@ func TestDiskHandoffMatchesMemory(t *testing.T) {
 		}
 		if rng.IntN(4) == 0 { // restart: the partition tables come back with the records
 			db.Close()
-			db = openTestDB(t, dir)
+			if indexed && rng.IntN(2) == 0 {
+				db = open(0) // drops the index; the next indexed open rebuilds it
+				db.Close()
+			}
+			db = open(partitions)
 			disk = []*StateMachine{openShard(t, db, "s1"), openShard(t, db, "s2")}
 			for s := range disk {
 				wc, wl := mem[s].Partitions()
@@ -176,6 +202,25 @@ func TestDiskHandoffMatchesMemory(t *testing.T) {
 	}
 	if moved == 0 {
 		t.Fatal("no record moved: the test moved nothing")
+	}
+	// A restored shard (a snapshot installed on a replica) finds the same
+	// records by partition.
+	var snap bytes.Buffer
+	sn := mem[0].Snapshot()
+	_, err := sn.WriteTo(&snap)
+	sn.Release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := openShard(t, db, "s3")
+	if err := restored.RestoreApplied(&snap, index[0]); err != nil {
+		t.Fatal(err)
+	}
+	var want, got []fsm.KeyedRecord
+	mem[0].ExportPartitions(count, all, func(kr fsm.KeyedRecord) bool { want = append(want, kr); return true })
+	restored.FSM().ExportPartitions(count, all, func(kr fsm.KeyedRecord) bool { got = append(got, kr); return true })
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("restored shard exports %d records, memory %d", len(got), len(want))
 	}
 	t.Logf("%d records moved", moved)
 }

@@ -14,6 +14,8 @@ import (
 //	0x02 shard 0x00 gen(8) 'r' key       -> record (fsm.AppendRecord)
 //	0x02 shard 0x00 gen(8) 'e' t(8) key  -> RecordBytes : COMPLETED record expiring at t
 //	0x02 shard 0x00 gen(8) 'l' t(8) key  -> RecordBytes : IN_PROGRESS record whose lease ends at t
+//	0x02 shard 0x00 gen(8) 'p' p(4) key  -> empty       : a record of ring partition p (Config.PartitionCount set)
+//	0x02 shard 0x00 gen(8) 'P'           -> count(4)    : the partition index is complete for count partitions
 //
 // key is the (namespace, key) pair in an order-preserving encoding (0x00
 // escaped as 0x00 0xff, the namespace ended by 0x00 0x01), so records are
@@ -28,6 +30,8 @@ const (
 	subRecord = 'r'
 	subExpiry = 'e'
 	subLease  = 'l'
+	subPart   = 'p'
+	subParts  = 'P'
 )
 
 func genKey(shard string) []byte {

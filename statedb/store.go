@@ -48,6 +48,11 @@ type ShardStore struct {
 	// first scan starts at the beginning once.
 	expFloor, leaseFloor []byte
 
+	// partitions is the ring's partition count the records are indexed by
+	// (partition.go); 0: no partition index.
+	partitions uint32
+	partPrefix []byte
+
 	// total is the DB's StateBytes; committedBytes this shard's share.
 	total          *atomic.Int64
 	committedBytes int64
@@ -99,6 +104,7 @@ func (s *ShardStore) setGen(gen uint64) {
 	s.leasePrefix = sub(s.prefix, subLease)
 	s.recEnd, s.expEnd, s.leaseEnd = prefixEnd(s.recPrefix), prefixEnd(s.expPrefix), prefixEnd(s.leasePrefix)
 	s.genEnd = prefixEnd(s.prefix)
+	s.partPrefix = sub(s.prefix, subPart)
 	s.expFloor, s.leaseFloor = nil, nil
 	s.recent, s.recentOrder, s.recentNext = nil, nil, 0
 }
@@ -232,6 +238,11 @@ func (s *ShardStore) Put(k fsm.RecordKey, old, rec *fsm.Record) {
 	if old != nil {
 		s.fail(b.Delete(s.indexOf(k, old), nil))
 	}
+	if old == nil && rec != nil {
+		s.indexPartition(b, k, true)
+	} else if old != nil && rec == nil {
+		s.indexPartition(b, k, false)
+	}
 	key := s.writerKey(k)
 	s.remember(key, rec)
 	if rec == nil {
@@ -283,6 +294,9 @@ func (s *ShardStore) drop(prefix, end []byte, floor *[]byte, at int64, limit int
 			panic(fmt.Sprintf("statedb: shard %s: index value of %q: %v", s.id, k.Key, err))
 		}
 		doomed = append(doomed, append([]byte(nil), ik...), s.recKey(k))
+		if pk := s.partKey(s.partPrefix, k); pk != nil {
+			doomed = append(doomed, pk)
+		}
 		bytes += int64(size)
 		n++
 		*floor = append((*floor)[:0], ik[:len(prefix)+8]...)
@@ -484,6 +498,11 @@ func (r *restore) Put(k fsm.RecordKey, rec *fsm.Record) error {
 	if err := r.batch.Set(indexKey(idx, t, k), indexValue(k, rec), nil); err != nil {
 		return err
 	}
+	if pk := r.s.partKey(sub(r.prefix, subPart), k); pk != nil {
+		if err := r.batch.Set(pk, nil, nil); err != nil {
+			return err
+		}
+	}
 	r.records++
 	if f := r.s.fault; f != nil && r.records == f.AfterRecords {
 		return r.crash(f)
@@ -516,6 +535,11 @@ func (r *restore) Commit(m fsm.Meta) error {
 	s := r.s
 	if err := r.batch.Set(sub(r.prefix, subMeta), encodeMeta(m, s.pendingApplied), nil); err != nil {
 		return err
+	}
+	if s.partitions > 0 {
+		if err := r.batch.Set(sub(r.prefix, subParts), binary.BigEndian.AppendUint32(nil, s.partitions), nil); err != nil {
+			return err
+		}
 	}
 	if err := r.batch.Set(genKey(s.id), binary.BigEndian.AppendUint64(nil, r.gen), nil); err != nil {
 		return err
