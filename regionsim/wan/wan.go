@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,16 +175,34 @@ func New(cfg Config) (*Network, error) {
 }
 
 func (n *Network) known(regions ...string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	for _, r := range regions {
-		found := false
-		for _, k := range n.cfg.Regions {
-			found = found || k == r
-		}
-		if !found {
+		if !slices.Contains(n.cfg.Regions, r) {
 			return fmt.Errorf("%w %q", ErrUnknownRegion, r)
 		}
 	}
 	return nil
+}
+
+// AddRegion declares one more region, for a region added to the cluster
+// while it runs; its links to every other region are Config.Default until
+// SetLink says otherwise.
+func (n *Network) AddRegion(region string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if region == "" || slices.Contains(n.cfg.Regions, region) {
+		return fmt.Errorf("wan: region %q is empty or already known", region)
+	}
+	n.cfg.Regions = append(slices.Clone(n.cfg.Regions), region)
+	return nil
+}
+
+// regions returns every declared region.
+func (n *Network) regions() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.cfg.Regions)
 }
 
 // SetLink sets the src->dst direction of a link.
@@ -249,7 +268,7 @@ func (n *Network) SetCut(src, dst string, c Cut) error {
 // Isolate cuts region off from every other region, both directions.
 func (n *Network) Isolate(region string, c Cut) error {
 	var errs []error
-	for _, r := range n.cfg.Regions {
+	for _, r := range n.regions() {
 		if r != region {
 			errs = append(errs, n.SetCut(region, r, c), n.SetCut(r, region, c))
 		}

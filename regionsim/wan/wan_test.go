@@ -278,3 +278,41 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("SetCut to unknown region: %v", err)
 	}
 }
+
+// TestAddRegion: a region declared while the network runs gets proxies and
+// cuts like the others, and Isolate of an old region reaches it too.
+func TestAddRegion(t *testing.T) {
+	target, _ := echoServer(t)
+	n := newNet(t, Link{Latency: time.Millisecond})
+	if _, err := n.Listen("d", "a", target); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("Listen from an undeclared region: %v", err)
+	}
+	if err := n.AddRegion("d"); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.AddRegion("d"); err == nil {
+		t.Fatal("the same region added twice")
+	}
+	addr, err := n.Listen("d", "a", target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if got, err := roundTrip(c, r, "hello", 5*time.Second); err != nil || got != "hello" {
+		t.Fatalf("from the added region: %q %v", got, err)
+	}
+	if err := n.Isolate("a", Refuse); err != nil {
+		t.Fatal(err)
+	}
+	if n.CutOf("d", "a") != Refuse || n.CutOf("a", "d") != Refuse {
+		t.Fatalf("isolating a left the added region's links up: %v", n.ActiveCuts())
+	}
+	if _, err := roundTrip(c, r, "cut", 5*time.Second); err == nil || isTimeout(err) {
+		t.Fatalf("across the refused link to the added region: got %v, want a reset", err)
+	}
+}
