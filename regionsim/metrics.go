@@ -85,7 +85,8 @@ func (env *runEnv) fill(out *report.Scenario, r *scenarioRun, faults []*Fault, f
 
 	// Phases: before the first fault, during (first start to last end),
 	// after.
-	during := [2]int64{int64(r.loadEnd.Sub(r.start)), int64(r.loadEnd.Sub(r.start))}
+	loadEnd := int64(r.loadEnd().Sub(r.start))
+	during := [2]int64{loadEnd, loadEnd}
 	for i, f := range out.Faults {
 		s, e := int64(f.StartS*1e9), int64(f.EndS*1e9)
 		if i == 0 || s < during[0] {

@@ -95,11 +95,11 @@ func (p *progress) track(r *scenarioRun, idx, total int) (stop func()) {
 func (r *scenarioRun) status(idx, total int) string {
 	elapsed := time.Since(r.start)
 	phase := "load"
-	if time.Now().After(r.loadEnd) {
+	if time.Now().After(r.loadEnd()) {
 		phase = "drain"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "[%d/%d %s] %s %4.1fs/%.0fs", idx+1, total, r.sc.Name, phase, elapsed.Seconds(), r.loadEnd.Sub(r.start).Seconds())
+	fmt.Fprintf(&b, "[%d/%d %s] %s %4.1fs/%.0fs", idx+1, total, r.sc.Name, phase, elapsed.Seconds(), r.loadEnd().Sub(r.start).Seconds())
 	for _, name := range []string{sysIdem, sysNaive} {
 		r.mu.Lock()
 		res, ok := r.results[name]

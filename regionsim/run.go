@@ -203,16 +203,17 @@ func (env *runEnv) runScenario(ctx context.Context, sc *Scenario, idx, total int
 	out := report.Scenario{Name: sc.Name, FailureMode: sc.FailureMode, Description: sc.Description}
 	rng := rand.New(rand.NewPCG(streamSeed(cfg.Seed, sc.Name, "faults"), 0))
 	faults := sc.plan(cfg, cfg.Duration, rng)
-	load := cfg.Duration
+	load, lastEvent := cfg.Duration, time.Duration(0)
 	for _, f := range faults {
 		load = max(load, f.At+f.For+cfg.Duration/4)
+		lastEvent = max(lastEvent, f.At+f.For)
 	}
 	start := time.Now()
 	r := &scenarioRun{
 		cfg: cfg, sc: sc, c: env.c, start: start,
 		rec:   history.NewRecorder(start, maxOpsPerScenario),
 		guard: ledger.New("g", true), shadow: ledger.New("u", false), naiveLedger: ledger.New("n", false),
-		loadEnd: start.Add(load), drainEnd: start.Add(load + cfg.DrainTimeout),
+		plannedLoad: load, tail: load - lastEvent,
 		results: map[string]*systemResults{}, cur: baseMix(cfg),
 	}
 	instCtx, cancelInst := context.WithCancel(ctx)
@@ -277,7 +278,8 @@ func (env *runEnv) runScenario(ctx context.Context, sc *Scenario, idx, total int
 		}
 	}
 	out.Faults = reported
-	sleepUntil(ctx, r.loadEnd)
+	r.scheduleDone()
+	sleepUntil(ctx, r.loadEnd())
 	out.LoadS = time.Since(start).Seconds()
 	if ctx.Err() != nil {
 		// Interrupted: no healing, no checks; Run stops every process.
@@ -293,7 +295,7 @@ func (env *runEnv) runScenario(ctx context.Context, sc *Scenario, idx, total int
 	if err := env.c.heal(ctx); err != nil {
 		scenarioErr = append(scenarioErr, "healing: "+err.Error())
 	}
-	waitGroup(&r.clients, time.Until(r.drainEnd)+cfg.AttemptTimeout+5*time.Second)
+	waitGroup(&r.clients, time.Until(r.drainEnd())+cfg.AttemptTimeout+5*time.Second)
 	waitGroup(&r.instances, cfg.Lease+cfg.ClockSkewMargin+cfg.AttemptTimeout+5*time.Second)
 	cancelInst()
 	waitGroup(&r.instances, 10*time.Second)

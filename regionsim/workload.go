@@ -132,7 +132,13 @@ type scenarioRun struct {
 	guard, shadow *ledger.Ledger
 	naiveLedger   *ledger.Ledger
 
-	loadEnd, drainEnd time.Time
+	// The load ends at start+plannedLoad, or, when faults overran their
+	// planned windows (a topology change takes as long as it takes), tail
+	// after the last fault event; payments may retry until DrainTimeout
+	// after that. Read them with loadEnd and drainEnd.
+	plannedLoad, tail time.Duration
+	loadEndNs         atomic.Int64 // from start; set when the fault schedule is done
+	faultsDone        atomic.Bool
 	instCtx           context.Context
 	instances         sync.WaitGroup
 	clients           sync.WaitGroup
@@ -148,6 +154,32 @@ type scenarioRun struct {
 }
 
 func (r *scenarioRun) now() int64 { return int64(time.Since(r.start)) }
+
+// loadEnd is when clients stop starting payments: never before tail past
+// now while the fault schedule still runs.
+func (r *scenarioRun) loadEnd() time.Time {
+	if r.faultsDone.Load() {
+		return r.start.Add(time.Duration(r.loadEndNs.Load()))
+	}
+	return later(r.start.Add(r.plannedLoad), time.Now().Add(r.tail))
+}
+
+// drainEnd is when in-flight payments stop retrying.
+func (r *scenarioRun) drainEnd() time.Time { return r.loadEnd().Add(r.cfg.DrainTimeout) }
+
+// scheduleDone fixes the load's end once every fault event ran: as
+// planned, or tail from now if the faults ran late.
+func (r *scenarioRun) scheduleDone() {
+	r.loadEndNs.Store(int64(max(r.plannedLoad, time.Since(r.start)+r.tail)))
+	r.faultsDone.Store(true)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
 
 func (r *scenarioRun) mix() mix {
 	r.mixMu.Lock()
@@ -188,7 +220,7 @@ func (r *scenarioRun) clientLoop(sys system, region string, worker int) {
 	interval := time.Duration(float64(time.Second) * float64(r.cfg.WorkersPerRegion) / r.cfg.RatePerRegion)
 	next := time.Now().Add(time.Duration(rng.Int64N(int64(interval) + 1)))
 	for {
-		if !sleepUntil(r.instCtx, next) || !time.Now().Before(r.loadEnd) {
+		if !sleepUntil(r.instCtx, next) || !time.Now().Before(r.loadEnd()) {
 			return
 		}
 		next = next.Add(interval)
@@ -250,8 +282,8 @@ func (r *scenarioRun) burst(sys system, p *payment, region string, n int, seed u
 func (r *scenarioRun) pay(sys system, p *payment, region, firstVia string, rng *rand.Rand) bool {
 	res := r.result(sys.name())
 	deadline := time.Now().Add(30 * time.Second)
-	if deadline.After(r.drainEnd) {
-		deadline = r.drainEnd
+	if drainEnd := r.drainEnd(); deadline.After(drainEnd) {
+		deadline = drainEnd
 	}
 	wait := 100 * time.Millisecond
 	for attempt := 0; attempt < 12 && time.Now().Before(deadline); attempt++ {
