@@ -29,9 +29,12 @@ import (
 // topology in which every other region's address is a WAN proxy, and the
 // naive lock server for the comparison.
 type simCluster struct {
-	cfg     Config
-	log     *slog.Logger
-	dir     string
+	cfg Config
+	log *slog.Logger
+	dir string
+	// regions are the regions with a router and clients: those the
+	// cluster started with (a region added by a topology change has
+	// nodes only).
 	regions []string
 	topo    *topology.Topology // real addresses
 	net     *wan.Network
@@ -42,7 +45,10 @@ type simCluster struct {
 	nodesMu sync.Mutex
 	nodes   map[string]*simNode
 	nodeIDs []string
-	routers map[string]*simRouter
+	// unfinished is a topology version applied that never became active
+	// (0: none); no later change is tried.
+	unfinished int
+	routers    map[string]*simRouter
 
 	// via[clientRegion][routerRegion] is the gRPC address a client in
 	// clientRegion dials to reach routerRegion's router.
@@ -80,6 +86,10 @@ type simRouter struct {
 	httpAddr, grpcAddr string
 }
 
+// ringPartitions is the simulated cluster's ring.partition_count (a prime,
+// like the default 16411), unless its largest shape needs more.
+const ringPartitions = 4099
+
 // startCluster generates the topology and its per-region views, starts the
 // WAN proxies and every process, and waits until all are ready.
 func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]string, log *slog.Logger) (_ *simCluster, err error) {
@@ -110,6 +120,12 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 			n.RaftAddr, n.GRPCAddr, n.HTTPAddr = next(), next(), next()
 		}
 	}
+	// Fewer ring partitions than the default: a change moves one batch of
+	// at most 128 partitions of one shard pair per mover step, and over
+	// the simulated WAN a step takes seconds, so the default ring's
+	// batches would make the reconfigure scenario's partition moves take
+	// minutes. Enough for every shard the scenario can create.
+	topo.Ring.PartitionCount = max(ringPartitions, (cfg.ShardsPerRegion+1)*(len(regions)+1)*topology.MinPartitionsPerShard)
 	if err := topo.Validate(); err != nil {
 		return nil, fmt.Errorf("regionsim: topology: %w", err)
 	}
@@ -262,7 +278,8 @@ func pairLatency(cfg Config, i, n int) time.Duration {
 // keys and voters identically.
 func (c *simCluster) writeViews() error {
 	topo := c.topology()
-	for _, from := range c.regions {
+	for _, region := range topo.Regions {
+		from := region.Name
 		view := *topo
 		view.Regions = nil
 		for _, r := range topo.Regions {

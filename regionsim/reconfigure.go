@@ -76,20 +76,30 @@ func (c *simCluster) joinNode(ctx context.Context, region string) (string, time.
 		return "", 0, err
 	}
 	real, _ := next.NodeByID(id)
-	sn := &simNode{id: id, region: region, real: real}
-	sn.baseArgs = []string{"--config", c.views[region], "--id", id, "--data-dir", filepath.Join(c.dir, "data", id),
-		"--log-level", "info", "--clock-skew-margin", c.cfg.ClockSkewMargin.String()}
-	sn.proc = &cluster.Process{Name: id, Bin: c.anyNode().proc.Bin, Args: sn.baseArgs, Log: filepath.Join(c.dir, "logs", id+".log"),
-		Env: []string{cluster.FaultInjectionEnv}}
-	if err := sn.proc.Start(); err != nil {
+	if err := c.startNewNode(real); err != nil {
 		return "", 0, err
 	}
-	c.nodesMu.Lock()
-	c.nodes[id] = sn
-	c.nodeIDs = append(c.nodeIDs, id)
-	c.nodesMu.Unlock()
-	took, err := c.applyTopology(ctx, next, nil)
+	took, err := c.applyTopology(ctx, next, nil, membershipWithin)
 	return id, took, err
+}
+
+// startNewNode starts a node the cluster did not have, with its region's
+// view of the current topology (the version about to be applied), and
+// adds it to the cluster's nodes.
+func (c *simCluster) startNewNode(real topology.Node) error {
+	sn := &simNode{id: real.ID, region: real.Region, real: real}
+	sn.baseArgs = []string{"--config", c.views[real.Region], "--id", real.ID, "--data-dir", filepath.Join(c.dir, "data", real.ID),
+		"--log-level", "info", "--clock-skew-margin", c.cfg.ClockSkewMargin.String()}
+	sn.proc = &cluster.Process{Name: real.ID, Bin: c.anyNode().proc.Bin, Args: sn.baseArgs, Log: filepath.Join(c.dir, "logs", real.ID+".log"),
+		Env: []string{cluster.FaultInjectionEnv}}
+	if err := sn.proc.Start(); err != nil {
+		return err
+	}
+	c.nodesMu.Lock()
+	c.nodes[real.ID] = sn
+	c.nodeIDs = append(c.nodeIDs, real.ID)
+	c.nodesMu.Unlock()
+	return nil
 }
 
 // removeNode applies the next version without one of region's nodes (the
@@ -105,7 +115,7 @@ func (c *simCluster) removeNode(ctx context.Context, region string) (string, tim
 	for i := range next.Regions {
 		next.Regions[i].Nodes = slices.DeleteFunc(next.Regions[i].Nodes, func(n topology.Node) bool { return n.ID == id })
 	}
-	took, err := c.applyTopology(ctx, next, nil)
+	took, err := c.applyTopology(ctx, next, nil, membershipWithin)
 	if err != nil {
 		return id, took, err
 	}
@@ -119,15 +129,32 @@ func (c *simCluster) removeNode(ctx context.Context, region string) (string, tim
 	return id, took, nil
 }
 
+// How long a topology change may take before the scenario reports it as
+// stuck: one that only changes Raft memberships, and one that moves ring
+// partitions between shards (one batch per mover step; over the simulated
+// WAN a step takes seconds).
+const (
+	membershipWithin = 90 * time.Second
+	partitionsWithin = 8 * time.Minute
+)
+
 // applyTopology stores next as the cluster's target through a running node
-// and waits until it is the active version.
-func (c *simCluster) applyTopology(ctx context.Context, next *topology.Topology, dead []string) (time.Duration, error) {
+// and waits, up to within, until it is the active version. After a change
+// that did not finish, every later one fails at once: the cluster keeps
+// its target until that change completes.
+func (c *simCluster) applyTopology(ctx context.Context, next *topology.Topology, dead []string, within time.Duration) (time.Duration, error) {
+	c.nodesMu.Lock()
+	unfinished := c.unfinished
+	c.nodesMu.Unlock()
+	if unfinished != 0 {
+		return 0, fmt.Errorf("regionsim: version %d not applied: version %d never became active", next.EffectiveVersion(), unfinished)
+	}
 	raw, err := yaml.Marshal(next)
 	if err != nil {
 		return 0, err
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	stored := false
 	for ctx.Err() == nil {
@@ -163,6 +190,9 @@ func (c *simCluster) applyTopology(ctx context.Context, next *topology.Topology,
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+	c.nodesMu.Lock()
+	c.unfinished = next.EffectiveVersion()
+	c.nodesMu.Unlock()
 	return time.Since(start), fmt.Errorf("regionsim: topology version %d not active after %s (stored: %v)", next.EffectiveVersion(), time.Since(start).Round(time.Second), stored)
 }
 

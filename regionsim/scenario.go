@@ -200,10 +200,18 @@ func Scenarios() []*Scenario {
 		{
 			Name:        "reconfigure",
 			FailureMode: "the cluster changes shape under load",
-			Description: "No fault: a node joins one region and later another node of that region leaves, each applied online as a new topology version (the new voter joins its shards as a learner, catches up, is promoted; the leaving one hands over and is removed) while payments run. Every promise must hold across both changes.",
+			Description: "Four topology versions applied online while payments run. A node joins one region (the new voter joins its shards as a learner, catches up, is promoted); shards_per_region grows by one and then a region of new nodes is added, so ring partitions move between shards (frozen at the source, copied, opened at the destination), and during each move, once the first partitions moved, a node is SIGKILLed (a shard leader, then the meta leader driving the change) and restarted 2 s later while the link between the meta leader's region and another is cut both ways for 3 s; finally another node of the first region leaves. Every promise must hold across the four changes.",
 			plan: func(cfg Config, d time.Duration, rng *rand.Rand) []*Fault {
 				regions := regionNames(cfg.Regions)
-				return []*Fault{reconfigure(d/4, max(d/2, 3*time.Second), regions[rng.IntN(len(regions))])}
+				// The changes take as long as they take (the load runs on
+				// until they are done); the plan only orders them: join,
+				// grow, add a region, leave.
+				w := max(d/2, 3*time.Second)
+				return []*Fault{
+					reconfigure(d/4, w, regions[rng.IntN(len(regions))]),
+					growShards(d/4+w/4, w/4, cfg.ShardsPerRegion+1),
+					addRegion(d/4+w/2+w/8, w/4),
+				}
 			},
 		},
 		{
