@@ -253,6 +253,7 @@ func assertReconfigured(t *testing.T, sc report.Scenario) {
 		if !ok {
 			t.Errorf("%s: change %d did not run through as planned: %q %s", sc.Name, i+1, f.Detail, f.Error)
 		}
+		t.Logf("%s: %.1fs-%.1fs %s", sc.Name, f.StartS, f.EndS, f.Detail)
 	}
 }
 
