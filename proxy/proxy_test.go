@@ -14,6 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/httpidem"
 	"github.com/idem-dev/idem/internal/testutil"
@@ -820,5 +822,56 @@ func TestClientFencingTokenNeverReachesUpstream(t *testing.T) {
 	defer mu.Unlock()
 	if len(seen) != 3 || seen[0] != "" || seen[1] != "" || seen[2] == "" || seen[2] == forged || strings.Contains(seen[2], ",") {
 		t.Fatalf("fencing tokens the upstream saw: %q (want none, none, the proxy's own)", seen)
+	}
+}
+
+// A namespace whose policy caps leases below the proxy's own: the proxy
+// reserves with the policy's max and heartbeats within it, so a slow
+// request keeps its key past that max and runs once. Both ways the store
+// can refuse the longer lease are covered: the state machine's answer (an
+// in-process backend) and a node's INVALID_ARGUMENT forwarded as text (a
+// router's backend).
+func TestPolicyMaxLeaseCapsTheProxyLease(t *testing.T) {
+	for _, forwarded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("forwarded=%v", forwarded), func(t *testing.T) {
+			up := newUpstream(t)
+			be := newBackend(10 * time.Millisecond)
+			maxLease := time.Second
+			if _, err := be.SetPolicy(t.Context(), &fsm.Command{Op: fsm.OpSetPolicy, Namespace: "acme",
+				Policy: &fsm.Policy{MaxLease: int64(maxLease)}}); err != nil {
+				t.Fatal(err)
+			}
+			if forwarded {
+				be.SetApplyError(func(cmd *fsm.Command) error {
+					if cmd.Op == fsm.OpReserve && cmd.Lease > int64(maxLease) {
+						return &backend.Error{Code: contract.CodeInvalidArgument, Message: fmt.Sprintf(
+							"lease_ms %d exceeds the max_lease_ms %d of namespace %q's policy: ask for at most that, or leave lease_ms out for the namespace's default",
+							cmd.Lease/1e6, maxLease.Milliseconds(), cmd.Namespace)}
+					}
+					return nil
+				})
+			}
+			srv, _ := startProxy(t, up.srv.URL, proxy.BackendStore(be), func(c *proxy.Config) { c.NamespaceHeader = "X-Tenant" })
+			done := make(chan reply, 1)
+			go func() {
+				rep, _ := trySend(srv.URL, "POST", "/slow", "x", "Idempotency-Key", "k-cap", "X-Tenant", "acme")
+				done <- rep
+			}()
+			<-up.started
+			// Past three of the policy's leases, only heartbeats within it
+			// keep the key.
+			testutil.Eventually(t, 30*time.Second, "heartbeats past the policy's max lease", func() (bool, string) {
+				n := be.Calls(fsm.OpHeartbeat)
+				return n >= 9, fmt.Sprintf("%d heartbeats", n)
+			})
+			problem(t, send(t, srv.URL, "POST", "/slow", "x", "Idempotency-Key", "k-cap", "X-Tenant", "acme"), 409)
+			close(up.gate)
+			if rep := <-done; rep.Status != 201 {
+				t.Fatalf("first: %v", rep)
+			}
+			if n := up.Runs("k-cap"); n != 1 {
+				t.Errorf("upstream ran %d times", n)
+			}
+		})
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"time"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
@@ -56,7 +58,7 @@ func BackendStore(b backend.Backend) Store { return &backendStore{b: b} }
 type backendStore struct{ b backend.Backend }
 
 func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reservation, error) {
-	res, _, err := s.apply(ctx, &fsm.Command{
+	cmd := &fsm.Command{
 		Op:          fsm.OpReserve,
 		Namespace:   req.Namespace,
 		Key:         req.Key,
@@ -64,7 +66,16 @@ func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reserva
 		OwnerToken:  req.OwnerToken,
 		Lease:       int64(req.Lease),
 		Wait:        int64(req.Wait),
-	})
+	}
+	res, _, err := s.apply(ctx, cmd)
+	granted := maxLease(res, err)
+	if granted > 0 {
+		// The namespace's policy caps leases below the proxy's: reserve
+		// with its max (the caller asked for no lease of its own), and
+		// heartbeat with it.
+		cmd.Lease = int64(granted)
+		res, _, err = s.apply(ctx, cmd)
+	}
 	if err != nil {
 		return Reservation{}, err
 	}
@@ -76,6 +87,7 @@ func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reserva
 		CompletedAt:          unixNanos(res.CompletedAt),
 		ExpiredAt:            unixNanos(res.ExpiredAt),
 		ExpiresAt:            unixNanos(res.ExpiresAt),
+		Lease:                granted,
 	}
 	out.Outcome = idemv1.FSMOutcomeToContract(res.Outcome)
 	switch out.Outcome {
@@ -92,6 +104,28 @@ func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reserva
 		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s acquired for another owner token than the one sent", req.Namespace, req.Key)
 	}
 	return out, nil
+}
+
+// maxLeaseRE finds the limit in the INVALID_ARGUMENT a node answers a
+// reserve that asked for more than its namespace's max_lease_ms
+// (server.limitExceeded), forwarded as text.
+var maxLeaseRE = regexp.MustCompile(`exceeds the max_lease_ms (\d+) of namespace`)
+
+// maxLease is the namespace's max lease when a reserve was refused for
+// asking more (by the state machine here, or by a node the backend
+// forwarded to), 0 otherwise.
+func maxLease(res fsm.Result, err error) time.Duration {
+	if err == nil && res.Outcome == fsm.OutcomeLimitExceeded && res.Limit == "max_lease_ms" && res.LimitValue > 0 {
+		return time.Duration(res.LimitValue) * time.Millisecond
+	}
+	if err != nil && errors.Is(err, httpidem.ErrInvalid) {
+		if m := maxLeaseRE.FindStringSubmatch(err.Error()); m != nil {
+			if ms, perr := strconv.ParseInt(m[1], 10, 64); perr == nil && ms > 0 {
+				return time.Duration(ms) * time.Millisecond
+			}
+		}
+	}
+	return 0
 }
 
 func (s *backendStore) Heartbeat(ctx context.Context, ref Ref, lease time.Duration) error {

@@ -369,7 +369,11 @@ func (e *Engine) run(w http.ResponseWriter, r *http.Request, next http.Handler, 
 		defer close(hbDone)
 		// The lease counts from the store's apply, after sentAt: measured
 		// from sentAt by our clock it ends early, never late.
-		e.keepLease(hbCtx, loseLease, log, ref, sentAt.Add(e.cfg.Lease))
+		lease := e.cfg.Lease
+		if res.Lease > 0 && res.Lease < lease {
+			lease = res.Lease // a namespace policy's max_lease
+		}
+		e.keepLease(hbCtx, loseLease, log, ref, lease, sentAt.Add(lease))
 	}()
 	stop := func() {
 		stopHeartbeats()
@@ -475,8 +479,8 @@ func (e *Engine) releaseKey(parent context.Context, log *slog.Logger, ref Ref) {
 // keepLease renews the lease every HeartbeatInterval until ctx ends. It
 // cancels the run with ErrLeaseLost when a renewal answers NOT_OWNER, or
 // when renewals keep failing until localEnd, the lease's end by our clock.
-func (e *Engine) keepLease(ctx context.Context, lost context.CancelCauseFunc, log *slog.Logger, ref Ref, localEnd time.Time) {
-	interval := e.cfg.HeartbeatInterval
+func (e *Engine) keepLease(ctx context.Context, lost context.CancelCauseFunc, log *slog.Logger, ref Ref, lease time.Duration, localEnd time.Time) {
+	interval := min(e.cfg.HeartbeatInterval, lease/3)
 	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
@@ -491,11 +495,11 @@ func (e *Engine) keepLease(ctx context.Context, lost context.CancelCauseFunc, lo
 			deadline = localEnd
 		}
 		callCtx, cancel := context.WithDeadline(ctx, deadline)
-		err := e.cfg.Store.Heartbeat(callCtx, ref, e.cfg.Lease)
+		err := e.cfg.Store.Heartbeat(callCtx, ref, lease)
 		cancel()
 		switch {
 		case err == nil:
-			localEnd = sentAt.Add(e.cfg.Lease)
+			localEnd = sentAt.Add(lease)
 			t.Reset(interval)
 		case ctx.Err() != nil:
 			return

@@ -77,6 +77,10 @@ type Reservation struct {
 	CompletedAt, ExpiredAt time.Time
 	// ExpiresAt (COMPLETED) is when the stored response's retention ends.
 	ExpiresAt time.Time
+	// Lease (ACQUIRED, RECLAIMED) is the lease the store granted when it is
+	// shorter than the one asked for (a namespace policy's max_lease caps
+	// it); 0: the one asked for. Heartbeats then ask for it.
+	Lease time.Duration
 }
 
 // Completion is the store's answer to a complete.
