@@ -45,6 +45,8 @@ const (
 	importBytes = 1 << 20
 	// dropLimit is how many records one drop command deletes.
 	dropLimit = 2000
+	// handoffStepTime is how long one mover step goes on moving batches.
+	handoffStepTime = 2 * time.Second
 )
 
 // handoffOp maps the RPC's op names to the state machine's.
@@ -225,10 +227,18 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView) (moveStep, bool, err
 		}
 		return moveStep{shard: id, op: "adopt"}, true, nil
 	}
+	if src, dst, batch := nextBatch(moves, mv.moved); len(batch) > 0 {
+		return moveStep{shard: src, op: "handoff", node: dst, partitions: batch}, true, nil
+	}
+	return moveStep{}, false, nil
+}
+
+// nextBatch picks the next batch of partitions to move: up to handoffBatch
+// of the first (source, destination) pair with partitions not moved yet.
+func nextBatch(moves []topology.Move, moved map[uint32]bool) (src, dst string, batch []uint32) {
 	for _, m := range moves {
-		var batch []uint32
 		for _, p := range m.Partitions {
-			if !mv.moved[p] {
+			if !moved[p] {
 				batch = append(batch, p)
 				if len(batch) == handoffBatch {
 					break
@@ -236,10 +246,43 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView) (moveStep, bool, err
 			}
 		}
 		if len(batch) > 0 {
-			return moveStep{shard: m.From, op: "handoff", node: m.To, partitions: batch}, true, nil
+			return m.From, m.To, batch
 		}
 	}
-	return moveStep{}, false, nil
+	return "", "", nil
+}
+
+// handoffSteps moves the step's batch and then, within handoffStepTime,
+// the batches after it (each computed afresh from the meta state), so that
+// a change's pace is set by the batches, not by the step's checks of every
+// shard (which cost a round trip per shard, seconds across a WAN).
+func (n *Node) handoffSteps(ctx context.Context, step moveStep) error {
+	start := time.Now()
+	mv, _ := n.meta.read()
+	from, err1 := topology.NewRing(mv.active)
+	to, err2 := topology.NewRing(mv.target)
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	moves := from.Moves(to)
+	src, dst, batch := step.shard, step.node, step.partitions
+	for {
+		if err := n.handoff(ctx, mv, src, dst, batch); err != nil {
+			return err
+		}
+		if time.Since(start) > handoffStepTime || ctx.Err() != nil || !n.metaGroup.IsLeader() {
+			return nil
+		}
+		next, _ := n.meta.read()
+		if next.target == nil || next.target.EffectiveVersion() != mv.target.EffectiveVersion() {
+			return nil
+		}
+		mv = next
+		if src, dst, batch = nextBatch(moves, mv.moved); len(batch) == 0 {
+			return nil
+		}
+		n.topoMetrics.steps.WithLabelValues("handoff").Inc()
+	}
 }
 
 // adopt gives shard id its partition table: the partitions the active ring

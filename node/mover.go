@@ -165,6 +165,9 @@ func (n *Node) leaderState(ctx context.Context, shard string, candidates []strin
 			return st, nil
 		}
 	}
+	if len(errs) == 0 {
+		return shardState{}, fmt.Errorf("no leader of %s found among %v (none of them leads it now)", shard, candidates)
+	}
 	return shardState{}, fmt.Errorf("no leader of %s found among %v: %w", shard, candidates, errors.Join(errs...))
 }
 
@@ -289,8 +292,7 @@ func (n *Node) takeStep(ctx context.Context, step moveStep) error {
 		mv, _ := n.meta.read()
 		return n.adopt(ctx, mv, step.shard)
 	case "handoff":
-		mv, _ := n.meta.read()
-		return n.handoff(ctx, mv, step.shard, step.node, step.partitions)
+		return n.handoffSteps(ctx, step)
 	}
 	var leader string
 	if step.shard == MetaGroupID {
