@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -34,39 +33,8 @@ type heldKey struct {
 // token, keys held IN_PROGRESS across the moves stay with their owners,
 // and a key reclaimed after a move gets a larger fencing token.
 func TestTopologyReshardUnderLoad(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "reshard", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	t.Cleanup(func() {
-		if t.Failed() {
-			exec.Command("cp", "-r", dir, "/tmp/reshard-debug").Run()
-		}
-	})
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.StopOnCleanup(t)
-	rt, err := c.NewRouter(binaries["idemrouter"], "router", "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.StartAll(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, rt, dir, ctx := routedCluster(t, cluster.Spec{Cluster: "reshard", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "reshard-debug", 5*time.Minute)
+	topo := c.Topology.Clone()
 	v1 := c.TopologyPath
 	node := cluster.NewAPI(c.HTTPAddr("r1-2"))
 	router := cluster.NewAPI(rt.HTTPAddr)
@@ -250,39 +218,8 @@ func check(t *testing.T, want int) func(cluster.Reply, error) cluster.Reply {
 // the other two before its nodes may stop. A router started with the first
 // file serves throughout; every acknowledged completion replays.
 func TestTopologyAddAndRemoveRegion(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "regions", Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	t.Cleanup(func() {
-		if t.Failed() {
-			exec.Command("cp", "-r", dir, "/tmp/region-debug").Run()
-		}
-	})
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.StopOnCleanup(t)
-	rt, err := c.NewRouter(binaries["idemrouter"], "router", "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.StartAll(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
-	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, rt, dir, ctx := routedCluster(t, cluster.Spec{Cluster: "regions", Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "region-debug", 6*time.Minute)
+	topo := c.Topology.Clone()
 	v1 := c.TopologyPath
 	l := startLoad(ctx, []string{c.HTTPAddr("r2-1"), rt.HTTPAddr}, 8)
 	testutil.Until(t, 30*time.Second, "writes before the change", func() bool { return l.count() >= 200 })

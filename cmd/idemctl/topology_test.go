@@ -348,39 +348,8 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 // answers every request with 200 or 503 only; every acknowledged
 // completion replays through it.
 func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "elastic5", NodesPerRegion: 5, ShardsPerRegion: 2, Replicas: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	t.Cleanup(func() {
-		if t.Failed() {
-			exec.Command("cp", "-r", dir, "/tmp/el-debug2").Run()
-		}
-	})
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.StopOnCleanup(t)
-	rt, err := c.NewRouter(binaries["idemrouter"], "router", "r1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.StartAll(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
-	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rt.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, rt, dir, ctx := routedCluster(t, cluster.Spec{Cluster: "elastic5", NodesPerRegion: 5, ShardsPerRegion: 2, Replicas: 3}, "el-debug2", 4*time.Minute)
+	topo := c.Topology
 	// A namespace policy set before the changes holds after them, on every
 	// shard, whichever voters lead then.
 	mustCtl(t, "--config", c.TopologyPath, "namespaces", "set-policy", "capped", "--max-lease-ms", "5000")
@@ -541,4 +510,44 @@ func TestTopologySurvivalZoneToRegion(t *testing.T) {
 		}
 	}
 	t.Logf("zone -> region survival online: %d acknowledged completions replay with a region down; 30 new keys of every shard reserved", len(l.acked))
+}
+
+// routedCluster starts spec's nodes in a temporary dir (copied to
+// /tmp/<debug> when the test fails) and a router for region r1 started with
+// the same (first) file, and waits until all are ready. ctx bounds the
+// test (timeout).
+func routedCluster(t *testing.T, spec cluster.Spec, debug string, timeout time.Duration) (c *cluster.Cluster, rt *cluster.Router, dir string, ctx context.Context) {
+	t.Helper()
+	topo, err := cluster.Topology(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	t.Cleanup(func() {
+		if t.Failed() {
+			exec.Command("cp", "-r", dir, "/tmp/"+debug).Run()
+		}
+	})
+	if c, err = cluster.NewNodes(topo, dir, binaries["idemnode"]); err != nil {
+		t.Fatal(err)
+	}
+	c.StopOnCleanup(t)
+	if rt, err = c.NewRouter(binaries["idemrouter"], "router", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	t.Cleanup(cancel)
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c, rt, dir, ctx
 }
