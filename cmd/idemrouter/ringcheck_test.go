@@ -33,8 +33,11 @@ func TestRouterRefusesAnotherRing(t *testing.T) {
 	if err := c.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Another ring section places every key in another partition. (A file
+	// with another shard set or voters is a version of the cluster's
+	// topology, which routers follow.)
 	changed := topo.Clone()
-	changed.ShardsPerRegion = 3
+	changed.Ring.PartitionCount = 1031
 	path := filepath.Join(t.TempDir(), "changed.yaml")
 	if err := cluster.WriteTopology(changed, path); err != nil {
 		t.Fatal(err)
