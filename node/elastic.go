@@ -137,8 +137,8 @@ func (n *Node) ownAddrs(nodes []topology.Node) []topology.Node {
 
 // newView builds the view of active (and target, with the partitions moved
 // so far).
-func newView(active, target *topology.Topology, dead []string, moved map[uint32]bool, fromMeta bool) (*view, error) {
-	ring, err := topology.NewRing(active)
+func newView(rings *ringCache, active, target *topology.Topology, dead []string, moved map[uint32]bool, fromMeta bool) (*view, error) {
+	ring, err := rings.ring(active)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +148,7 @@ func newView(active, target *topology.Topology, dead []string, moved map[uint32]
 		for _, s := range target.Shards() {
 			v.targetVoters[s.ID] = s.Voters
 		}
-		next, err := topology.NewRing(target)
+		next, err := rings.ring(target)
 		if err != nil {
 			return nil, err
 		}
@@ -404,7 +404,7 @@ func (n *Node) refreshView(ctx context.Context) {
 			(cur.target != nil && mv.target != nil && cur.target.EffectiveVersion() != mv.target.EffectiveVersion()) ||
 			cur.moved != len(mv.moved)
 		if changed {
-			v, err := newView(mv.active, mv.target, mv.dead, mv.moved, true)
+			v, err := newView(n.rings, mv.active, mv.target, mv.dead, mv.moved, true)
 			if err != nil {
 				n.log.Error("topology from the meta group unusable", "error", err)
 				return

@@ -189,9 +189,8 @@ func (n *Node) handoffOn(ctx context.Context, mv metaView, id string, op string,
 // layoutStep is the next step of moving partitions: ok is false when no
 // partition is left to move (or the change moves none).
 func (n *Node) layoutStep(ctx context.Context, mv metaView) (moveStep, bool, error) {
-	from, err1 := topology.NewRing(mv.active)
-	to, err2 := topology.NewRing(mv.target)
-	if err := errors.Join(err1, err2); err != nil {
+	from, to, err := n.rings.rings(mv)
+	if err != nil {
 		return moveStep{}, false, err
 	}
 	moves := from.Moves(to)
@@ -259,9 +258,8 @@ func nextBatch(moves []topology.Move, moved map[uint32]bool) (src, dst string, b
 func (n *Node) handoffSteps(ctx context.Context, step moveStep) error {
 	start := time.Now()
 	mv, _ := n.meta.read()
-	from, err1 := topology.NewRing(mv.active)
-	to, err2 := topology.NewRing(mv.target)
-	if err := errors.Join(err1, err2); err != nil {
+	from, to, err := n.rings.rings(mv)
+	if err != nil {
 		return err
 	}
 	moves := from.Moves(to)
@@ -288,7 +286,7 @@ func (n *Node) handoffSteps(ctx context.Context, step moveStep) error {
 // adopt gives shard id its partition table: the partitions the active ring
 // places on it (none for a shard the change creates).
 func (n *Node) adopt(ctx context.Context, mv metaView, id string) error {
-	from, err := topology.NewRing(mv.active)
+	from, err := n.rings.ring(mv.active)
 	if err != nil {
 		return err
 	}
@@ -306,7 +304,7 @@ func (n *Node) adopt(ctx context.Context, mv metaView, id string) error {
 // import, open, record, drop. Every part is safe to repeat after a failure
 // (the next step starts over with the partitions not recorded as moved).
 func (n *Node) handoff(ctx context.Context, mv metaView, src, dst string, parts []uint32) error {
-	ring, err := topology.NewRing(mv.active)
+	ring, err := n.rings.ring(mv.active)
 	if err != nil {
 		return err
 	}

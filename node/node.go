@@ -61,9 +61,12 @@ type shard struct {
 // server.Backend of its own API (this file); process.go starts and stops it,
 // loops.go runs its background work.
 type Node struct {
-	cfg  Config
-	log  *slog.Logger
-	self topology.Node
+	// rings are the rings of the topologies this node placed keys with
+	// lately (view and mover).
+	rings *ringCache
+	cfg   Config
+	log   *slog.Logger
+	self  topology.Node
 	// viewp is the cluster's shape as this node knows it (elastic.go);
 	// layout is the key layout its data dir holds, which never changes.
 	viewp  atomic.Pointer[view]

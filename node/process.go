@@ -33,7 +33,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	cfg = cfg.withDefaults()
 	self, _ := cfg.Topology.NodeByID(cfg.NodeID)
-	v, err := newView(cfg.Topology, nil, nil, nil, false)
+	rings := &ringCache{}
+	v, err := newView(rings, cfg.Topology, nil, nil, nil, false)
 	if err != nil {
 		return nil, err
 	}
@@ -42,6 +43,7 @@ func New(cfg Config) (*Node, error) {
 		log:         cfg.Logger.With("node", cfg.NodeID, "region", self.Region),
 		self:        self,
 		layout:      v.ring.LayoutFingerprint(),
+		rings:       rings,
 		meta:        newMetaSM(),
 		topoMetrics: newTopoMetrics(),
 		closed:      make(chan struct{}),
@@ -165,7 +167,7 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	// (refreshView).
 	v := n.view()
 	if mv, _ := n.meta.read(); mv.active != nil {
-		if nv, err := newView(mv.active, mv.target, mv.dead, mv.moved, true); err == nil && nv.ring.LayoutFingerprint() == n.layout {
+		if nv, err := newView(n.rings, mv.active, mv.target, mv.dead, mv.moved, true); err == nil && nv.ring.LayoutFingerprint() == n.layout {
 			v = nv
 			n.viewp.Store(v)
 		}

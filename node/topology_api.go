@@ -102,11 +102,9 @@ func (n *Node) topologyDocument(ctx context.Context) (*TopologyDocument, error) 
 		}
 		p.Left = append(p.Left, sp)
 	}
-	if from, err := topology.NewRing(mv.active); err == nil {
-		if to, err := topology.NewRing(mv.target); err == nil {
-			for _, m := range from.Moves(to) {
-				p.PartitionsTotal += len(m.Partitions)
-			}
+	if from, to, err := n.rings.rings(mv); err == nil {
+		for _, m := range from.Moves(to) {
+			p.PartitionsTotal += len(m.Partitions)
 		}
 	}
 	p.PartitionsMoved = len(mv.moved)
