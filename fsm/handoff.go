@@ -119,10 +119,16 @@ func movedResult(s partState) Result {
 	return Result{Outcome: OutcomeMoved, MovedTo: s.peer, Epoch: s.epoch}
 }
 
-// refusedAt is the answer to a handoff step the partition's state s does
-// not allow.
-func refusedAt(s partState) Result {
-	return Result{Outcome: OutcomeFailedPrecondition, MovedTo: s.peer, Epoch: s.epoch}
+// firstRefused checks a handoff step against every partition it names:
+// the answer for the first one whose state does not allow it (allowed),
+// naming where that partition is and since which epoch, or nil.
+func firstRefused(t *partTable, parts []uint32, allowed func(owned bool, s partState) bool) *Result {
+	for _, p := range parts {
+		if owned, s := t.owns(p); !allowed(owned, s) {
+			return &Result{Outcome: OutcomeFailedPrecondition, MovedTo: s.peer, Epoch: s.epoch}
+		}
+	}
+	return nil
 }
 
 func (t *partTable) clone() partTable {
@@ -317,11 +323,10 @@ func (f *FSM) freeze(cmd *Command, token uint64) Result {
 	if refused != nil {
 		return *refused
 	}
-	for _, p := range h.Partitions {
-		owned, s := t.owns(p)
-		if !owned && !(s.kind == partOut && s.epoch >= h.Epoch) {
-			return refusedAt(s)
-		}
+	if r := firstRefused(&t, h.Partitions, func(owned bool, s partState) bool {
+		return owned || (s.kind == partOut && s.epoch >= h.Epoch)
+	}); r != nil {
+		return *r
 	}
 	for _, p := range h.Partitions {
 		if owned, _ := t.owns(p); owned {
@@ -344,10 +349,8 @@ func (f *FSM) importRecords(cmd *Command) Result {
 	if refused != nil {
 		return *refused
 	}
-	for _, p := range h.Partitions {
-		if owned, s := t.owns(p); !mayImport(owned, s, h) {
-			return refusedAt(s)
-		}
+	if r := firstRefused(&t, h.Partitions, func(owned bool, s partState) bool { return mayImport(owned, s, h) }); r != nil {
+		return *r
 	}
 	if h.Reset {
 		f.dropPartitions(h.Count, h.Partitions, 0)
@@ -392,7 +395,7 @@ func (f *FSM) importRecords(cmd *Command) Result {
 func mayImport(owned bool, s partState, h *Handoff) bool {
 	switch {
 	case owned:
-		return false // refusedAt names the epoch it was opened at: an import that already opened
+		return false // the refusal names the epoch it was opened at: an import that already opened
 	case s.kind == partIncoming && s.epoch == h.Epoch:
 		return true
 	case !h.Reset:
@@ -424,11 +427,10 @@ func (f *FSM) open(cmd *Command) Result {
 	if refused != nil {
 		return *refused
 	}
-	for _, p := range h.Partitions {
-		owned, s := t.owns(p)
-		if !owned && !(s.kind == partIncoming && s.epoch == h.Epoch) {
-			return refusedAt(s)
-		}
+	if r := firstRefused(&t, h.Partitions, func(owned bool, s partState) bool {
+		return owned || (s.kind == partIncoming && s.epoch == h.Epoch)
+	}); r != nil {
+		return *r
 	}
 	for _, p := range h.Partitions {
 		if owned, _ := t.owns(p); !owned {
@@ -448,10 +450,10 @@ func (f *FSM) drop(cmd *Command) Result {
 	if _, refused := f.handoffTable(h.Count); refused != nil {
 		return *refused
 	}
-	for _, p := range h.Partitions {
-		if _, s := f.parts.owns(p); s.kind != partOut || s.epoch > h.Epoch {
-			return refusedAt(s)
-		}
+	if r := firstRefused(&f.parts, h.Partitions, func(_ bool, s partState) bool {
+		return s.kind == partOut && s.epoch <= h.Epoch
+	}); r != nil {
+		return *r
 	}
 	return Result{Outcome: OutcomeOK, Swept: f.dropPartitions(h.Count, h.Partitions, h.Limit)}
 }
