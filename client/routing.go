@@ -22,7 +22,7 @@ import (
 // Leader routing: the client learns the nodes' ring and addresses from the
 // Routing RPC of any endpoint, places each key itself, and sends the call
 // to the leader of the key's shard, which then needs no forwarding hop
-// (router.Forwarder keeps the same kind of leader cache on the server side).
+// (forward.Forwarder keeps the same kind of leader cache on the server side).
 // Nothing here ever delays a call: until routing is learned, while the
 // leader is unknown, and while the connection to the leader is not up, calls
 // go to the endpoints round-robin as they would without routing.

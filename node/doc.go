@@ -24,7 +24,7 @@
 //     served with internal/serving, the graceful stop idemrouter shares.
 //   - node.go: the Node and its server.Backend methods (Apply, Get, Ready):
 //     a key this node leads is proposed to its Raft group, any other is
-//     forwarded to the leader with router.Forwarder.
+//     forwarded to the leader with forward.Forwarder.
 //   - loops.go: the background loops, each with its own stop: the sweep of
 //     expired records (leaders only), the ring check against peers, and
 //     leader balancing.

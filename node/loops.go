@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/grpc/connectivity"
 
+	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/fsm"
-	"github.com/idem-dev/idem/router"
 )
 
 // loop is one background goroutine with its own stop, so that each loop is
@@ -104,7 +104,7 @@ func (n *Node) sweep(ctx context.Context) {
 // checkRing asks peers, until one answers, which ring the cluster was
 // created with; on a mismatch the node stays unready.
 func (n *Node) checkRing(ctx context.Context) {
-	router.NewRingCheck(n.cfg.Topology, n.view().ring, n.cfg.NodeID, n.fwd.Conn).Watch(ctx, 2*time.Second, func(err error) {
+	forward.NewRingCheck(n.cfg.Topology, n.view().ring, n.cfg.NodeID, n.fwd.Conn).Watch(ctx, 2*time.Second, func(err error) {
 		if err != nil {
 			n.ringErr.Store(&err)
 			n.log.Error("a peer was created with another ring: this node's topology file differs from the cluster's", "error", err)

@@ -15,11 +15,11 @@ import (
 
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
-	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
@@ -74,7 +74,7 @@ type Node struct {
 	// applied is the view whose nodes and clock peers refreshView set
 	// up last; only its goroutine touches it.
 	applied *view
-	fwd     *router.Forwarder
+	fwd     *forward.Forwarder
 	api     *server.Server
 	// unsafeGauge is idem_node_unsafe_settings (safety.go).
 	unsafeGauge *prometheus.GaugeVec
@@ -315,7 +315,7 @@ func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (
 // each shard's part read on its leader (here after a read barrier, or
 // forwarded).
 func (n *Node) List(ctx context.Context, q backend.ListQuery) (backend.ListPage, error) {
-	return backend.ListShards(ctx, router.ShardIDs(n.view().placer), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
+	return backend.ListShards(ctx, forward.ShardIDs(n.view().placer), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
 		return n.ListShard(ctx, id, sq, 0)
 	})
 }

@@ -10,9 +10,9 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/raftstore"
-	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
 )
 
@@ -23,7 +23,7 @@ import (
 // SetPolicy implements backend.Policies: cmd is proposed to every shard's
 // leader (here, or forwarded) and SetPolicy returns once all applied it.
 func (n *Node) SetPolicy(ctx context.Context, cmd *fsm.Command) (fsm.Policy, error) {
-	err := backend.SetPolicyShards(ctx, router.ShardIDs(n.view().placer), func(ctx context.Context, id string) error {
+	err := backend.SetPolicyShards(ctx, forward.ShardIDs(n.view().placer), func(ctx context.Context, id string) error {
 		return n.SetShardPolicy(ctx, id, cmd, 0)
 	})
 	if err != nil {
@@ -59,7 +59,7 @@ func (n *Node) SetShardPolicy(ctx context.Context, id string, cmd *fsm.Command, 
 // forwarded). Every shard holds the same once a set-policy returned.
 func (n *Node) GetPolicy(ctx context.Context, namespace string) (fsm.Policy, bool, error) {
 	v := n.view()
-	id := router.ShardIDs(v.ring)[0]
+	id := forward.ShardIDs(v.ring)[0]
 	info, _ := v.ring.ShardByID(id)
 	prefer := ""
 	if s := n.shard(id); s != nil {

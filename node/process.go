@@ -14,11 +14,11 @@ import (
 	"google.golang.org/grpc"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
-	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
@@ -54,10 +54,10 @@ func New(cfg Config) (*Node, error) {
 	// Forwarded replays carry whole stored responses: allow messages as
 	// large as the API accepts, not gRPC's 4 MiB default.
 	msgBytes := server.Config{MaxResponseBytes: cfg.MaxResponseBytes}.GRPCMaxMessageBytes()
-	if n.fwd, err = router.NewForwarder(router.ForwarderConfig{
+	if n.fwd, err = forward.NewForwarder(forward.ForwarderConfig{
 		Topology: cfg.Topology, Self: cfg.NodeID, AttemptTimeout: cfg.ForwardAttemptTimeout,
 		Logger: n.log, Registry: cfg.Registry,
-		DialOptions: append(append(router.DefaultDialOptions(), cfg.Security.DialOptions()...), grpc.WithDefaultCallOptions(
+		DialOptions: append(append(forward.DefaultDialOptions(), cfg.Security.DialOptions()...), grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(msgBytes), grpc.MaxCallSendMsgSize(msgBytes))),
 	}); err != nil {
 		return nil, err

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/topology"
 )
@@ -71,7 +72,7 @@ type BackendConfig struct {
 	// node; match the nodes' contract.GRPCMaxMessageBytes. 0 means
 	// DefaultMaxMessageBytes.
 	MaxMessageBytes int
-	// DialOptions, when set, replace DefaultDialOptions (credentials and
+	// DialOptions, when set, replace forward.DefaultDialOptions (credentials and
 	// reconnect backoff); the message size limits are added either way.
 	DialOptions []grpc.DialOption
 	// Logger; nil discards.
@@ -148,7 +149,7 @@ func (c *BackendConfig) fillDefaults() {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if c.DialOptions == nil {
-		c.DialOptions = DefaultDialOptions()
+		c.DialOptions = forward.DefaultDialOptions()
 	}
 	c.DialOptions = append(append([]grpc.DialOption(nil), c.DialOptions...),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.MaxMessageBytes), grpc.MaxCallSendMsgSize(c.MaxMessageBytes)))
@@ -174,7 +175,7 @@ type Backend struct {
 	ringp atomic.Pointer[topology.Ring]
 	// version is the topology version ringp reflects (active and target).
 	version atomic.Pointer[followedVersion]
-	fwd     *Forwarder
+	fwd     *forward.Forwarder
 
 	// Readiness: one gRPC connection per node, watched in the background.
 	probeCtx    context.Context
@@ -256,7 +257,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 		}
 	}
 	var err error
-	b.fwd, err = NewForwarder(ForwarderConfig{
+	b.fwd, err = forward.NewForwarder(forward.ForwarderConfig{
 		Topology: cfg.Topology, AttemptTimeout: cfg.AttemptTimeout, DialOptions: cfg.DialOptions,
 		Logger: b.log, Registry: reg,
 	})
@@ -292,7 +293,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 	b.probes.Add(1)
 	go func() {
 		defer b.probes.Done()
-		NewRingCheck(cfg.Topology, ring, "", b.fwd.Conn).Watch(b.probeCtx, time.Second, func(err error) {
+		forward.NewRingCheck(cfg.Topology, ring, "", b.fwd.Conn).Watch(b.probeCtx, time.Second, func(err error) {
 			if err != nil {
 				b.ringErr.Store(&err)
 				b.log.Error("refusing to route: the cluster was created with another ring", "error", err)
@@ -304,7 +305,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 }
 
 // RingError waits until a node has answered the ring check (or ctx ends)
-// and returns a non-nil error wrapping ErrRingMismatch when the cluster was
+// and returns a non-nil error wrapping forward.ErrRingMismatch when the cluster was
 // created with another cluster name or ring than this router's topology.
 // It returns nil when the rings match or no node answered in time.
 func (b *Backend) RingError(ctx context.Context) error {
@@ -403,7 +404,7 @@ func (b *Backend) closeConns() error {
 func (b *Backend) Ring() *topology.Ring { return b.ringp.Load() }
 
 // Forwarder returns the backend's Forwarder (its leader cache).
-func (b *Backend) Forwarder() *Forwarder { return b.fwd }
+func (b *Backend) Forwarder() *forward.Forwarder { return b.fwd }
 
 // Stats returns the backend's figures.
 func (b *Backend) Stats() BackendStats {
@@ -537,17 +538,6 @@ func (b *Backend) finish(ctx context.Context, shard topology.Shard, start time.T
 	}
 }
 
-// ShardIDs lists the ids of every shard of the ring, in the ring's order:
-// the order of a listing's pages.
-func ShardIDs(ring *topology.Ring) []string {
-	shards := ring.Shards()
-	ids := make([]string, len(shards))
-	for i, s := range shards {
-		ids[i] = s.ID
-	}
-	return ids
-}
-
 // SetPolicy implements backend.Policies: the set-policy goes to the leader
 // of every shard, within RequestTimeout.
 func (b *Backend) SetPolicy(ctx context.Context, cmd *fsm.Command) (fsm.Policy, error) {
@@ -556,7 +546,7 @@ func (b *Backend) SetPolicy(ctx context.Context, cmd *fsm.Command) (fsm.Policy, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
-	err := backend.SetPolicyShards(ctx, ShardIDs(b.Ring()), func(ctx context.Context, id string) error {
+	err := backend.SetPolicyShards(ctx, forward.ShardIDs(b.Ring()), func(ctx context.Context, id string) error {
 		shard, _ := b.Ring().ShardByID(id)
 		start := time.Now()
 		return b.finish(ctx, shard, start, b.fwd.SetShardPolicy(ctx, shard, cmd, "", 0))
@@ -575,7 +565,7 @@ func (b *Backend) GetPolicy(ctx context.Context, namespace string) (fsm.Policy, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
-	shard, _ := b.Ring().ShardByID(ShardIDs(b.Ring())[0])
+	shard, _ := b.Ring().ShardByID(forward.ShardIDs(b.Ring())[0])
 	start := time.Now()
 	p, err := b.fwd.GetPolicy(ctx, shard, namespace, "", 0)
 	return p, err == nil, b.finish(ctx, shard, start, err)
@@ -589,7 +579,7 @@ func (b *Backend) List(ctx context.Context, q backend.ListQuery) (backend.ListPa
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
-	return backend.ListShards(ctx, ShardIDs(b.Ring()), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
+	return backend.ListShards(ctx, forward.ShardIDs(b.Ring()), q, func(ctx context.Context, id string, sq backend.ShardQuery) (fsm.ListPage, error) {
 		shard, _ := b.Ring().ShardByID(id)
 		if b.unreachable(shard) {
 			return fsm.ListPage{}, b.finish(ctx, shard, time.Now(), errUnreachable)

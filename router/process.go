@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/proxy"
@@ -59,7 +60,7 @@ type ProcessConfig struct {
 	Registry *prometheus.Registry
 	// Security is the trust boundary (certificates, auth file, listener
 	// limits) of the listeners and of the dials to nodes (added to
-	// Backend.DialOptions, or to DefaultDialOptions when those are nil);
+	// Backend.DialOptions, or to forward.DefaultDialOptions when those are nil);
 	// nil means secure.Insecure(): plaintext, every caller root.
 	Security *secure.Kit
 }
@@ -144,7 +145,7 @@ func NewProcess(cfg ProcessConfig) (*Process, error) {
 		cfg.Security = secure.Insecure()
 	}
 	if cfg.Backend.DialOptions == nil {
-		cfg.Backend.DialOptions = DefaultDialOptions()
+		cfg.Backend.DialOptions = forward.DefaultDialOptions()
 	}
 	cfg.Backend.DialOptions = append(slices.Clip(cfg.Backend.DialOptions), cfg.Security.DialOptions()...)
 	return &Process{cfg: cfg, log: cfg.Logger, addrs: map[string]string{}}, nil

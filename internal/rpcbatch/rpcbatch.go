@@ -1,6 +1,6 @@
 // Package rpcbatch coalesces the Idempotency calls that go to one node at
 // the same time into Batch RPCs, for the Go client (package client) and for
-// node-to-node forwarding (router.Forwarder).
+// node-to-node forwarding (forward.Forwarder).
 //
 // A Batcher keeps up to Inflight RPCs (unary or Batch) in flight; calls that
 // arrive meanwhile queue, and the first RPC to end sends the whole queue as

@@ -5,7 +5,7 @@
 //
 //	kit, err := secure.New(secure.Config{CertsDir: dir, AuthFile: file, NodeID: id, Logger: log, Registry: reg})
 //	raft:      raftstore.Config.TLS = kit.RaftTLS()            (nil: plaintext)
-//	dialing:   append(router.DefaultDialOptions(), kit.DialOptions()...)
+//	dialing:   append(forward.DefaultDialOptions(), kit.DialOptions()...)
 //	JSON API:  ln, _ := kit.ListenAPI(addr); handler = kit.HTTPHandler(api); timeouts kit.HTTPTimeouts()
 //	proxy:     ln, _ := kit.ListenHTTP(addr)
 //	gRPC:      ln, _ := kit.ListenGRPC(addr); api.NewGRPCServer(kit.GRPCServerOptions()...)

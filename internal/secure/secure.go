@@ -158,7 +158,7 @@ func (k *Kit) RaftTLS() *raftstore.TLSConfig {
 	}
 }
 
-// DialOptions are the dial options to add (after router.DefaultDialOptions)
+// DialOptions are the dial options to add (after forward.DefaultDialOptions)
 // for gRPC connections to nodes: with certificates, mTLS with node.crt that
 // accepts only a node certificate of the CA valid for the dialed host; in
 // every mode, the principal of the context is forwarded.

@@ -1,4 +1,4 @@
-package router
+package forward
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // name or another ring (shards, placement or ring parameters) than this
 // process's topology gives. Working with it would send keys to shards that
 // do not hold them, so the process refuses.
-var ErrRingMismatch = errors.New("router: topology does not match the cluster's ring")
+var ErrRingMismatch = errors.New("forward: topology does not match the cluster's ring")
 
 // RingCheck asks the cluster's nodes which ring they were created with.
 type RingCheck struct {
@@ -84,4 +84,15 @@ func (c *RingCheck) Watch(ctx context.Context, interval time.Duration, report fu
 		case <-time.After(interval):
 		}
 	}
+}
+
+// ShardIDs lists the ids of every shard of the ring, in the ring's order:
+// the order of a listing's pages.
+func ShardIDs(ring *topology.Ring) []string {
+	shards := ring.Shards()
+	ids := make([]string, len(shards))
+	for i, s := range shards {
+		ids[i] = s.ID
+	}
+	return ids
 }

@@ -1,4 +1,4 @@
-package router
+package forward
 
 import (
 	"context"
@@ -109,7 +109,7 @@ type Forwarder struct {
 // NewForwarder returns a Forwarder for the nodes of cfg.Topology.
 func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 	if cfg.Topology == nil {
-		return nil, errors.New("router: forwarder needs a topology")
+		return nil, errors.New("forward: forwarder needs a topology")
 	}
 	if cfg.AttemptTimeout <= 0 {
 		cfg.AttemptTimeout = 2 * time.Second
@@ -150,7 +150,7 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 	if cfg.Registry != nil {
 		for _, c := range []prometheus.Collector{f.requests, f.latency, f.cacheMisses} {
 			if err := cfg.Registry.Register(c); err != nil {
-				return nil, fmt.Errorf("router: register forwarder metrics: %w", err)
+				return nil, fmt.Errorf("forward: register forwarder metrics: %w", err)
 			}
 		}
 	}
@@ -345,12 +345,12 @@ func (f *Forwarder) dial(conns map[string]*grpc.ClientConn, nodeID string) (*grp
 	}
 	n, ok := f.nodes[nodeID]
 	if !ok {
-		return nil, fmt.Errorf("router: unknown node %q", nodeID)
+		return nil, fmt.Errorf("forward: unknown node %q", nodeID)
 	}
 	opts := append(slices.Clip(f.cfg.DialOptions), grpc.WithStatsHandler(sendTracker{}))
 	c, err := grpc.NewClient(n.GRPCAddr, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("router: dial %s (%s): %w", nodeID, n.GRPCAddr, err)
+		return nil, fmt.Errorf("forward: dial %s (%s): %w", nodeID, n.GRPCAddr, err)
 	}
 	conns[nodeID] = c
 	return c, nil
@@ -602,7 +602,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 			return err
 		}
 	default:
-		return fsm.Result{}, fmt.Errorf("router: cannot forward %s", cmd.Op)
+		return fsm.Result{}, fmt.Errorf("forward: cannot forward %s", cmd.Op)
 	}
 	ambiguous, err := f.attempt(ctx, shard, prefer, hops, time.Duration(cmd.Wait), call)
 	if cmd.Op == fsm.OpForceRelease || cmd.Op == fsm.OpDelete {
