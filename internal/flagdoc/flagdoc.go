@@ -1,8 +1,8 @@
-// Package flagdoc renders docs/flags.md, the reference of every flag of
-// idem's commands, from the commands' own --help output, so the reference
-// says exactly what the binaries print. Its test builds the commands,
-// renders the page and fails when docs/flags.md differs; with -update it
-// rewrites the page instead.
+// Package flagdoc renders docs/configuration.md, the reference of every
+// flag of idem's commands, from the commands' own --help output, so the
+// reference says exactly what the binaries print. Its test builds the
+// commands, renders the page and fails when docs/configuration.md differs;
+// with -update it rewrites the page instead.
 package flagdoc
 
 import (
@@ -21,7 +21,7 @@ var Commands = []string{"idemnode", "idemrouter", "idemctl", "idembench", "regio
 // help there); an error when it fails or exits non-zero.
 type RunFunc func(command string, args ...string) (string, error)
 
-const header = `# Flags
+const header = `# Configuration
 
 Every flag of idem's commands, as each prints it with ` + "`--help`" + `. This page is generated from the
 binaries: ` + "`go test ./internal/flagdoc -update`" + ` rewrites it after a flag changes, and

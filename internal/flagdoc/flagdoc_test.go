@@ -14,13 +14,13 @@ import (
 	"github.com/idem-dev/idem/internal/cluster"
 )
 
-var update = flag.Bool("update", false, "rewrite docs/flags.md from the binaries' --help")
+var update = flag.Bool("update", false, "rewrite docs/configuration.md from the binaries' --help")
 
-const page = "../../docs/flags.md"
+const page = "../../docs/configuration.md"
 
 // TestFlagsDocMatchesBinaries builds every command, renders their --help
-// and compares the result with docs/flags.md byte for byte (skipped with
-// -short, like the other tests that build the commands).
+// and compares the result with docs/configuration.md byte for byte
+// (skipped with -short, like the other tests that build the commands).
 func TestFlagsDocMatchesBinaries(t *testing.T) {
 	if testing.Short() && !*update {
 		t.Skip("builds the five commands; runs without -short")
