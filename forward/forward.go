@@ -27,6 +27,7 @@ import (
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/rpcbatch"
+	"github.com/idem-dev/idem/internal/wire"
 	"github.com/idem-dev/idem/security/auth"
 
 	"github.com/idem-dev/idem/topology"
@@ -536,7 +537,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 		call = func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 			resp, err := c.Reserve(ctx, req, opts...)
 			if err == nil {
-				res = idemv1.ReserveFromProto(resp)
+				res = wire.ReserveFromProto(resp)
 			}
 			return err
 		}
@@ -552,7 +553,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 		}
 	case fsm.OpComplete:
 		req := &idemv1.CompleteRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
-			Response: idemv1.ResponseToProto(cmd.Response), RetentionS: cmd.Retention / int64(time.Second)}
+			Response: wire.ResponseToProto(cmd.Response), RetentionS: cmd.Retention / int64(time.Second)}
 		if cmd.RetentionIsDefault {
 			req.RetentionS = 0 // the namespace's default, decided where it is applied
 		}
@@ -615,7 +616,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 		}
 		return fsm.Result{Outcome: fsm.OutcomeNotOwner}, nil
 	}
-	return res, idemv1.BackendError(err)
+	return res, wire.BackendError(err)
 }
 
 // leaseMs is the lease_ms a forwarded command carries: 0 when the caller
@@ -635,7 +636,7 @@ func (f *Forwarder) Get(ctx context.Context, shard topology.Shard, namespace, ke
 	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 		resp, err := c.Get(ctx, req, opts...)
 		if err == nil {
-			rec = idemv1.RecordFromProto(resp)
+			rec = wire.RecordFromProto(resp)
 		}
 		return err
 	})
@@ -645,7 +646,7 @@ func (f *Forwarder) Get(ctx context.Context, shard topology.Shard, namespace, ke
 	case codes.NotFound:
 		return fsm.Record{}, false, nil
 	}
-	return fsm.Record{}, false, idemv1.BackendError(err)
+	return fsm.Record{}, false, wire.BackendError(err)
 }
 
 // operatorResult turns the answer to a forwarded force-release or delete
@@ -667,18 +668,18 @@ func operatorResult(cmd *fsm.Command, shard topology.Shard, res fsm.Result, ambi
 	case status.Code(err) == codes.FailedPrecondition:
 		return fsm.Result{Outcome: fsm.OutcomeFailedPrecondition, State: fsm.StateCompleted}, nil
 	}
-	return fsm.Result{}, idemv1.BackendError(err)
+	return fsm.Result{}, wire.BackendError(err)
 }
 
 // SetShardPolicy asks the leader of shard to apply the set-policy cmd, and
 // returns once it did.
 func (f *Forwarder) SetShardPolicy(ctx context.Context, shard topology.Shard, cmd *fsm.Command, prefer string, hops int) error {
-	req := &idemv1.SetShardPolicyRequest{Shard: shard.ID, Namespace: cmd.Namespace, Policy: idemv1.PolicyRequestToProto(*cmd.Policy)}
+	req := &idemv1.SetShardPolicyRequest{Shard: shard.ID, Namespace: cmd.Namespace, Policy: wire.PolicyRequestToProto(*cmd.Policy)}
 	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 		_, err := c.SetShardPolicy(ctx, req, opts...)
 		return err
 	})
-	return idemv1.BackendError(err)
+	return wire.BackendError(err)
 }
 
 // GetPolicy asks the leader of shard for the policy in force of namespace
@@ -688,24 +689,24 @@ func (f *Forwarder) GetPolicy(ctx context.Context, shard topology.Shard, namespa
 	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 		resp, err := c.GetPolicy(ctx, &idemv1.GetPolicyRequest{Namespace: namespace}, opts...)
 		if err == nil {
-			p = idemv1.PolicyFromProto(resp.GetPolicy())
+			p = wire.PolicyFromProto(resp.GetPolicy())
 		}
 		return err
 	})
-	return p, idemv1.BackendError(err)
+	return p, wire.BackendError(err)
 }
 
 // ListShard asks the leader of shard for its part of a listing page.
 func (f *Forwarder) ListShard(ctx context.Context, shard topology.Shard, q backend.ShardQuery, prefer string, hops int) (fsm.ListPage, error) {
 	var page fsm.ListPage
-	req := &idemv1.ListShardRequest{Shard: shard.ID, Namespace: q.Namespace, State: idemv1.StateToProto(q.State),
+	req := &idemv1.ListShardRequest{Shard: shard.ID, Namespace: q.Namespace, State: wire.StateToProto(q.State),
 		OlderThanS: int64(q.OlderThan / time.Second), Limit: int32(q.Limit), After: q.After}
 	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 		resp, err := c.ListShard(ctx, req, opts...)
 		if err == nil {
-			page = idemv1.ListShardFromProto(resp)
+			page = wire.ListShardFromProto(resp)
 		}
 		return err
 	})
-	return page, idemv1.BackendError(err)
+	return page, wire.BackendError(err)
 }

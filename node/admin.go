@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/internal/wire"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/server"
 )
@@ -34,7 +35,7 @@ func (a *admin) ListShard(ctx context.Context, req *idemv1.ListShardRequest) (*i
 	if err != nil {
 		return nil, a.n.api.OperatorError(err, "list_shard")
 	}
-	return idemv1.ListShardToProto(page), nil
+	return wire.ListShardToProto(page), nil
 }
 
 func (a *admin) Status(ctx context.Context, _ *idemv1.StatusRequest) (*idemv1.StatusResponse, error) {

@@ -8,11 +8,11 @@ import (
 	"strconv"
 	"time"
 
-	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/internal/wire"
 )
 
 // Store is the idempotency store the proxy reserves, heartbeats, completes
@@ -89,7 +89,7 @@ func (s *backendStore) Reserve(ctx context.Context, req ReserveRequest) (Reserva
 		ExpiresAt:            unixNanos(res.ExpiresAt),
 		Lease:                granted,
 	}
-	out.Outcome = idemv1.FSMOutcomeToContract(res.Outcome)
+	out.Outcome = wire.FSMOutcomeToContract(res.Outcome)
 	switch out.Outcome {
 	case contract.OutcomeUnknown:
 		return Reservation{}, fmt.Errorf("proxy: store: reserve %s/%s answered %v", req.Namespace, req.Key, res.Outcome)

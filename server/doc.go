@@ -48,7 +48,7 @@
 // the code as reason, and UNAVAILABLE a google.rpc.RetryInfo. A Backend
 // returns only the closed set of package backend; one that forwards over
 // gRPC (the router, a node's Forwarder) turns the status it got back into
-// that set with idemv1.BackendError, which reads the ErrorInfo when present,
+// that set with wire.BackendError, which reads the ErrorInfo when present,
 // so codes survive any number of hops (idemv1.StatusToError documents the
 // mapping of a status without one). A *backend.Error picks the code itself.
 //

@@ -10,6 +10,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -52,7 +53,7 @@ func (g *grpcService) Reserve(ctx context.Context, req *idemv1.ReserveRequest) (
 	if e != nil {
 		return nil, e
 	}
-	out := idemv1.ReserveToProto(res)
+	out := wire.ReserveToProto(res)
 	if res.Outcome == fsm.OutcomeAcquired || res.Outcome == fsm.OutcomeReclaimed {
 		out.OwnerToken = ownerTokenOf(cmd, res)
 	}
@@ -127,7 +128,7 @@ func (g *grpcService) Get(ctx context.Context, req *idemv1.GetRequest) (_ *idemv
 	if !found {
 		return nil, errorf(CodeNotFound, "no record for this key in namespace %q: it was never reserved, was released, or is past retention", req.GetNamespace())
 	}
-	return idemv1.RecordToProto(rec), nil
+	return wire.RecordToProto(rec), nil
 }
 
 // Batch runs every operation through the interceptors registered for

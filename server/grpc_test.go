@@ -13,6 +13,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -427,7 +428,7 @@ func TestStatusWithoutDetails(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.err.Error(), func(t *testing.T) {
-			h := newHarness(t, &errBackend{err: idemv1.BackendError(tc.err)}, nil)
+			h := newHarness(t, &errBackend{err: wire.BackendError(tc.err)}, nil)
 			r := h.do("POST", ns+"k:reserve", "")
 			h.expectError(r, tc.status, tc.code)
 			if tc.code == CodeUnavailable && r.header.Get("Retry-After") != "1" {

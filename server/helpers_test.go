@@ -20,6 +20,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -89,7 +90,7 @@ func (b grpcBackend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, e
 		r, err = b.c.Reserve(ctx, &idemv1.ReserveRequest{Namespace: cmd.Namespace, Key: cmd.Key,
 			Fingerprint: cmd.Fingerprint, LeaseMs: cmd.Lease / 1e6, OwnerToken: cmd.OwnerToken})
 		if err == nil {
-			res = idemv1.ReserveFromProto(r)
+			res = wire.ReserveFromProto(r)
 		}
 	case fsm.OpHeartbeat:
 		var r *idemv1.HeartbeatResponse
@@ -101,7 +102,7 @@ func (b grpcBackend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, e
 	case fsm.OpComplete:
 		var r *idemv1.CompleteResponse
 		r, err = b.c.Complete(ctx, &idemv1.CompleteRequest{Namespace: cmd.Namespace, Key: cmd.Key, OwnerToken: cmd.OwnerToken,
-			Response: idemv1.ResponseToProto(cmd.Response), RetentionS: cmd.Retention / 1e9})
+			Response: wire.ResponseToProto(cmd.Response), RetentionS: cmd.Retention / 1e9})
 		if err == nil {
 			res = fsm.Result{Outcome: fsm.OutcomeOK, CompletedAt: idemv1.TimeFromProto(r.GetCompletedAt()), ExpiresAt: idemv1.TimeFromProto(r.GetExpiresAt())}
 		}
@@ -112,7 +113,7 @@ func (b grpcBackend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, e
 		return fsm.Result{Outcome: fsm.OutcomeInvalid}, nil
 	}
 	if err != nil {
-		return fsm.Result{}, idemv1.BackendError(err)
+		return fsm.Result{}, wire.BackendError(err)
 	}
 	return res, nil
 }
@@ -123,9 +124,9 @@ func (b grpcBackend) Get(ctx context.Context, namespace, key string) (fsm.Record
 		return fsm.Record{}, false, nil
 	}
 	if err != nil {
-		return fsm.Record{}, false, idemv1.BackendError(err)
+		return fsm.Record{}, false, wire.BackendError(err)
 	}
-	return idemv1.RecordFromProto(r), true, nil
+	return wire.RecordFromProto(r), true, nil
 }
 
 func (b grpcBackend) Ready(context.Context) error { return nil }

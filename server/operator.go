@@ -11,6 +11,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/wire"
 	"github.com/idem-dev/idem/security/auth"
 )
 
@@ -262,14 +263,14 @@ func (a *KeysAdmin) ListKeys(ctx context.Context, req *idemv1.ListKeysRequest) (
 	if e != nil {
 		return nil, e
 	}
-	return &idemv1.ListKeysResponse{Keys: idemv1.KeysToProto(page.Keys), NextPageToken: page.NextPageToken}, nil
+	return &idemv1.ListKeysResponse{Keys: wire.KeysToProto(page.Keys), NextPageToken: page.NextPageToken}, nil
 }
 
 func stateParam(s idemv1.State) string {
 	if s == idemv1.State_STATE_UNSPECIFIED {
 		return ""
 	}
-	if st := idemv1.StateFromProto(s); st != 0 {
+	if st := wire.StateFromProto(s); st != 0 {
 		return st.String()
 	}
 	return s.String()

@@ -8,6 +8,7 @@ import (
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/wire"
 )
 
 // Namespace policies (API v1.2): PUT and GET /v1/namespaces/{ns}/policy, the
@@ -103,7 +104,7 @@ func (a *KeysAdmin) SetPolicy(ctx context.Context, req *idemv1.SetPolicyRequest)
 	if e != nil {
 		return nil, e
 	}
-	return &idemv1.SetPolicyResponse{Policy: idemv1.PolicyToProto(pol)}, nil
+	return &idemv1.SetPolicyResponse{Policy: wire.PolicyToProto(pol)}, nil
 }
 
 // GetPolicy implements idemv1.AdminServer.
@@ -117,7 +118,7 @@ func (a *KeysAdmin) GetPolicy(ctx context.Context, req *idemv1.GetPolicyRequest)
 	if e != nil {
 		return nil, e
 	}
-	return &idemv1.GetPolicyResponse{Policy: idemv1.PolicyToProto(pol)}, nil
+	return &idemv1.GetPolicyResponse{Policy: wire.PolicyToProto(pol)}, nil
 }
 
 func policyParamsFromProto(ns string, p *idemv1.NamespacePolicy) policyParams {

@@ -185,11 +185,7 @@ func runGet(ctx context.Context, e *env, args []string) error {
 	}
 	v := recordView{Fingerprint: resp.GetFingerprint(), FencingToken: strconv.FormatUint(resp.GetFencingToken(), 10),
 		LeaseExpiresAt: timeString(resp.GetLeaseExpiresAt()), CompletedAt: timeString(resp.GetCompletedAt()), ExpiresAt: timeString(resp.GetExpiresAt())}
-	if st := idemv1.StateFromProto(resp.GetState()); st != 0 {
-		v.State = st.String()
-	} else {
-		v.State = resp.GetState().String()
-	}
+	v.State = stateName(resp.GetState())
 	if r := resp.GetResponse(); r != nil {
 		v.Response = &responseView{Status: r.GetStatus(), Headers: r.GetHeaders(), Body: r.GetBody()}
 		if v.Response.Headers == nil {

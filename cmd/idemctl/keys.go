@@ -212,13 +212,20 @@ func dash(s string) string {
 }
 
 func keyInfoView(k *idemv1.KeyInfo) keyView {
-	v := keyView{Key: k.GetKey(), State: k.GetState().String(), FencingToken: strconv.FormatUint(k.GetFencingToken(), 10),
+	v := keyView{Key: k.GetKey(), State: stateName(k.GetState()), FencingToken: strconv.FormatUint(k.GetFencingToken(), 10),
 		CreatedAt: timeString(k.GetCreatedAt()), LeaseExpiresAt: timeString(k.GetLeaseExpiresAt()),
 		CompletedAt: timeString(k.GetCompletedAt()), ExpiresAt: timeString(k.GetExpiresAt())}
-	if st := idemv1.StateFromProto(k.GetState()); st != 0 {
-		v.State = st.String()
-	}
 	return v
+}
+
+// stateName is how idemctl prints a record state: IN_PROGRESS, COMPLETED
+// or EXPIRED, and the wire name for any other value.
+func stateName(s idemv1.State) string {
+	switch s {
+	case idemv1.State_STATE_IN_PROGRESS, idemv1.State_STATE_COMPLETED, idemv1.State_STATE_EXPIRED:
+		return strings.TrimPrefix(s.String(), "STATE_")
+	}
+	return s.String()
 }
 
 // actionView is what force-release and delete print.
