@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/httpidem"
 )
 
 // engineStore adapts a Client to the store of the HTTP idempotency engine
-// (internal/httpidem) that Middleware runs, mapping the client's errors onto
+// (httpidem) that Middleware runs, mapping the client's errors onto
 // the engine's. The client already retries undecided calls with the same
 // owner token.
 type engineStore struct{ c *Client }

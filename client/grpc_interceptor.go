@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/httpidem"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"

@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/httpidem"
 )
 
 // MiddlewareConfig configures Middleware. The zero value is the contract's
@@ -65,7 +65,7 @@ func NamespaceFunc(fn func(r *http.Request) (string, error)) MiddlewareOption {
 // Middleware returns net/http middleware that makes a handler's keyed POST
 // and PATCH requests idempotent over c, with the same semantics as
 // `idemrouter --upstream` (the contract's proxy mode) because both run the
-// same engine (internal/httpidem; its doc has the details):
+// same engine (httpidem; its doc has the details):
 //
 //   - the first request with a key runs the handler, with an
 //     Idempotency-Fencing-Token request header and the lease in its

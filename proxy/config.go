@@ -8,7 +8,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/httpidem"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

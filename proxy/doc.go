@@ -4,7 +4,7 @@
 // Idempotency-Key idempotent, storing the upstream's answer in idem and
 // replaying it to retries.
 //
-// The semantics live in internal/httpidem, the engine that client.Middleware
+// The semantics live in httpidem, the engine that client.Middleware
 // uses too, so the proxy and the middleware behave the same by construction;
 // that package's doc lists them in full. This package adds the upstream
 // forwarding (net/http/httputil.ReverseProxy), the 502 and 504 answers, the

@@ -17,7 +17,7 @@ import (
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
-	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/httpidem"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/proxy"
 )

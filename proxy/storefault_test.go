@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/fsm"
-	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/httpidem"
 	"github.com/idem-dev/idem/proxy"
 )
 

@@ -1,5 +1,5 @@
 """The proxy's HTTP rules as the middleware applies them, without a node: the
-fingerprint equals the Go engine's (internal/httpidem) for the same request,
+fingerprint equals the Go engine's (httpidem) for the same request,
 so a proxy and this middleware in front of one namespace agree; key and
 Prefer parsing follow the proxy's."""
 
@@ -10,7 +10,7 @@ from idem_client._http import Problem, fingerprint, parse_key, parse_prefer_wait
 
 def test_fingerprints_match_the_go_engines_known_answers():
     # POST /payments/a%2Fb?currency=eur&x=1, X-Tenant: acme, body {"amount":100},
-    # as internal/httpidem computes it (with and without X-Tenant and body).
+    # as httpidem computes it (with and without X-Tenant and body).
     assert fingerprint("POST", b"/payments/a%2Fb", b"currency=eur&x=1", [("X-Tenant", "acme")], b'{"amount":100}') == \
         "sha256:3d24864d1308813c3d43e24ee216d861e8cff5248cd63a6c3f7ab8bec62c14d6"
     assert fingerprint("POST", b"/payments/a%2Fb", b"currency=eur&x=1", [], b"") == \

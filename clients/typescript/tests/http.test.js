@@ -1,5 +1,5 @@
 // The proxy's HTTP rules as the middleware applies them, without a node:
-// the fingerprint equals the Go engine's (internal/httpidem) for the same
+// the fingerprint equals the Go engine's (httpidem) for the same
 // request, so a proxy and this middleware in front of one namespace agree;
 // key and Prefer parsing follow the proxy's.
 
@@ -9,7 +9,7 @@ import { fingerprint, parseKey, parsePreferWait } from '../src/index.js';
 
 test('fingerprints match the Go engine\'s known answers', () => {
   // POST /payments/a%2Fb?currency=eur&x=1, X-Tenant: acme, body {"amount":100},
-  // as internal/httpidem computes it (with and without X-Tenant and body).
+  // as httpidem computes it (with and without X-Tenant and body).
   assert.equal(fingerprint('POST', '/payments/a%2Fb', 'currency=eur&x=1', [['X-Tenant', 'acme']], Buffer.from('{"amount":100}')),
     'sha256:3d24864d1308813c3d43e24ee216d861e8cff5248cd63a6c3f7ab8bec62c14d6');
   assert.equal(fingerprint('POST', '/payments/a%2Fb', 'currency=eur&x=1', [], Buffer.alloc(0)),

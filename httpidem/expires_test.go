@@ -11,7 +11,7 @@ import (
 
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
-	"github.com/idem-dev/idem/internal/httpidem"
+	"github.com/idem-dev/idem/httpidem"
 	"github.com/idem-dev/idem/proxy"
 )
 

@@ -1,10 +1,20 @@
-// Package httpidem is the one engine behind idem's HTTP idempotency: the
-// transparent proxy (package proxy, `idemrouter --upstream`) and the
-// net/http middleware (client.Middleware) both wrap a handler with an Engine,
-// so that their semantics are the same by construction. It implements the
-// "Proxy mode" section of docs/API-v1.md over a small Store interface
-// (reserve/heartbeat/complete/release); the proxy adapts a backend.Backend to
-// it, the middleware a *client.Client.
+// Package httpidem makes HTTP handlers idempotent: wrap any net/http
+// handler with an Engine over a Store, and a request carrying an
+// Idempotency-Key runs the handler at most once per key; its retries get
+// the stored response. It is the one engine behind idem's HTTP
+// idempotency: the transparent proxy (package proxy, `idemrouter
+// --upstream`) and the net/http middleware (client.Middleware) both wrap a
+// handler with it, so that their semantics are the same by construction.
+// It implements the "Proxy mode" section of docs/API-v1.md over a small
+// Store interface (reserve/heartbeat/complete/release); the proxy adapts a
+// backend.Backend to it, the middleware a *client.Client.
+//
+// Most programs want client.Middleware, which builds the Engine over a
+// *client.Client. Use this package directly to put the engine over another
+// Store (a test double, a store of your own), to read the lease a handler
+// runs under (LeaseFromContext), or to match the problem types
+// (Problem* constants) and headers the engine sends. The package imports
+// only the standard library and package contract.
 //
 // # The flow of a request
 //
