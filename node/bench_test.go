@@ -33,8 +33,7 @@ import (
 // Reported per run: cycles/s, cycle latency p50/p99, the leaders' log
 // entries per log write (StoreLogs call), fsync'd log commits per cycle on
 // all nodes together (with the pebble log: its WAL fdatasyncs), group log
-// writes per commit (above 1 with the shared bolt log, whose commits carry
-// the writes of several groups, and the pebble log, whose WAL syncs cover
+// writes per commit (above 1 with the pebble log, whose WAL syncs cover
 // every batch committed meanwhile), time per commit (pebble: time of its
 // batches, which overlap, per WAL sync), and the process's CPU time per
 // cycle (which, unlike cycles/s, hardly depends on what else the box runs).
@@ -331,10 +330,6 @@ func (c *benchCluster) logStats() logStats {
 				s.commitTime += st.LogCommitTime
 			}
 		}
-		sl := n.host.SharedLogStats()
-		s.fsyncs += sl.Commits
-		s.writes += sl.Writes
-		s.commitTime += sl.CommitTime
 		pl := n.host.PebbleLogStats()
 		s.fsyncs += pl.WALSyncs
 		s.writes += pl.Commits

@@ -12,10 +12,10 @@ import (
 // Apply throughput on a 3-node loopback cluster with many concurrent
 // proposers, and reports how well hashicorp/raft group-commits them:
 // cmds/write is log entries per leader log-store write (one bolt
-// transaction of its own, or its part of a shared-log commit), cmds/batch
+// transaction of its own, or one pebble log batch), cmds/batch
 // is commands per ApplyBatch call, fsyncs/s the synced log commits of all
 // nodes: bolt commits (each a pair of fdatasyncs) or the pebble log's WAL
-// fdatasyncs. log=pebble|shared-bolt|bolt is Config.LogStore.
+// fdatasyncs. log=pebble|bolt is Config.LogStore.
 //
 //	go test -run '^$' -bench ApplyConcurrent -benchtime 3s ./raftstore
 //	go test -run '^$' -bench 'ApplyConcurrent/groups=8/.*/log=pebble' -benchtime 3s ./raftstore
@@ -46,10 +46,10 @@ func BenchmarkApplyConcurrent(b *testing.B) {
 				for i, g := range leaders {
 					before[i] = g.Stats()
 				}
-				sharedBefore := map[string]uint64{}
+				walSyncsBefore := map[string]uint64{}
 				ownBefore := map[string]uint64{}
 				for _, n := range c.nodes {
-					sharedBefore[n.id] = n.host.SharedLogStats().Commits + n.host.PebbleLogStats().WALSyncs
+					walSyncsBefore[n.id] = n.host.PebbleLogStats().WALSyncs
 					for _, shard := range shards {
 						if g, ok := n.host.Group(shard); ok {
 							ownBefore[n.id+"/"+shard] = g.Stats().LogCommits
@@ -107,12 +107,11 @@ func BenchmarkApplyConcurrent(b *testing.B) {
 				if batches > 0 {
 					b.ReportMetric(float64(cmds)/float64(batches), "cmds/batch")
 				}
-				// Synced commits on all nodes: the shared bolt logs' and the
-				// pebble logs' WAL syncs, plus the own bolt files' (one per
-				// StoreLogs).
+				// Synced commits on all nodes: the pebble logs' WAL syncs,
+				// plus the own bolt files' (one per StoreLogs).
 				var fsyncs uint64
 				for _, n := range c.nodes {
-					fsyncs += n.host.SharedLogStats().Commits + n.host.PebbleLogStats().WALSyncs - sharedBefore[n.id]
+					fsyncs += n.host.PebbleLogStats().WALSyncs - walSyncsBefore[n.id]
 					for _, shard := range shards {
 						if g, ok := n.host.Group(shard); ok && g.Stats().LogStore == LogStoreBolt {
 							fsyncs += g.Stats().LogCommits - ownBefore[n.id+"/"+shard]

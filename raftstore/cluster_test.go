@@ -155,7 +155,7 @@ func TestClusterReplicatesAndRedirects(t *testing.T) {
 
 func TestLeaderCrashLosesNothingAcknowledged(t *testing.T) {
 	t.Parallel() // independent clusters on their own ports and dirs; mostly waiting for elections
-	for _, store := range []string{LogStorePebble, LogStoreSharedBolt} {
+	for _, store := range LogStores {
 		t.Run(store, func(t *testing.T) {
 			t.Parallel()
 			testLeaderCrashLosesNothingAcknowledged(t, store)
@@ -274,8 +274,7 @@ func TestRestartRestoresState(t *testing.T) {
 	}{
 		{"pebble/log", false, LogStorePebble},
 		{"pebble/snapshot+tail", true, LogStorePebble},
-		{"shared-bolt/log", false, LogStoreSharedBolt},
-		{"shared-bolt/snapshot+tail", true, LogStoreSharedBolt},
+		{"bolt/log", false, LogStoreBolt},
 		{"bolt/snapshot+tail", true, LogStoreBolt},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -30,7 +30,7 @@ type Config struct {
 
 	// DataDir holds one directory per group, DataDir/shards/<id>/, with the
 	// group's snapshots (and its raft.db with LogStoreBolt), and the host's
-	// log store shared by its groups (raftlog/ or log.db, see LogStore).
+	// pebble log shared by its groups (raftlog/, see LogStore).
 	// Required.
 	DataDir string
 
@@ -105,25 +105,24 @@ type Config struct {
 	// context has no earlier deadline.
 	ApplyTimeout time.Duration
 
-	// LogStore is where a new group keeps its Raft log and stable store
-	// (DESIGN.md "Storage"):
+	// LogStore is where the host's groups keep their Raft logs and stable
+	// stores (DESIGN.md "Storage"):
 	//
 	//   - LogStorePebble ("pebble", the default; "" means it too): one
 	//     pebble instance per host (DataDir/raftlog), every group under its
 	//     own key prefix, one synced batch per write; pebble merges the
 	//     syncs of concurrent writes into one WAL fdatasync.
-	//   - LogStoreSharedBolt ("shared-bolt"): one bbolt file per host
-	//     (DataDir/log.db) written by a group-commit writer.
 	//   - LogStoreBolt ("bolt"): a raft-boltdb/v2 file per group
 	//     (DataDir/shards/<id>/raft.db).
 	//
-	// A group keeps the store it was created with whatever this says
-	// later; a group found in two stores refuses to start
-	// (ErrStoreConflict).
+	// A data dir keeps the store it was created with: NewHost refuses a
+	// data dir holding the other store (ErrLogStoreMismatch), both
+	// (ErrStoreConflict), or a shared bolt log of development builds,
+	// DataDir/log.db (ErrUnsupportedLog).
 	LogStore string
 
 	// TestingFailCommitsAfter, when > 0, makes every commit of the host's
-	// log (pebble or shared bolt) after the first TestingFailCommitsAfter fail as a failed fsync
+	// pebble log after the first TestingFailCommitsAfter fail as a failed fsync
 	// would (the log then fails stop). Fault injection for tests only.
 	TestingFailCommitsAfter uint64
 
@@ -164,13 +163,12 @@ type Config struct {
 
 // The log stores of Config.LogStore.
 const (
-	LogStorePebble     = "pebble"
-	LogStoreSharedBolt = "shared-bolt"
-	LogStoreBolt       = "bolt"
+	LogStorePebble = "pebble"
+	LogStoreBolt   = "bolt"
 )
 
 // LogStores lists the valid Config.LogStore values, the default first.
-var LogStores = []string{LogStorePebble, LogStoreSharedBolt, LogStoreBolt}
+var LogStores = []string{LogStorePebble, LogStoreBolt}
 
 // logStore is c.LogStore with "" resolved to the default.
 func (c Config) logStore() string {
@@ -308,7 +306,7 @@ func (c Config) Validate() error {
 		bad("TLS needs both Server and Client")
 	}
 	switch c.logStore() {
-	case LogStorePebble, LogStoreSharedBolt, LogStoreBolt:
+	case LogStorePebble, LogStoreBolt:
 	default:
 		bad("LogStore %q is not one of %q", c.LogStore, LogStores)
 	}

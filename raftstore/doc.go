@@ -34,8 +34,8 @@
 // The groups of a host keep their logs and stable stores in one pebble
 // instance (DataDir/raftlog), a key prefix per group, one synced batch per
 // write, so that writes of all groups arriving together share one WAL
-// fdatasync (Config.LogStore; the shared bolt file or a bolt file per group
-// are the alternatives, and a group keeps the store it was created with),
+// fdatasync (Config.LogStore; a bolt file per group is the alternative, and
+// a data dir keeps the store it was created with),
 // and their snapshots in DataDir/shards/<id>/. With
 // Config.Packer, commands proposed while a group's leader is storing its
 // previous entry are packed into one Raft entry (the proposal buffer); each proposer still

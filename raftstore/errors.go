@@ -35,11 +35,22 @@ var (
 	// has not caught up with the log it knows is committed.
 	ErrNotReady = errors.New("raftstore: not ready")
 
-	// ErrStoreConflict is returned by AddGroup when a group's log is found
-	// in two stores (its own bolt file, the host's shared bolt log, the
-	// host's pebble log): which one is current cannot be known, so the
-	// group refuses to start.
-	ErrStoreConflict = errors.New("raftstore: group's log found in two stores")
+	// ErrStoreConflict is returned by NewHost when the data dir holds both
+	// log stores (a pebble log and bolt files per group): which one is
+	// current cannot be known, so the host refuses to start.
+	ErrStoreConflict = errors.New("raftstore: data dir holds two Raft log stores")
+
+	// ErrLogStoreMismatch is returned by NewHost when the data dir holds
+	// another log store than Config.LogStore names: the groups would not
+	// find their logs in the named one and would bootstrap again.
+	ErrLogStoreMismatch = errors.New("raftstore: data dir holds another Raft log store than configured")
+
+	// ErrUnsupportedLog is returned by NewHost when the data dir holds a
+	// Raft log this release cannot read (the shared bolt log of development
+	// builds, DataDir/log.db): ignoring it would start the node with no
+	// log, as a new member, while peers count it as holding its old votes
+	// and entries.
+	ErrUnsupportedLog = errors.New("raftstore: data dir holds a Raft log store this release does not read")
 
 	// ErrStateAhead is returned by AddGroup when a DurableStateMachine's
 	// state covers log entries this node's Raft log and snapshots do not

@@ -23,7 +23,7 @@ type Group struct {
 	fsm      *fsmAdapter
 	logs     *logCache // log cache over counting store over store
 	counted  *countingLogStore
-	store    groupStore // own bolt file, or the host's pebble or shared bolt log
+	store    groupStore // own bolt file, or its part of the host's pebble log
 	logStore string     // which of them: a LogStore* value
 	snaps    *raft.FileSnapshotStore
 	trans    *gatedTransport
@@ -574,8 +574,8 @@ type GroupStats struct {
 
 	ApplyBatches    uint64        // ApplyBatch calls that carried commands
 	AppliedCommands uint64        // commands applied, so AppliedCommands/ApplyBatches is the mean batch
-	LogStore        string        // where the group's log lives: LogStorePebble, LogStoreSharedBolt or LogStoreBolt
-	LogCommits      uint64        // log store writes (StoreLogs): own fsync'd bolt transactions, or parts of shared ones
+	LogStore        string        // where the group's log lives: LogStorePebble or LogStoreBolt
+	LogCommits      uint64        // log store writes (StoreLogs): own fsync'd bolt transactions, or pebble log batches
 	LogEntries      uint64        // entries written by those writes
 	LogCommitTime   time.Duration // total time spent in those writes (until durable)
 

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 )
 
 const (
@@ -48,7 +46,7 @@ type Host struct {
 	closing bool
 
 	logMu     sync.Mutex
-	sharedLog *sharedLog // opened on first use; nil until then
+	logStore  string     // the LogStore* every group of this host uses (dataDirLogStore)
 	pebbleLog *pebbleLog // opened on first use; nil until then
 	logClosed bool       // stop closed (or skipped) the host's logs: open no more
 
@@ -74,6 +72,10 @@ func NewHost(cfg Config) (*Host, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	logStore, err := dataDirLogStore(cfg)
+	if err != nil {
+		return nil, err
+	}
 	if err := mkdirDurable(filepath.Join(cfg.DataDir, "shards"), cfg.NoFsync); err != nil {
 		return nil, fmt.Errorf("raftstore: creating data dir: %w", err)
 	}
@@ -90,10 +92,11 @@ func NewHost(cfg Config) (*Host, error) {
 		return nil, fmt.Errorf("raftstore: advertise address: %w", err)
 	}
 	h := &Host{
-		cfg:     cfg,
-		logger:  logger,
-		groups:  map[string]*Group{},
-		opening: map[string]bool{},
+		cfg:      cfg,
+		logger:   logger,
+		logStore: logStore,
+		groups:   map[string]*Group{},
+		opening:  map[string]bool{},
 	}
 	h.mux = newMux(ln, advertise, logger, cfg.TLS, cfg.maxInboundConns())
 	m, err := newHostMetrics(h, cfg.Registry)
@@ -174,7 +177,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		}
 	}()
 
-	store, logStore, err := h.openGroupStore(id, dir)
+	store, err := h.openGroupStore(id, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +308,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	cleanup = append(cleanup, func() { r.Shutdown().Error() })
 	stream.setSeat(h.seatCheck(id, raftSeat(r)))
 	if existing {
-		logger.Info("raft group restarted from existing state", "last_index", r.LastIndex(), "log_store", logStore)
+		logger.Info("raft group restarted from existing state", "last_index", r.LastIndex(), "log_store", h.logStore)
 	}
 
 	g := &Group{
@@ -318,7 +321,7 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 		logs:          logs,
 		counted:       counted,
 		store:         store,
-		logStore:      logStore,
+		logStore:      h.logStore,
 		snaps:         files,
 		trans:         trans,
 		stream:        stream,
@@ -342,132 +345,9 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 	return g, nil
 }
 
-// groupStore is a group's raft log and stable store.
-type groupStore interface {
-	raft.LogStore
-	raft.StableStore
-	Close() error
-}
-
-// openGroupStore opens group id's log and stable store and says which
-// store it is (a LogStore* value). The store a group was created with is
-// kept whatever Config.LogStore says now: every store that exists on disk
-// is asked whether it holds the group (its own raft.db, the shared bolt
-// log's buckets, the pebble log's marker); the one that does is used, and
-// only a group found nowhere follows Config.LogStore. (Choosing by the
-// setting alone would make a restarted group find no log after the setting
-// changed, and bootstrap again over its acknowledged writes.) A group found
-// in two stores refuses to start with ErrStoreConflict: which one is
-// current cannot be known.
-func (h *Host) openGroupStore(id, dir string) (_ groupStore, kind string, err error) {
-	ownPath := filepath.Join(dir, "raft.db")
-	hasOwn, err := fileExists(ownPath)
-	if err != nil {
-		return nil, "", shardErr(id, "checking for a log store: %w", err)
-	}
-	var found []string
-	if hasOwn {
-		found = append(found, ownPath)
-		kind = LogStoreBolt
-	}
-	sl, err := h.openSharedLog(false)
-	if err != nil {
-		return nil, "", shardErr(id, "opening the shared log: %w", err)
-	}
-	if sl != nil {
-		in, err := sl.hasGroup(id)
-		if err != nil {
-			return nil, "", shardErr(id, "reading the shared log: %w", err)
-		}
-		if in {
-			found = append(found, sl.path)
-			kind = LogStoreSharedBolt
-		}
-	}
-	pl, err := h.openPebbleLog(false)
-	if err != nil {
-		return nil, "", shardErr(id, "opening the pebble log: %w", err)
-	}
-	if pl != nil {
-		in, err := pl.hasGroup(id)
-		if err != nil {
-			return nil, "", shardErr(id, "reading the pebble log: %w", err)
-		}
-		if in {
-			found = append(found, pl.path)
-			kind = LogStorePebble
-		}
-	}
-	switch {
-	case len(found) > 1:
-		return nil, "", shardErr(id, "%w: %s all hold this group's log; move all but one away",
-			ErrStoreConflict, strings.Join(found, " and "))
-	case len(found) == 0:
-		kind = h.cfg.logStore()
-	}
-	switch kind {
-	case LogStoreSharedBolt:
-		if sl, err = h.openSharedLog(true); err != nil {
-			return nil, "", shardErr(id, "opening the shared log: %w", err)
-		}
-		g, err := sl.group(id)
-		if err != nil {
-			return nil, "", shardErr(id, "opening log store in the shared log: %w", err)
-		}
-		return g, kind, nil
-	case LogStorePebble:
-		if pl, err = h.openPebbleLog(true); err != nil {
-			return nil, "", shardErr(id, "opening the pebble log: %w", err)
-		}
-		g, err := pl.group(id)
-		if err != nil {
-			return nil, "", shardErr(id, "opening log store in the pebble log: %w", err)
-		}
-		return g, kind, nil
-	}
-	bolt, err := raftboltdb.New(raftboltdb.Options{
-		Path:   ownPath,
-		NoSync: h.cfg.NoFsync,
-		// Fail fast instead of hanging if another process holds the file.
-		BoltOptions: &bbolt.Options{Timeout: time.Second},
-	})
-	if err != nil {
-		return nil, "", shardErr(id, "opening log store: %w", err)
-	}
-	return bolt, LogStoreBolt, nil
-}
-
-// openSharedLog returns the host's shared log, opening it on first use. With
-// create false it only opens an existing file, and returns nil if none.
-func (h *Host) openSharedLog(create bool) (*sharedLog, error) {
-	h.logMu.Lock()
-	defer h.logMu.Unlock()
-	if h.logClosed {
-		return nil, ErrShutdown
-	}
-	if h.sharedLog != nil {
-		return h.sharedLog, nil
-	}
-	path := filepath.Join(h.cfg.DataDir, sharedLogFile)
-	if !create {
-		if ok, err := fileExists(path); err != nil || !ok {
-			return nil, err
-		}
-	}
-	sl, err := openSharedLog(path, h.cfg.NoFsync, h.metrics, h.storageFailed)
-	if err != nil {
-		return nil, err
-	}
-	if n := h.cfg.TestingFailCommitsAfter; n > 0 {
-		sl.failCommitsAfter(n)
-	}
-	h.sharedLog = sl
-	return sl, nil
-}
-
-// openPebbleLog returns the host's pebble log, opening it on first use.
-// With create false it only opens an existing one, and returns nil if none.
-func (h *Host) openPebbleLog(create bool) (*pebbleLog, error) {
+// openPebbleLog returns the host's pebble log, opening (or creating) it on
+// first use.
+func (h *Host) openPebbleLog() (*pebbleLog, error) {
 	h.logMu.Lock()
 	defer h.logMu.Unlock()
 	if h.logClosed {
@@ -476,13 +356,7 @@ func (h *Host) openPebbleLog(create bool) (*pebbleLog, error) {
 	if h.pebbleLog != nil {
 		return h.pebbleLog, nil
 	}
-	dir := pebbleLogPath(h.cfg.DataDir)
-	if !create {
-		if ok, err := fileExists(dir); err != nil || !ok {
-			return nil, err
-		}
-	}
-	pl, err := openPebbleLog(dir, h.cfg.NoFsync, h.metrics, h.logger, h.storageFailed)
+	pl, err := openPebbleLog(pebbleLogPath(h.cfg.DataDir), h.cfg.NoFsync, h.metrics, h.logger, h.storageFailed)
 	if err != nil {
 		return nil, err
 	}
@@ -493,7 +367,7 @@ func (h *Host) openPebbleLog(create bool) (*pebbleLog, error) {
 	return pl, nil
 }
 
-// storageFailed is told once that the shared log failed stop, or that a
+// storageFailed is told once that the pebble log failed stop, or that a
 // group's durable state machine could not commit an applied batch.
 // The callback, when set, says it (one line from whoever acts on it).
 func (h *Host) storageFailed(err error) {
@@ -512,13 +386,8 @@ func (h *Host) StorageFailure() error {
 		return *p
 	}
 	h.logMu.Lock()
-	sl, pl := h.sharedLog, h.pebbleLog
+	pl := h.pebbleLog
 	h.logMu.Unlock()
-	if sl != nil {
-		if err := sl.failure(); err != nil {
-			return err
-		}
-	}
 	if pl != nil {
 		return pl.failure()
 	}
@@ -535,18 +404,6 @@ func (h *Host) PebbleLogStats() PebbleLogStats {
 		return PebbleLogStats{}
 	}
 	return pl.stats()
-}
-
-// SharedLogStats returns the shared bolt log's figures (zero if no group of
-// this host uses it).
-func (h *Host) SharedLogStats() SharedLogStats {
-	h.logMu.Lock()
-	sl := h.sharedLog
-	h.logMu.Unlock()
-	if sl == nil {
-		return SharedLogStats{}
-	}
-	return sl.stats()
 }
 
 // Group returns the hosted group with the given shard id.
@@ -663,11 +520,6 @@ func (h *Host) stop(ctx context.Context, handOver bool) error {
 		// Every group has stopped: nothing writes to the host's logs now.
 		h.logMu.Lock()
 		h.logClosed = true // an AddGroup still opening must not reopen them
-		if h.sharedLog != nil {
-			if err := h.sharedLog.close(); err != nil {
-				errs = append(errs, fmt.Errorf("raftstore: closing the shared log: %w", err))
-			}
-		}
 		if h.pebbleLog != nil {
 			if err := h.pebbleLog.close(); err != nil {
 				errs = append(errs, err)

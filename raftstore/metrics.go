@@ -25,13 +25,8 @@ type hostMetrics struct {
 	restores         *prometheus.CounterVec
 	rejectedConns    collectors // one counter per reject reason
 
-	// The shared bolt log's (LogStoreSharedBolt): unlabelled, one per host.
-	sharedCommits        prometheus.Counter
-	sharedCommitWrites   prometheus.Histogram
-	sharedCommitDuration prometheus.Histogram
-	storageFailures      prometheus.Counter
-
 	// The pebble log's (LogStorePebble): unlabelled, one per host.
+	storageFailures      prometheus.Counter
 	pebbleCommits        prometheus.Counter
 	pebbleCommitDuration prometheus.Histogram
 	pebbleWALSyncs       prometheus.Counter
@@ -75,12 +70,12 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		}, shard),
 		logStoreBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_raft_log_append_entries",
-			Help:    "Log entries written per log store write of the group (its own fsync'd bolt transaction, or its part of a shared-log commit).",
+			Help:    "Log entries written per log store write of the group (its own fsync'd bolt transaction, or a synced pebble log batch).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 		}, shard),
 		logCommit: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_raft_log_commit_duration_seconds",
-			Help:    "Time per log store write of the group (until its bolt transaction, own or shared, is committed and fsync'd), leader and follower alike.",
+			Help:    "Time per log store write of the group (until its bolt transaction or pebble log batch is committed and fsync'd), leader and follower alike.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16), // 0.1 ms .. 3.3 s
 		}, shard),
 		leaderChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -117,20 +112,6 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 		packingDesc: prometheus.NewDesc("idem_raft_proposal_packing",
 			"1 once the group packs commands queued behind in-flight entries into one Raft entry when this replica leads (Config.Packer; gated: from Group.EnablePacking on), else 0.", shard, nil),
 	}
-	m.sharedCommits = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "idem_raft_shared_log_commits_total",
-		Help: "Transactions committed (and fsync'd) by the node's shared log, each carrying the writes of any number of groups.",
-	})
-	m.sharedCommitWrites = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "idem_raft_shared_log_commit_writes",
-		Help:    "Group log writes (StoreLogs, DeleteRange, stable-store sets) carried per shared-log commit.",
-		Buckets: prometheus.ExponentialBuckets(1, 2, 11),
-	})
-	m.sharedCommitDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "idem_raft_shared_log_commit_duration_seconds",
-		Help:    "Time per shared-log commit (bolt write transaction including its fsyncs).",
-		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
-	})
 	m.pebbleCommits = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "idem_raft_pebble_log_commits_total",
 		Help: "Synced batches committed by the node's pebble log (one per group write: StoreLogs, DeleteRange, stable-store set).",
@@ -168,7 +149,7 @@ func newHostMetrics(h *Host, reg *prometheus.Registry) (*hostMetrics, error) {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.packSize, m.logStoreBatch, m.logCommit,
 		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
-		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures,
+		m.storageFailures,
 		m.pebbleCommits, m.pebbleCommitDuration, m.pebbleWALSyncs, m} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
@@ -187,7 +168,7 @@ func (m *hostMetrics) unregister(reg *prometheus.Registry) {
 	}
 	for _, c := range []prometheus.Collector{m.applyDuration, m.batchSize, m.packSize, m.logStoreBatch, m.logCommit,
 		m.leaderChanges, m.snapshots, m.snapshotDuration, m.restores, m.rejectedConns,
-		m.sharedCommits, m.sharedCommitWrites, m.sharedCommitDuration, m.storageFailures,
+		m.storageFailures,
 		m.pebbleCommits, m.pebbleCommitDuration, m.pebbleWALSyncs, m} {
 		reg.Unregister(c)
 	}
@@ -259,8 +240,8 @@ func (m *hostMetrics) Collect(ch chan<- prometheus.Metric) {
 
 // countingLogStore wraps the group's log store to count its log writes:
 // with its own bolt file each StoreLogs is one fsync'd transaction, so
-// entries per call is "commands per fsync"; in the shared log several
-// groups' StoreLogs may share one transaction (see SharedLogStats).
+// entries per call is "commands per fsync"; in the pebble log several
+// groups' writes may share one WAL fdatasync (see PebbleLogStats).
 type countingLogStore struct {
 	raft.LogStore
 	metrics     *groupMetrics

@@ -32,7 +32,7 @@ const pebbleLogFormat = "idem-raftlog/1"
 //
 //	\x00format                  pebbleLogFormat
 //	<id>\x00m                   group marker (empty): the group lives here
-//	<id>\x00l<index, 8 bytes BE> log entry, encodeLog (as the shared log)
+//	<id>\x00l<index, 8 bytes BE> log entry, encodeLog
 //	<id>\x00s<key>              stable-store value
 var pebbleFormatKey = []byte("\x00format")
 

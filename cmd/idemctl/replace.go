@@ -171,15 +171,14 @@ func replaceMetaMember(ctx context.Context, e *env, topo *topology.Topology, id 
 }
 
 // checkStopped refuses while the node runs: its Raft port answers, or its
-// Raft log (the pebble log's LOCK file, or the shared bolt file) is locked
-// by a process.
+// pebble log's LOCK file is locked by a process.
 func checkStopped(n topology.Node, dataDir string) error {
 	if conn, err := net.DialTimeout("tcp", n.RaftAddr, time.Second); err == nil {
 		conn.Close()
 		return fmt.Errorf("node %s is running (its Raft port %s answers): stop it first; replace-node empties its data dir", n.ID, n.RaftAddr)
 	}
 	lockFile := filepath.Join(dataDir, "raft", "raftlog", "LOCK")
-	if err := withFile(lockFile, func(f *os.File) error {
+	return withFile(lockFile, func(f *os.File) error {
 		// pebble holds a POSIX (fcntl) write lock on LOCK while open.
 		lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: 0, Start: 0, Len: 0}
 		if err := syscall.FcntlFlock(f.Fd(), syscall.F_GETLK, &lk); err != nil {
@@ -188,17 +187,6 @@ func checkStopped(n topology.Node, dataDir string) error {
 		if lk.Type != syscall.F_UNLCK {
 			return fmt.Errorf("%s is locked by running process %d: stop node %s first", lockFile, lk.Pid, n.ID)
 		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	logFile := filepath.Join(dataDir, "raft", "log.db")
-	return withFile(logFile, func(f *os.File) error {
-		// bbolt holds an exclusive flock on the file while open.
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-			return fmt.Errorf("%s is in use by a running process (%v): stop node %s first", logFile, err, n.ID)
-		}
-		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 		return nil
 	})
 }

@@ -52,7 +52,7 @@ func TestRunFlags(t *testing.T) {
 		{Name: "state cache too small", Args: []string{"--dev", "--state-cache-bytes", "1000"}, WantErr: "--state-cache-bytes must be 0 (the default) or at least 64 MiB"},
 		{Name: "bad log level", Args: []string{"--dev", "--log-level", "loud"}, WantErr: "--log-level"},
 		{Name: "bad packing mode", Args: []string{"--dev", "--raft-pack-commands=sometimes"}, WantErr: "not a packing mode"},
-		{Name: "bad log store", Args: []string{"--dev", "--raft-log-store", "rocks"}, WantErr: `--raft-log-store "rocks": want one of pebble, shared-bolt, bolt`},
+		{Name: "bad log store", Args: []string{"--dev", "--raft-log-store", "rocks"}, WantErr: `--raft-log-store "rocks": want one of pebble, bolt`},
 	})
 }
 

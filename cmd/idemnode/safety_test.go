@@ -85,21 +85,12 @@ func lastLine(out string) string {
 // its Raft log (deleted, or emptied) makes the node exit non-zero with one
 // line naming the dir and idemctl replace-node, instead of bootstrapping an
 // empty state where fencing tokens would start over; a damaged log gives
-// one line naming it, never a panic. For the pebble log (the default) and
-// the shared bolt file.
+// one line naming it, never a panic; so does a shared bolt log of
+// development builds (raft/log.db), which no release reads.
 func TestLostStateIsRefused(t *testing.T) {
 	t.Parallel()
-	for _, store := range []string{"pebble", "shared-bolt"} {
-		t.Run(store, func(t *testing.T) {
-			t.Parallel()
-			testLostStateIsRefused(t, store)
-		})
-	}
-}
-
-func testLostStateIsRefused(t *testing.T, store string) {
 	dir := t.TempDir()
-	p, api, httpAddr := devProcess(t, dir, "--raft-log-store", store)
+	p, api, httpAddr := devProcess(t, dir)
 	startReady(t, p, httpAddr)
 	ok := want(t, 200)
 	first := ok(api.Reserve(t.Context(), "payments", "lost-1", nil))
@@ -107,19 +98,15 @@ func testLostStateIsRefused(t *testing.T, store string) {
 		t.Fatal(err)
 	}
 	dataDir := filepath.Join(dir, "data")
-	// The log's files: log.db, or the pebble log's directory.
-	logPath := filepath.Join(dataDir, "raft", "log.db")
-	files := []string{logPath}
-	if store == "pebble" {
-		logPath = filepath.Join(dataDir, "raft", "raftlog")
-		entries, err := os.ReadDir(logPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files = files[:0]
-		for _, e := range entries {
-			files = append(files, filepath.Join(logPath, e.Name()))
-		}
+	// The log's files: the pebble log's directory.
+	logPath := filepath.Join(dataDir, "raft", "raftlog")
+	entries, err := os.ReadDir(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for _, e := range entries {
+		files = append(files, filepath.Join(logPath, e.Name()))
 	}
 	saved := map[string][]byte{}
 	for _, f := range files {
@@ -129,11 +116,10 @@ func testLostStateIsRefused(t *testing.T, store string) {
 		}
 		saved[f] = data
 	}
-	// overwrite damages the log's content: the bolt file, or pebble's
-	// MANIFEST and WAL.
+	// overwrite damages the log's content: pebble's MANIFEST and WAL.
 	overwrite := func() error {
 		for _, f := range files {
-			if store == "pebble" && !strings.HasPrefix(filepath.Base(f), "MANIFEST") && !strings.HasSuffix(f, ".log") {
+			if !strings.HasPrefix(filepath.Base(f), "MANIFEST") && !strings.HasSuffix(f, ".log") {
 				continue
 			}
 			if err := os.WriteFile(f, bytes.Repeat([]byte{0xA5}, 64<<10), 0o600); err != nil {
@@ -160,13 +146,11 @@ func testLostStateIsRefused(t *testing.T, store string) {
 			}
 		}
 		// Put the log back exactly as it was.
-		if store == "pebble" {
-			if err := os.RemoveAll(logPath); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.MkdirAll(logPath, 0o750); err != nil {
-				t.Fatal(err)
-			}
+		if err := os.RemoveAll(logPath); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(logPath, 0o750); err != nil {
+			t.Fatal(err)
 		}
 		for f, data := range saved {
 			if err := os.WriteFile(f, data, 0o600); err != nil {
@@ -174,17 +158,17 @@ func testLostStateIsRefused(t *testing.T, store string) {
 			}
 		}
 	}
-	if store == "shared-bolt" {
-		// A bolt file truncated to nothing reads as no log at all.
-		if err := os.WriteFile(logPath, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if line := lastLine(mustRefuse(t, p)); !strings.Contains(line, dataDir) || !strings.Contains(line, "idemctl replace-node") {
-			t.Errorf("log truncated to nothing: last line %q", line)
-		}
-		if err := os.WriteFile(logPath, saved[logPath], 0o600); err != nil {
-			t.Fatal(err)
-		}
+	// A shared bolt log beside it (a development build's) is refused, not
+	// ignored.
+	shared := filepath.Join(dataDir, "raft", "log.db")
+	if err := os.WriteFile(shared, []byte("bolt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if line := lastLine(mustRefuse(t, p)); !strings.Contains(line, shared) || !strings.Contains(line, "idemctl replace-node") {
+		t.Errorf("shared bolt log: last line %q does not name %s and idemctl replace-node", line, shared)
+	}
+	if err := os.Remove(shared); err != nil {
+		t.Fatal(err)
 	}
 	// With its log back the node starts and still holds the record.
 	startReady(t, p, httpAddr)

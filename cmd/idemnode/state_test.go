@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -55,12 +54,9 @@ func TestKilledNodesRestartWithoutRestore(t *testing.T) {
 		return true
 	})
 	for _, id := range ids {
-		// The default log store: the pebble log, no bolt file.
+		// The default log store: the pebble log.
 		if _, err := os.Stat(filepath.Join(c.Dir, "data", id, "raft", "raftlog", "LOCK")); err != nil {
 			t.Fatalf("%s has no pebble log: %v", id, err)
-		}
-		if _, err := os.Stat(filepath.Join(c.Dir, "data", id, "raft", "log.db")); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("%s has a shared bolt log (%v); the default is the pebble log", id, err)
 		}
 		c.Nodes[id].Kill()
 	}
