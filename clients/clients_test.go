@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // suiteTimeout bounds one language's whole test suite.
@@ -38,7 +38,7 @@ func binaries(t *testing.T) []string {
 		if buildErr != nil {
 			return
 		}
-		bins, buildErr = cluster.Build(binDir, "idemnode", "idemctl")
+		bins, buildErr = launch.Build(binDir, "idemnode", "idemctl")
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

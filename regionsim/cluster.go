@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
-	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/regionsim/naive"
 	"github.com/idem-dev/idem/regionsim/wan"
 	"github.com/idem-dev/idem/topology"
@@ -65,7 +65,7 @@ type simCluster struct {
 type simNode struct {
 	id, region string
 	real       topology.Node
-	proc       *cluster.Process
+	proc       *launch.Process
 	baseArgs   []string
 
 	mu     sync.Mutex
@@ -82,7 +82,7 @@ type simNode struct {
 
 type simRouter struct {
 	region             string
-	proc               *cluster.Process
+	proc               *launch.Process
 	httpAddr, grpcAddr string
 }
 
@@ -98,7 +98,7 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 	if cfg.Survival == "region" {
 		replicas = 3
 	}
-	topo, err := cluster.Topology(cluster.Spec{
+	topo, err := launch.Topology(launch.Spec{
 		Cluster: "regionsim", Regions: regions, NodesPerRegion: cfg.NodesPerRegion,
 		ShardsPerRegion: cfg.ShardsPerRegion, Replicas: replicas, Survival: cfg.Survival,
 		WANRTTMs: int(2 * cfg.LatencyMax / time.Millisecond),
@@ -109,7 +109,7 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 	// Re-address every process outside the ephemeral port range, so that
 	// neither the proxies (which listen on :0) nor outgoing connections can
 	// take a port between its pick and a (re)start of the process.
-	ports, err := cluster.FreePorts(3*len(topo.Nodes()) + 2*len(regions))
+	ports, err := launch.FreePorts(3*len(topo.Nodes()) + 2*len(regions))
 	if err != nil {
 		return nil, err
 	}
@@ -164,14 +164,14 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 			"--log-level", "info", "--clock-skew-margin", cfg.ClockSkewMargin.String()}
 		// The clock-skew fault restarts nodes with --testing-clock-offset,
 		// which idemnode accepts only with fault injection enabled.
-		sn.proc = &cluster.Process{Name: n.ID, Bin: bins["idemnode"], Args: sn.baseArgs, Log: filepath.Join(dir, "logs", n.ID+".log"),
-			Env: []string{cluster.FaultInjectionEnv}}
+		sn.proc = &launch.Process{Name: n.ID, Bin: bins["idemnode"], Args: sn.baseArgs, Log: filepath.Join(dir, "logs", n.ID+".log"),
+			Env: []string{launch.FaultInjectionEnv}}
 		c.nodes[n.ID] = sn
 		c.nodeIDs = append(c.nodeIDs, n.ID)
 	}
 	for _, r := range regions {
 		sr := &simRouter{region: r, httpAddr: next(), grpcAddr: next()}
-		sr.proc = &cluster.Process{Name: "router-" + r, Bin: bins["idemrouter"], Log: filepath.Join(dir, "logs", "router-"+r+".log"),
+		sr.proc = &launch.Process{Name: "router-" + r, Bin: bins["idemrouter"], Log: filepath.Join(dir, "logs", "router-"+r+".log"),
 			Args: []string{"--config", c.views[r], "--region", r, "--http-addr", sr.httpAddr, "--grpc-addr", sr.grpcAddr,
 				"--request-timeout", cfg.RouterTimeout.String(), "--log-level", "info"}}
 		c.routers[r] = sr
@@ -304,7 +304,7 @@ func (c *simCluster) writeViews() error {
 		if v := topo.EffectiveVersion(); v > 1 {
 			path = filepath.Join(c.dir, fmt.Sprintf("topology-%s.v%d.yaml", from, v))
 		}
-		if err := cluster.WriteTopology(&view, path); err != nil {
+		if err := launch.WriteTopology(&view, path); err != nil {
 			return err
 		}
 		c.views[from] = path
@@ -322,13 +322,13 @@ func (c *simCluster) waitReady(ctx context.Context, timeout time.Duration) error
 		if !n.proc.Running() {
 			return fmt.Errorf("%w: node %s is not running (log: %s)", ErrClusterNotReady, id, n.proc.Log)
 		}
-		if err := cluster.WaitHTTP(ctx, "http://"+n.real.HTTPAddr+"/readyz"); err != nil {
+		if err := launch.WaitHTTP(ctx, "http://"+n.real.HTTPAddr+"/readyz"); err != nil {
 			return fmt.Errorf("%w: node %s: %v (log: %s)", ErrClusterNotReady, id, err, n.proc.Log)
 		}
 	}
 	for _, r := range c.regions {
 		sr := c.routers[r]
-		if err := cluster.WaitHTTP(ctx, "http://"+sr.httpAddr+"/readyz"); err != nil {
+		if err := launch.WaitHTTP(ctx, "http://"+sr.httpAddr+"/readyz"); err != nil {
 			return fmt.Errorf("%w: router %s: %v (log: %s)", ErrClusterNotReady, r, err, sr.proc.Log)
 		}
 	}
@@ -631,7 +631,7 @@ func (c *simCluster) close() error {
 	var errs []error
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	stop := func(p *cluster.Process) {
+	stop := func(p *launch.Process) {
 		defer wg.Done()
 		if err := p.Stop(15 * time.Second); err != nil {
 			mu.Lock()

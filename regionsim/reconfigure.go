@@ -12,7 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
-	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -45,7 +45,7 @@ func reconfigure(at, d time.Duration, region string) *Fault {
 // joinNode starts a node with a new id in region, with fresh ports and its
 // region's view of the next topology version, and applies that version.
 func (c *simCluster) joinNode(ctx context.Context, region string) (string, time.Duration, error) {
-	ports, err := cluster.FreePorts(3)
+	ports, err := launch.FreePorts(3)
 	if err != nil {
 		return "", 0, err
 	}
@@ -90,8 +90,8 @@ func (c *simCluster) startNewNode(real topology.Node) error {
 	sn := &simNode{id: real.ID, region: real.Region, real: real}
 	sn.baseArgs = []string{"--config", c.views[real.Region], "--id", real.ID, "--data-dir", filepath.Join(c.dir, "data", real.ID),
 		"--log-level", "info", "--clock-skew-margin", c.cfg.ClockSkewMargin.String()}
-	sn.proc = &cluster.Process{Name: real.ID, Bin: c.anyNode().proc.Bin, Args: sn.baseArgs, Log: filepath.Join(c.dir, "logs", real.ID+".log"),
-		Env: []string{cluster.FaultInjectionEnv}}
+	sn.proc = &launch.Process{Name: real.ID, Bin: c.anyNode().proc.Bin, Args: sn.baseArgs, Log: filepath.Join(c.dir, "logs", real.ID+".log"),
+		Env: []string{launch.FaultInjectionEnv}}
 	if err := sn.proc.Start(); err != nil {
 		return err
 	}

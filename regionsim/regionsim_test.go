@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/regionsim/report"
 	"github.com/idem-dev/idem/regionsim/wan"
@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 	}
 	code := func() int {
 		defer os.RemoveAll(dir)
-		if bins, err = cluster.Build(dir, "idemnode", "idemrouter"); err != nil {
+		if bins, err = launch.Build(dir, "idemnode", "idemrouter"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -125,7 +125,7 @@ func TestPlansDeriveFromTheSeed(t *testing.T) {
 func TestViewsPlaceKeysIdentically(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Survival = "region"
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "regionsim", Regions: regionNames(3), NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3, Survival: "region"})
+	topo, err := launch.Topology(launch.Spec{Cluster: "regionsim", Regions: regionNames(3), NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3, Survival: "region"})
 	if err != nil {
 		t.Fatal(err)
 	}

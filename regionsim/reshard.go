@@ -14,7 +14,7 @@ import (
 	"time"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
-	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/regionsim/wan"
 	"github.com/idem-dev/idem/topology"
 )
@@ -112,7 +112,7 @@ func (c *simCluster) startRegion(region string) (*topology.Topology, error) {
 	if err := c.net.AddRegion(region); err != nil {
 		return nil, err
 	}
-	ports, err := cluster.FreePorts(3 * c.cfg.NodesPerRegion)
+	ports, err := launch.FreePorts(3 * c.cfg.NodesPerRegion)
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/client"
-	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/regionsim/check"
 	"github.com/idem-dev/idem/regionsim/history"
 	"github.com/idem-dev/idem/regionsim/ledger"
@@ -159,7 +159,7 @@ func binaries(cfg Config, dir string, prog *progress) (map[string]string, error)
 		if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
 			return nil, err
 		}
-		built, err := cluster.Build(filepath.Join(dir, "bin"), missing...)
+		built, err := launch.Build(filepath.Join(dir, "bin"), missing...)
 		if err != nil {
 			return nil, fmt.Errorf("regionsim: building the binaries (run regionsim from inside the idem module): %w", err)
 		}

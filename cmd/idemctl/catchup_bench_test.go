@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // BenchmarkFollowerCatchUp measures a snapshot install under retained state:
@@ -30,7 +31,7 @@ func BenchmarkFollowerCatchUp(b *testing.B) {
 	if s := os.Getenv("IDEM_CATCHUP_RECORDS"); s != "" {
 		records, _ = strconv.Atoi(s)
 	}
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "catchup", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "catchup", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func BenchmarkFollowerCatchUp(b *testing.B) {
 	took := time.Since(start)
 	rctx, rcancel := context.WithTimeout(ctx, time.Minute)
 	defer rcancel()
-	if err := cluster.WaitHTTP(rctx, "http://"+c.HTTPAddr(victim)+"/readyz"); err != nil {
+	if err := launch.WaitHTTP(rctx, "http://"+c.HTTPAddr(victim)+"/readyz"); err != nil {
 		b.Fatal(err)
 	}
 	after := rss()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
 )
@@ -80,7 +81,7 @@ func decode[T any](t *testing.T, out string) T {
 }
 
 func TestIdemctlAgainstCluster(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "ctl", Regions: []string{"east", "west"}, NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "ctl", Regions: []string{"east", "west"}, NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -20,7 +21,7 @@ import (
 // exactly once; force-release and delete through idemctl change what the old
 // owner and the next reserve get, with fencing tokens still increasing.
 func TestIdemctlKeys(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "keys", Regions: []string{"east"}, NodesPerRegion: 3, ShardsPerRegion: 4, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "keys", Regions: []string{"east"}, NodesPerRegion: 3, ShardsPerRegion: 4, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +262,7 @@ func TestIdemctlKeys(t *testing.T) {
 	// Each action is logged with principal, key and reason by the process
 	// it reached first (the router for --addr, a node otherwise).
 	logs := ""
-	for _, p := range append([]*cluster.Process{c.Routers["router-east"]}, nodeProcesses(c)...) {
+	for _, p := range append([]*launch.Process{c.Routers["router-east"]}, nodeProcesses(c)...) {
 		data, _ := os.ReadFile(p.Log)
 		logs += string(data)
 	}
@@ -273,8 +274,8 @@ func TestIdemctlKeys(t *testing.T) {
 	}
 }
 
-func nodeProcesses(c *cluster.Cluster) []*cluster.Process {
-	var ps []*cluster.Process
+func nodeProcesses(c *cluster.Cluster) []*launch.Process {
+	var ps []*launch.Process
 	for _, p := range c.Nodes {
 		ps = append(ps, p)
 	}

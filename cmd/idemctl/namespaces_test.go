@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -22,7 +23,7 @@ import (
 // reader reads it, and a principal without role admin on the namespace is
 // refused.
 func TestIdemctlNamespacePolicies(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "pol", Regions: []string{"east"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "pol", Regions: []string{"east"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 )
 
@@ -26,7 +27,7 @@ import (
 // shard, and every completion acknowledged before, during and after is
 // readable through it, served by it as leader.
 func TestReplaceNodeUnderLoad(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "replace", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "replace", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func TestReplaceNodeUnderLoad(t *testing.T) {
 	}
 	rctx, rcancel := context.WithTimeout(ctx, 60*time.Second)
 	defer rcancel()
-	if err := cluster.WaitHTTP(rctx, "http://"+c.HTTPAddr(victim)+"/readyz"); err != nil {
+	if err := launch.WaitHTTP(rctx, "http://"+c.HTTPAddr(victim)+"/readyz"); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Until(t, 20*time.Second, "the rejoin marker cleared", func() bool {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
 )
@@ -33,7 +34,7 @@ type heldKey struct {
 // token, keys held IN_PROGRESS across the moves stay with their owners,
 // and a key reclaimed after a move gets a larger fencing token.
 func TestTopologyReshardUnderLoad(t *testing.T) {
-	c, rt, dir, ctx := routedCluster(t, cluster.Spec{Cluster: "reshard", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "reshard-debug", 5*time.Minute)
+	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "reshard", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "reshard-debug", 5*time.Minute)
 	topo := c.Topology.Clone()
 	v1 := c.TopologyPath
 	node := cluster.NewAPI(c.HTTPAddr("r1-2"))
@@ -218,14 +219,14 @@ func check(t *testing.T, want int) func(cluster.Reply, error) cluster.Reply {
 // the other two before its nodes may stop. A router started with the first
 // file serves throughout; every acknowledged completion replays.
 func TestTopologyAddAndRemoveRegion(t *testing.T) {
-	c, rt, dir, ctx := routedCluster(t, cluster.Spec{Cluster: "regions", Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "region-debug", 6*time.Minute)
+	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "regions", Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "region-debug", 6*time.Minute)
 	topo := c.Topology.Clone()
 	v1 := c.TopologyPath
 	l := startLoad(ctx, []string{c.HTTPAddr("r2-1"), rt.HTTPAddr}, 8)
 	testutil.Until(t, 30*time.Second, "writes before the change", func() bool { return l.count() >= 200 })
 
 	// Version 2: region r3 with three nodes, which start with the new file.
-	ports, err := cluster.FreePorts(9)
+	ports, err := launch.FreePorts(9)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +239,7 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 	three.Regions = append(three.Regions, r3)
 	v2 := nextVersion(t, three, 2, dir)
 	for _, nd := range r3.Nodes {
-		c.Nodes[nd.ID] = &cluster.Process{Name: nd.ID, Bin: binaries["idemnode"], Log: filepath.Join(dir, nd.ID+".log"),
+		c.Nodes[nd.ID] = &launch.Process{Name: nd.ID, Bin: binaries["idemnode"], Log: filepath.Join(dir, nd.ID+".log"),
 			Args: []string{"--config", v2, "--id", nd.ID, "--data-dir", filepath.Join(dir, "data", nd.ID), "--log-level", "debug"}}
 		if err := c.Nodes[nd.ID].Start(); err != nil {
 			t.Fatal(err)
@@ -271,7 +272,7 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 	add := time.Since(start)
 	t.Logf("apply v2 took %v:\n%s", add, out)
 	for _, nd := range r3.Nodes {
-		if err := cluster.WaitHTTP(ctx, "http://"+nd.HTTPAddr+"/readyz"); err != nil {
+		if err := launch.WaitHTTP(ctx, "http://"+nd.HTTPAddr+"/readyz"); err != nil {
 			t.Fatal(err)
 		}
 	}

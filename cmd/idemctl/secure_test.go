@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // TestIdemctlSecure runs idemctl against a secure one-region cluster:
@@ -18,7 +19,7 @@ import (
 // --user bob (a writer) is refused it, --token authenticates, and no
 // credentials at all (plaintext) reach nothing.
 func TestIdemctlSecure(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "ctls", Regions: []string{"east"}, NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "ctls", Regions: []string{"east"}, NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

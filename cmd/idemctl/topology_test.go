@@ -20,6 +20,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
 )
@@ -148,7 +149,7 @@ func nextVersion(t *testing.T, topo *topology.Topology, v int, dir string) strin
 	t.Helper()
 	topo.Version = v
 	path := filepath.Join(dir, "topology-v"+strconv.Itoa(v)+".yaml")
-	if err := cluster.WriteTopology(topo, path); err != nil {
+	if err := launch.WriteTopology(topo, path); err != nil {
 		t.Fatal(err)
 	}
 	return path
@@ -187,7 +188,7 @@ func metaLeader(t *testing.T, c *cluster.Cluster, topo *topology.Topology) strin
 // answer but 200 and 503, every acknowledged completion replays, and the
 // new node serves its seats.
 func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "elastic", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "elastic", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 
 	// Version 2: r1-4 joins. It starts with the new file before the apply
 	// and waits to be added (not ready until then).
-	ports, err := cluster.FreePorts(3)
+	ports, err := launch.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +227,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 	grown.Regions[0].Nodes = append(grown.Regions[0].Nodes, topology.Node{ID: "r1-4", Region: "r1",
 		RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])})
 	v2 := nextVersion(t, grown, 2, dir)
-	c.Nodes["r1-4"] = &cluster.Process{Name: "r1-4", Bin: binaries["idemnode"], Log: filepath.Join(dir, "r1-4.log"),
+	c.Nodes["r1-4"] = &launch.Process{Name: "r1-4", Bin: binaries["idemnode"], Log: filepath.Join(dir, "r1-4.log"),
 		Args: []string{"--config", v2, "--id", "r1-4", "--data-dir", filepath.Join(dir, "data", "r1-4"), "--log-level", "debug", "--trailing-logs", "64", "--snapshot-interval", "1s"}}
 	if err := c.Nodes["r1-4"].Start(); err != nil {
 		t.Fatal(err)
@@ -261,7 +262,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 	out := mustCtlWithin(t, 90*time.Second, "--config", v1, "--timeout", "10s", "topology", "apply", v2)
 	grow := time.Since(start)
 	t.Logf("apply v2 (resumed) after %v:\n%s", grow, out)
-	if err := cluster.WaitHTTP(ctx, "http://"+grown.Regions[0].Nodes[3].HTTPAddr+"/readyz"); err != nil {
+	if err := launch.WaitHTTP(ctx, "http://"+grown.Regions[0].Nodes[3].HTTPAddr+"/readyz"); err != nil {
 		t.Fatal(err)
 	}
 	st := mustCtl(t, "--config", v2, "topology", "status")
@@ -327,7 +328,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := cluster.WaitHTTP(ctx, "http://"+c.HTTPAddr("r1-2")+"/readyz"); err != nil {
+	if err := launch.WaitHTTP(ctx, "http://"+c.HTTPAddr("r1-2")+"/readyz"); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Until(t, 20*time.Second, "r1-2 following version 3", func() bool {
@@ -348,7 +349,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 // answers every request with 200 or 503 only; every acknowledged
 // completion replays through it.
 func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
-	c, rt, dir, ctx := routedCluster(t, cluster.Spec{Cluster: "elastic5", NodesPerRegion: 5, ShardsPerRegion: 2, Replicas: 3}, "el-debug2", 4*time.Minute)
+	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "elastic5", NodesPerRegion: 5, ShardsPerRegion: 2, Replicas: 3}, "el-debug2", 4*time.Minute)
 	topo := c.Topology
 	// A namespace policy set before the changes holds after them, on every
 	// shard, whichever voters lead then.
@@ -389,7 +390,7 @@ func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
 	if err := c.Nodes["r1-5"].Kill(); err != nil {
 		t.Fatal(err)
 	}
-	ports, err := cluster.FreePorts(3)
+	ports, err := launch.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,13 +400,13 @@ func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
 		RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])})
 	replaced.Version = 4
 	v4 := nextVersion(t, replaced, 4, dir)
-	c.Nodes["r1-6"] = &cluster.Process{Name: "r1-6", Bin: binaries["idemnode"], Log: filepath.Join(dir, "r1-6.log"),
+	c.Nodes["r1-6"] = &launch.Process{Name: "r1-6", Bin: binaries["idemnode"], Log: filepath.Join(dir, "r1-6.log"),
 		Args: []string{"--config", v4, "--id", "r1-6", "--data-dir", filepath.Join(dir, "data", "r1-6"), "--log-level", "debug"}}
 	if err := c.Nodes["r1-6"].Start(); err != nil {
 		t.Fatal(err)
 	}
 	step(replaced, 4, "--dead", "r1-5")
-	if err := cluster.WaitHTTP(ctx, "http://"+replaced.Regions[0].Nodes[4].HTTPAddr+"/readyz"); err != nil {
+	if err := launch.WaitHTTP(ctx, "http://"+replaced.Regions[0].Nodes[4].HTTPAddr+"/readyz"); err != nil {
 		t.Fatal(err)
 	}
 	l.finish()
@@ -450,7 +451,7 @@ func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
 // in each other region, online, under load. Afterwards any one region can
 // die and every key stays writable.
 func TestTopologySurvivalZoneToRegion(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "survive", Regions: []string{"r1", "r2", "r3"}, NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1})
+	topo, err := launch.Topology(launch.Spec{Cluster: "survive", Regions: []string{"r1", "r2", "r3"}, NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -516,9 +517,9 @@ func TestTopologySurvivalZoneToRegion(t *testing.T) {
 // /tmp/<debug> when the test fails) and a router for region r1 started with
 // the same (first) file, and waits until all are ready. ctx bounds the
 // test (timeout).
-func routedCluster(t *testing.T, spec cluster.Spec, debug string, timeout time.Duration) (c *cluster.Cluster, rt *cluster.Router, dir string, ctx context.Context) {
+func routedCluster(t *testing.T, spec launch.Spec, debug string, timeout time.Duration) (c *cluster.Cluster, rt *cluster.Router, dir string, ctx context.Context) {
 	t.Helper()
-	topo, err := cluster.Topology(spec)
+	topo, err := launch.Topology(spec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // TestClientBatchesAgainstNodes: 64 concurrent callers of one routing
@@ -18,7 +19,7 @@ import (
 // of one key, batched or not, make exactly one winner; after its complete
 // all 16 replay the winner's response.
 func TestClientBatchesAgainstNodes(t *testing.T) {
-	c := startCluster(t, cluster.Spec{})
+	c := startCluster(t, launch.Spec{})
 	cl := routingClient(t, c, nil)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -127,7 +128,7 @@ func TestClientBatchesAgainstNodes(t *testing.T) {
 // RPCs; every cycle still succeeds, and 16 concurrent JSON reserves of one
 // key through all three nodes make exactly one winner.
 func TestJSONForwardingBatches(t *testing.T) {
-	c := startCluster(t, cluster.Spec{})
+	c := startCluster(t, launch.Spec{})
 	ids := nodeIDs(c)
 	apis := make([]*cluster.API, len(ids))
 	for i, id := range ids {

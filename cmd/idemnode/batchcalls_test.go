@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/client"
-	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -21,7 +21,7 @@ import (
 // code for the bad item), and the bad item alone fails. Through gRPC
 // (ReserveMany, CompleteMany) and JSON (keys:batch-reserve).
 func TestBatchCallsAcrossShards(t *testing.T) {
-	c := startCluster(t, cluster.Spec{})
+	c := startCluster(t, launch.Spec{})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	ring, err := topology.NewRing(c.Topology)
@@ -125,7 +125,7 @@ func TestBatchCallsAcrossShards(t *testing.T) {
 //
 //	go test -run '^$' -bench BatchVsSingle -benchtime 5000x ./cmd/idemnode/
 func BenchmarkBatchVsSingle(b *testing.B) {
-	c := startCluster(b, cluster.Spec{})
+	c := startCluster(b, launch.Spec{})
 	var eps []string
 	for _, n := range c.Topology.Nodes() {
 		eps = append(eps, n.GRPCAddr)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 )
 
@@ -24,9 +25,9 @@ var binaries map[string]string
 func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode", "idemctl") }
 
 // startCluster starts a three-node, one-region cluster and stops it when the test ends.
-func startCluster(t testing.TB, spec cluster.Spec, extraArgs ...string) *cluster.Cluster {
+func startCluster(t testing.TB, spec launch.Spec, extraArgs ...string) *cluster.Cluster {
 	t.Helper()
-	topo, err := cluster.Topology(spec)
+	topo, err := launch.Topology(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,9 +50,9 @@ func startCluster(t testing.TB, spec cluster.Spec, extraArgs ...string) *cluster
 // startSecureCluster is startCluster in secure mode: a CA, node
 // certificates, a client certificate for each of clients, and the auth file
 // policy (YAML) on every node.
-func startSecureCluster(t testing.TB, spec cluster.Spec, policy string, clients ...string) *cluster.Cluster {
+func startSecureCluster(t testing.TB, spec launch.Spec, policy string, clients ...string) *cluster.Cluster {
 	t.Helper()
-	topo, err := cluster.Topology(spec)
+	topo, err := launch.Topology(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +107,7 @@ func want(t *testing.T, status int) func(cluster.Reply, error) cluster.Reply {
 // save its start-up. The skew margin is short for the lease test; the other
 // test's leases are long enough never to expire.
 func TestSharedCluster(t *testing.T) {
-	c := startCluster(t, cluster.Spec{}, "--clock-skew-margin", "300ms")
+	c := startCluster(t, launch.Spec{}, "--clock-skew-margin", "300ms")
 	t.Run("ConcurrentReservesOneOwner", func(t *testing.T) { testConcurrentReservesOneOwner(t, c) })
 	t.Run("LeaseExpiryAndReclaim", func(t *testing.T) { testLeaseExpiryAndReclaim(t, c) })
 }
@@ -259,7 +260,7 @@ func workload(t *testing.T, c *cluster.Cluster, seed uint64, workers int, stop <
 // during a concurrent workload; every acknowledged completion survives and
 // writes resume after the election.
 func TestLeaderKillLosesNothing(t *testing.T) {
-	killLeaderUnderLoad(t, startCluster(t, cluster.Spec{}))
+	killLeaderUnderLoad(t, startCluster(t, launch.Spec{}))
 }
 
 // killLeaderUnderLoad kills the node leading most shards while 12 workers
@@ -346,7 +347,7 @@ func TestRestartKeepsEveryRecord(t *testing.T) {
 		{name: "crash-with-snapshots", crash: true, args: []string{"--snapshot-threshold", "40", "--snapshot-interval", "200ms", "--trailing-logs", "10"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := startCluster(t, cluster.Spec{}, tc.args...)
+			c := startCluster(t, launch.Spec{}, tc.args...)
 			ctx := t.Context()
 			ids := nodeIDs(c)
 			rng := cluster.Rand(cluster.Seed(t, "./cmd/idemnode"), 0)

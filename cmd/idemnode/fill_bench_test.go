@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // BenchmarkNodeFill fills retained state through the API: a dev node (one node,
@@ -33,7 +34,7 @@ func BenchmarkNodeFill(b *testing.B) {
 		total, _ = strconv.Atoi(s)
 	}
 	const window = 100_000
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "fill", NodesPerRegion: 1, ShardsPerRegion: 4, Replicas: 1})
+	topo, err := launch.Topology(launch.Spec{Cluster: "fill", NodesPerRegion: 1, ShardsPerRegion: 4, Replicas: 1})
 	if err != nil {
 		b.Fatal(err)
 	}

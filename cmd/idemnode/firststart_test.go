@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 )
 
@@ -21,7 +22,7 @@ import (
 // groups beside voters that held state: a replica without its log and vote
 // among them.
 func TestEmptiedDataDirIsRefused(t *testing.T) {
-	c := startCluster(t, cluster.Spec{Cluster: "emptied", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	c := startCluster(t, launch.Spec{Cluster: "emptied", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
 	nodes := c.Topology.Nodes()
 	victim, survivor := nodes[2].ID, nodes[0].ID
 	api := cluster.NewAPI(c.HTTPAddr(survivor))
@@ -82,7 +83,7 @@ func TestEmptiedDataDirIsRefused(t *testing.T) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	if err := cluster.WaitHTTP(rctx, "http://"+c.HTTPAddr(victim)+"/readyz"); err != nil {
+	if err := launch.WaitHTTP(rctx, "http://"+c.HTTPAddr(victim)+"/readyz"); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Until(t, 30*time.Second, "the rejoin marker cleared", func() bool {
@@ -103,7 +104,7 @@ func TestEmptiedDataDirIsRefused(t *testing.T) {
 // answering /healthz, with /readyz 503 naming them), and bootstraps once
 // all of them have.
 func TestFirstStartWaitsForEveryNode(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "apart", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "apart", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // An HTTP/2 client that sends, before any authentication, streams whose
@@ -107,7 +108,7 @@ func TestMetadataFloodBeforeAuthentication(t *testing.T) {
 }
 
 // flagValue is the value p was started with for flag ("--name value").
-func flagValue(p *cluster.Process, flag string) string {
+func flagValue(p *launch.Process, flag string) string {
 	i := slices.Index(p.Args, flag)
 	if i < 0 || i+1 >= len(p.Args) {
 		panic("flagValue: " + p.Name + " was started without " + flag)

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
-	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // An operator action cannot be hidden: a client that sends idem-hops (the
@@ -22,7 +22,7 @@ import (
 // the node took such an action as forwarded: applied, logged at DEBUG only
 // and not counted in idem_operator_actions_total.
 func TestOperatorActionCannotBeHiddenAsForwarded(t *testing.T) {
-	c := startSecureCluster(t, cluster.Spec{Cluster: "hide", Regions: []string{"east"}, NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1},
+	c := startSecureCluster(t, launch.Spec{Cluster: "hide", Regions: []string{"east"}, NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1},
 		"principals:\n  - {name: root, namespaces: [\"*\"], role: admin}\n", "root")
 	topo := c.Topology
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)

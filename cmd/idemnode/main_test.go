@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/node"
 )
@@ -92,13 +93,13 @@ func TestPackFlag(t *testing.T) {
 // endpoint through its outcomes and errors, then restarts it on the same
 // data dir and drains it with SIGTERM.
 func TestDevModeEndToEnd(t *testing.T) {
-	ports, err := cluster.FreePorts(3)
+	ports, err := launch.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	httpAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
 	dir := t.TempDir()
-	p := &cluster.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Args: []string{
+	p := &launch.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Args: []string{
 		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
 		"--grpc-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:" + strconv.Itoa(ports[2]),
 		"--max-response-bytes", "1000", "--clock-skew-margin", "100ms",
@@ -111,7 +112,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
-		if err := cluster.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
+		if err := launch.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
 			data, _ := os.ReadFile(p.Log)
 			t.Fatalf("%v\n%s", err, data)
 		}
@@ -244,16 +245,16 @@ func TestDevModeEndToEnd(t *testing.T) {
 // startDev starts a dev node on free loopback ports with env added to its
 // environment and extra flags, and waits until it is ready; it is killed
 // when the test ends. It returns the node's HTTP address and process.
-func startDev(t *testing.T, env []string, extra ...string) (string, *cluster.Process) {
+func startDev(t *testing.T, env []string, extra ...string) (string, *launch.Process) {
 	t.Helper()
 	return startDevVia(t, nil, env, extra...)
 }
 
 // startDevVia is startDev with the node started through launcher: a
 // command that ends by executing its arguments (nil: none).
-func startDevVia(t *testing.T, launcher []string, env []string, extra ...string) (string, *cluster.Process) {
+func startDevVia(t *testing.T, launcher []string, env []string, extra ...string) (string, *launch.Process) {
 	t.Helper()
-	ports, err := cluster.FreePorts(3)
+	ports, err := launch.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +264,7 @@ func startDevVia(t *testing.T, launcher []string, env []string, extra ...string)
 	if len(launcher) > 0 {
 		bin, args = launcher[0], append(slices.Clone(launcher[1:]), binaries["idemnode"])
 	}
-	p := &cluster.Process{Name: "dev", Bin: bin, Log: filepath.Join(dir, "dev.log"), Env: env, Args: append(append(args,
+	p := &launch.Process{Name: "dev", Bin: bin, Log: filepath.Join(dir, "dev.log"), Env: env, Args: append(append(args,
 		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
 		"--grpc-addr", "127.0.0.1:"+strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:"+strconv.Itoa(ports[2])),
 		extra...)}
@@ -273,7 +274,7 @@ func startDevVia(t *testing.T, launcher []string, env []string, extra ...string)
 	t.Cleanup(func() { p.Kill() })
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if err := cluster.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
+	if err := launch.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
 		data, _ := os.ReadFile(p.Log)
 		t.Fatalf("%v\n%s", err, data)
 	}

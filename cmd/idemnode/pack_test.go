@@ -12,13 +12,14 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // With --raft-pack-commands (many commands per Raft entry) the promises
 // hold as without: exactly one owner per key under concurrent reserves, and
 // nothing acknowledged is lost when a leader is killed under load.
 func TestPackedCommandsKeepPromises(t *testing.T) {
-	c := startCluster(t, cluster.Spec{}, "--raft-pack-commands")
+	c := startCluster(t, launch.Spec{}, "--raft-pack-commands")
 	testConcurrentReservesOneOwner(t, c)
 	killLeaderUnderLoad(t, c)
 }
@@ -90,7 +91,7 @@ func packingShards(t *testing.T, c *cluster.Cluster, id string) float64 {
 // packing on in every shard once the nodes have seen each other advertise
 // packed-entries, and packs under concurrent load.
 func TestDefaultRegionPacks(t *testing.T) {
-	c := startCluster(t, cluster.Spec{})
+	c := startCluster(t, launch.Spec{})
 	shards := float64(c.Topology.ShardsPerRegion) // every node votes in every shard
 	for _, id := range nodeIDs(c) {
 		waitFor(t, id+" packs in every shard", func() bool { return packingShards(t, c, id) == shards })
@@ -122,7 +123,7 @@ func TestDefaultRegionPacks(t *testing.T) {
 // packs, though the other two see each other advertise; once it restarts
 // with the defaults (upgraded), every shard packs.
 func TestOldVoterHoldsPackingBack(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{})
+	topo, err := launch.Topology(launch.Spec{})
 	if err != nil {
 		t.Fatal(err)
 	}

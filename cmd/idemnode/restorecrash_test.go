@@ -18,6 +18,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 )
 
@@ -74,7 +75,7 @@ func shardStates(t *testing.T, log []byte, msg, shard string) []shardState {
 // the install had written, catches up, and serves every record of A and B
 // itself as leader.
 func TestCrashDuringSnapshotInstallKeepsOldState(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "restorecrash", ShardsPerRegion: 1})
+	topo, err := launch.Topology(launch.Spec{Cluster: "restorecrash", ShardsPerRegion: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +151,7 @@ func TestCrashDuringSnapshotInstallKeepsOldState(t *testing.T) {
 	// crashes part-way through installing it.
 	plainArgs := fp.Args
 	fp.Args = append(append([]string(nil), plainArgs...), "--testing-crash-during-restore", strconv.Itoa(crashAfter))
-	fp.Env = []string{cluster.FaultInjectionEnv}
+	fp.Env = []string{launch.FaultInjectionEnv}
 	offset := len(logData)
 	if err := fp.Start(); err != nil {
 		t.Fatal(err)
@@ -189,7 +190,7 @@ func TestCrashDuringSnapshotInstallKeepsOldState(t *testing.T) {
 	}
 	rctx, rcancel := context.WithTimeout(ctx, 60*time.Second)
 	defer rcancel()
-	if err := cluster.WaitHTTP(rctx, "http://"+c.HTTPAddr(follower)+"/readyz"); err != nil {
+	if err := launch.WaitHTTP(rctx, "http://"+c.HTTPAddr(follower)+"/readyz"); err != nil {
 		t.Fatal(err)
 	}
 	logData, _ = os.ReadFile(fp.Log)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -135,7 +136,7 @@ func keysOf(prefix string, n int) []string {
 // leader transfer every call still succeeds and the calls of the moved
 // shard go to the new leader (the old one forwards at most the first).
 func TestClientRoutesToLeaders(t *testing.T) {
-	c := startCluster(t, cluster.Spec{})
+	c := startCluster(t, launch.Spec{})
 	cl := routingClient(t, c, nil)
 
 	f0, s0 := forwards(t, c), cl.Stats()
@@ -203,7 +204,7 @@ func TestClientRoutesToLeaders(t *testing.T) {
 // and Routing is open to an application principal (a writer of one
 // namespace); the node certificates cover the topology's addresses.
 func TestClientRoutesToLeadersSecure(t *testing.T) {
-	c := startSecureCluster(t, cluster.Spec{Cluster: "sec"}, "principals:\n  - name: app\n    namespaces: [app]\n    role: writer\n", "app")
+	c := startSecureCluster(t, launch.Spec{Cluster: "sec"}, "principals:\n  - name: app\n    namespaces: [app]\n    role: writer\n", "app")
 	tlsCfg, err := c.ClientTLS("app")
 	if err != nil {
 		t.Fatal(err)

@@ -20,19 +20,20 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/node"
 )
 
 // devProcess lays out (does not start) a dev node on free loopback ports.
-func devProcess(t *testing.T, dir string, extra ...string) (*cluster.Process, *cluster.API, string) {
+func devProcess(t *testing.T, dir string, extra ...string) (*launch.Process, *cluster.API, string) {
 	t.Helper()
-	ports, err := cluster.FreePorts(3)
+	ports, err := launch.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	httpAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
-	p := &cluster.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Args: append([]string{
+	p := &launch.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Args: append([]string{
 		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
 		"--grpc-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:" + strconv.Itoa(ports[2]),
 	}, extra...)}
@@ -40,14 +41,14 @@ func devProcess(t *testing.T, dir string, extra ...string) (*cluster.Process, *c
 	return p, cluster.NewAPI(httpAddr), httpAddr
 }
 
-func startReady(t *testing.T, p *cluster.Process, httpAddr string) {
+func startReady(t *testing.T, p *launch.Process, httpAddr string) {
 	t.Helper()
 	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if err := cluster.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
+	if err := launch.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
 		data, _ := os.ReadFile(p.Log)
 		t.Fatalf("%v\n%s", err, data)
 	}
@@ -55,7 +56,7 @@ func startReady(t *testing.T, p *cluster.Process, httpAddr string) {
 
 // exitLine starts p, which must exit non-zero by itself, and returns what
 // it wrote after the offset of its log.
-func mustRefuse(t *testing.T, p *cluster.Process) string {
+func mustRefuse(t *testing.T, p *launch.Process) string {
 	t.Helper()
 	before, _ := os.ReadFile(p.Log)
 	if err := p.Start(); err != nil {
@@ -188,7 +189,7 @@ func TestFaultInjectionNeedsTheEnvironment(t *testing.T) {
 	if !strings.Contains(line, "IDEM_ENABLE_FAULT_INJECTION=1") || !strings.Contains(line, "--testing-clock-offset=1h0m0s") {
 		t.Fatalf("refusal line %q", line)
 	}
-	p.Env = []string{cluster.FaultInjectionEnv}
+	p.Env = []string{launch.FaultInjectionEnv}
 	startReady(t, p, httpAddr)
 	data, _ := os.ReadFile(p.Log)
 	if !bytes.Contains(data, []byte("FAULT INJECTION is on")) {
@@ -204,7 +205,7 @@ func TestStorageFailureFailsStop(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	p, api, httpAddr := devProcess(t, dir, "--testing-fail-log-commits-after", "150")
-	p.Env = []string{cluster.FaultInjectionEnv}
+	p.Env = []string{launch.FaultInjectionEnv}
 	startReady(t, p, httpAddr)
 
 	type done struct{ key, body string }
@@ -276,7 +277,7 @@ func slicesWithout(args []string, flag, value string) []string {
 // and retention end by the quorum's clock, so no record expires early.
 func TestSkewedNodeNeverLeads(t *testing.T) {
 	t.Parallel()
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "skew", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "skew", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +288,7 @@ func TestSkewedNodeNeverLeads(t *testing.T) {
 	skewed := topo.Nodes()[2].ID
 	p := c.Nodes[skewed]
 	p.Args = append(p.Args, "--testing-clock-offset", "3h")
-	p.Env = []string{cluster.FaultInjectionEnv}
+	p.Env = []string{launch.FaultInjectionEnv}
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +299,7 @@ func TestSkewedNodeNeverLeads(t *testing.T) {
 	for _, n := range topo.Nodes() {
 		if n.ID != skewed {
 			good = append(good, n.ID)
-			if err := cluster.WaitHTTP(ctx, "http://"+n.HTTPAddr+"/readyz"); err != nil {
+			if err := launch.WaitHTTP(ctx, "http://"+n.HTTPAddr+"/readyz"); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -469,7 +470,7 @@ func fillFS(t *testing.T, dir string, leave int64) string {
 func TestFollowerFullDiskStopsAddingWrites(t *testing.T) {
 	mnt := smallFS(t, "96m")
 	t.Parallel()
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "fulldisk", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "fulldisk", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -576,7 +577,7 @@ func transferLeader(t *testing.T, c *cluster.Cluster, from, shard, target string
 // unsafe and said so: a warning, /readyz's body and idem_node_unsafe_settings.
 func TestClockCheckOffKeepsQuorumTime(t *testing.T) {
 	t.Parallel()
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "noclock", NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "noclock", NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -587,7 +588,7 @@ func TestClockCheckOffKeepsQuorumTime(t *testing.T) {
 	skewed := topo.Nodes()[2].ID
 	p := c.Nodes[skewed]
 	p.Args = append(p.Args, "--testing-clock-offset", "8760h")
-	p.Env = []string{cluster.FaultInjectionEnv}
+	p.Env = []string{launch.FaultInjectionEnv}
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 )
 
@@ -30,7 +31,7 @@ func metricSum(t testing.TB, c *cluster.Cluster, id, name string) float64 {
 // and without restoring a snapshot: the records are in the state engine,
 // with the index they cover.
 func TestKilledNodesRestartWithoutRestore(t *testing.T) {
-	c := startCluster(t, cluster.Spec{}, "--snapshot-threshold", "40", "--snapshot-interval", "200ms", "--trailing-logs", "10")
+	c := startCluster(t, launch.Spec{}, "--snapshot-threshold", "40", "--snapshot-interval", "200ms", "--trailing-logs", "10")
 	ctx := t.Context()
 	ids := nodeIDs(c)
 	var completed []completion
@@ -81,7 +82,7 @@ func TestKilledNodesRestartWithoutRestore(t *testing.T) {
 // heartbeats and releases keep working and the node stays ready; once the
 // sweep drops expired records, writes resume by themselves.
 func TestStateFullAnswers429(t *testing.T) {
-	c := startCluster(t, cluster.Spec{ShardsPerRegion: 1}, "--max-state-bytes", "8000")
+	c := startCluster(t, launch.Spec{ShardsPerRegion: 1}, "--max-state-bytes", "8000")
 	ctx := t.Context()
 	api := cluster.NewAPI(c.HTTPAddr(nodeIDs(c)[0]))
 	body := base64.StdEncoding.EncodeToString(make([]byte, 700))

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
 )
@@ -25,7 +26,7 @@ func TestWaitingReserveChargesItsWakeUps(t *testing.T) {
   - {name: holder, namespaces: [pay], role: writer}
   - {name: waiter, namespaces: [pay], role: writer, rate_per_s: 0.01}
 `
-	c := startSecureCluster(t, cluster.Spec{Cluster: "waitcharge", NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3}, policy, "root", "holder", "waiter")
+	c := startSecureCluster(t, launch.Spec{Cluster: "waitcharge", NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3}, policy, "root", "holder", "waiter")
 	topo := c.Topology
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -18,7 +19,7 @@ import (
 // alone failing (gRPC: a complete by a stranger, NOT_OWNER; JSON: a
 // malformed key, INVALID_ARGUMENT).
 func TestBatchCallsThroughRouter(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{})
+	topo, err := launch.Topology(launch.Spec{})
 	if err != nil {
 		t.Fatal(err)
 	}

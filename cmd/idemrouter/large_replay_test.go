@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // A node forwards replays larger than gRPC's default 4 MiB message limit
 // when --max-response-bytes allows them (its forwarder sizes messages from it).
 func TestNodeForwardsLargeReplay(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Regions: []string{"r1"}, NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Regions: []string{"r1"}, NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

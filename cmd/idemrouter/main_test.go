@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 func TestRunFlags(t *testing.T) {
@@ -54,15 +55,15 @@ func TestRunFlags(t *testing.T) {
 // drains and returns nil when its context ends.
 func TestRunWithoutNodes(t *testing.T) {
 	dir := t.TempDir()
-	topo, err := cluster.Topology(cluster.Spec{Regions: []string{"r1"}, NodesPerRegion: 3, ShardsPerRegion: 2})
+	topo, err := launch.Topology(launch.Spec{Regions: []string{"r1"}, NodesPerRegion: 3, ShardsPerRegion: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "topology.yaml")
-	if err := cluster.WriteTopology(topo, path); err != nil {
+	if err := launch.WriteTopology(topo, path); err != nil {
 		t.Fatal(err)
 	}
-	ports, err := cluster.FreePorts(2)
+	ports, err := launch.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func TestRunWithoutNodes(t *testing.T) {
 	}()
 	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer wcancel()
-	if err := cluster.WaitHTTP(wctx, "http://"+httpAddr+"/healthz"); err != nil {
+	if err := launch.WaitHTTP(wctx, "http://"+httpAddr+"/healthz"); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.Get("http://" + httpAddr + "/readyz")

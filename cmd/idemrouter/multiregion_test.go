@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
 )
@@ -44,7 +45,7 @@ type multiRegion struct {
 
 func startMultiRegion(t *testing.T, survival string) *multiRegion {
 	t.Helper()
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "mr", Regions: regions, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3, Survival: survival})
+	topo, err := launch.Topology(launch.Spec{Cluster: "mr", Regions: regions, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3, Survival: survival})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // TestProxyContractThroughTheBinary checks promises of proxy mode through
@@ -50,7 +51,7 @@ func TestProxyContractThroughTheBinary(t *testing.T) {
 		return paths[path]
 	}
 
-	topo, err := cluster.Topology(cluster.Spec{Regions: []string{"r1"}, ShardsPerRegion: 2})
+	topo, err := launch.Topology(launch.Spec{Regions: []string{"r1"}, ShardsPerRegion: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func TestProxyContractThroughTheBinary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ports, err := cluster.FreePorts(2)
+	ports, err := launch.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 )
 
@@ -51,7 +52,7 @@ func TestProxyModeEndToEnd(t *testing.T) {
 	defer upstream.Close()
 	defer close(release)
 
-	topo, err := cluster.Topology(cluster.Spec{Regions: []string{"r1"}, ShardsPerRegion: 2})
+	topo, err := launch.Topology(launch.Spec{Regions: []string{"r1"}, ShardsPerRegion: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestProxyModeEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ports, err := cluster.FreePorts(1)
+	ports, err := launch.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // TestRouterRefusesAnotherRing: a router whose topology gives another ring
 // than the one the running cluster was created with refuses to start, with
 // one clear line, instead of sending keys to shards that do not hold them.
 func TestRouterRefusesAnotherRing(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Regions: []string{"r1"}, NodesPerRegion: 1, Replicas: 1, ShardsPerRegion: 2})
+	topo, err := launch.Topology(launch.Spec{Regions: []string{"r1"}, NodesPerRegion: 1, Replicas: 1, ShardsPerRegion: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,10 +40,10 @@ func TestRouterRefusesAnotherRing(t *testing.T) {
 	changed := topo.Clone()
 	changed.Ring.PartitionCount = 1031
 	path := filepath.Join(t.TempDir(), "changed.yaml")
-	if err := cluster.WriteTopology(changed, path); err != nil {
+	if err := launch.WriteTopology(changed, path); err != nil {
 		t.Fatal(err)
 	}
-	ports, _ := cluster.FreePorts(2)
+	ports, _ := launch.FreePorts(2)
 	cmd := exec.CommandContext(ctx, binaries["idemrouter"], "--config", path, "--region", "r1",
 		"--http-addr", "127.0.0.1:"+itoa(ports[0]), "--grpc-addr", "127.0.0.1:"+itoa(ports[1]))
 	out, err := cmd.CombinedOutput()

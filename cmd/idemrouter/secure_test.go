@@ -27,6 +27,7 @@ import (
 	"github.com/idem-dev/idem/api/openapi"
 	"github.com/idem-dev/idem/client"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/security/auth"
 )
 
@@ -72,7 +73,7 @@ func secureAuthFile(extra string) string {
 // the old).
 func TestSecureRegion(t *testing.T) {
 	dir := t.TempDir()
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "sec", Regions: []string{"r1"}, NodesPerRegion: 3, ShardsPerRegion: 3, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: "sec", Regions: []string{"r1"}, NodesPerRegion: 3, ShardsPerRegion: 3, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestSecureRegion(t *testing.T) {
 			t.Errorf("stopping the cluster: %v", err)
 		}
 		if t.Failed() {
-			for _, p := range append([]*cluster.Process{rt.Process}, c.Nodes["r1-1"], c.Nodes["r1-2"]) {
+			for _, p := range append([]*launch.Process{rt.Process}, c.Nodes["r1-1"], c.Nodes["r1-2"]) {
 				data, _ := os.ReadFile(p.Log)
 				if len(data) > 3000 {
 					data = data[len(data)-3000:]
@@ -341,7 +342,7 @@ func TestSecureRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	hupAll := func() {
-		for _, p := range append([]*cluster.Process{rt.Process}, c.Nodes["r1-1"], c.Nodes["r1-2"], c.Nodes["r1-3"]) {
+		for _, p := range append([]*launch.Process{rt.Process}, c.Nodes["r1-1"], c.Nodes["r1-2"], c.Nodes["r1-3"]) {
 			if err := p.Signal(syscall.SIGHUP); err != nil {
 				t.Fatal(err)
 			}
@@ -428,7 +429,7 @@ func pollStatus(t *testing.T, get func() int, want int) {
 	t.Fatalf("status %d, want %d within 15 s", last, want)
 }
 
-func pollLog(t *testing.T, p *cluster.Process, text string) {
+func pollLog(t *testing.T, p *launch.Process, text string) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
@@ -522,7 +523,7 @@ func TestSecureRouterWithoutAuthFile(t *testing.T) {
 // (writer on bob), each with a client certificate.
 func newRootBobRegion(t *testing.T, name string) *cluster.Cluster {
 	t.Helper()
-	topo, err := cluster.Topology(cluster.Spec{Cluster: name, NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
+	topo, err := launch.Topology(launch.Spec{Cluster: name, NodesPerRegion: 3, ShardsPerRegion: 1, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 )
 
@@ -25,7 +26,7 @@ import (
 // ended. (--max-waiters, the node's own bound, is TestMaxWaiters in
 // cmd/idemnode.)
 func TestWaitingReservesStarveNoOne(t *testing.T) {
-	topo, err := cluster.Topology(cluster.Spec{Cluster: "waiters", NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1})
+	topo, err := launch.Topology(launch.Spec{Cluster: "waiters", NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"os"
 	"sort"
 	"testing"
+
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // logTail is how much of each process log a failed test shows.
@@ -27,7 +29,7 @@ func (c *Cluster) StopOnCleanup(t testing.TB) {
 // LogTails logs the tail of every process's log, in name order.
 func (c *Cluster) LogTails(t testing.TB) {
 	t.Helper()
-	procs := map[string]*Process{}
+	procs := map[string]*launch.Process{}
 	for id, p := range c.Nodes {
 		procs[id] = p
 	}

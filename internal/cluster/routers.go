@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // Router is an idemrouter process of a Cluster and the loopback addresses it
 // serves on (routers are not in the topology, so the addresses live here).
 type Router struct {
-	*Process
+	*launch.Process
 	Region   string
 	HTTPAddr string
 	GRPCAddr string
@@ -28,7 +30,7 @@ func (c *Cluster) NewRouter(idemrouter, name, region string, extraArgs ...string
 	if _, dup := c.Routers[name]; dup {
 		return nil, fmt.Errorf("cluster: a router named %q exists", name)
 	}
-	ports, err := FreePorts(2)
+	ports, err := launch.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +53,7 @@ func (c *Cluster) NewRouter(idemrouter, name, region string, extraArgs ...string
 		}
 		args = append(args, c.secureArgs(dir)...)
 	}
-	r.Process = &Process{Name: name, Bin: idemrouter, Args: args, Log: filepath.Join(c.Dir, name+".log")}
+	r.Process = &launch.Process{Name: name, Bin: idemrouter, Args: args, Log: filepath.Join(c.Dir, name+".log")}
 	c.Routers[name] = r.Process
 	return r, nil
 }

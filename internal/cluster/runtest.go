@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 // RunCase is one row of a command's table test of its run function.
@@ -48,12 +50,12 @@ func TestRun(t *testing.T, run func(ctx context.Context, args []string, stdout, 
 // paths: the inputs of the commands' flag tests.
 func TopologyFiles(t testing.TB, dir string) (good, bad string) {
 	t.Helper()
-	topo, err := Topology(Spec{Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 1})
+	topo, err := launch.Topology(launch.Spec{Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	good = filepath.Join(dir, "topology.yaml")
-	if err := WriteTopology(topo, good); err != nil {
+	if err := launch.WriteTopology(topo, good); err != nil {
 		t.Fatal(err)
 	}
 	bad = filepath.Join(dir, "bad.yaml")

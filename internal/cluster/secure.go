@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/security/pki"
 )
 
@@ -123,5 +124,5 @@ func (c *Cluster) probe(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
-	return waitHTTP(ctx, api.Client, api.Base+"/readyz")
+	return launch.WaitHTTPClient(ctx, api.Client, api.Base+"/readyz")
 }

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-dev/idem/internal/cluster"
+	"github.com/idem-dev/idem/internal/launch"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/configuration.md from the binaries' --help")
@@ -25,7 +25,7 @@ func TestFlagsDocMatchesBinaries(t *testing.T) {
 	if testing.Short() && !*update {
 		t.Skip("builds the five commands; runs without -short")
 	}
-	bins, err := cluster.Build(t.TempDir(), Commands...)
+	bins, err := launch.Build(t.TempDir(), Commands...)
 	if err != nil {
 		t.Fatal(err)
 	}

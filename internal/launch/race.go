@@ -1,6 +1,6 @@
 //go:build race
 
-package cluster
+package launch
 
 // raceEnabled: this test binary runs under the race detector, so the
 // processes it starts are built with it too.

@@ -1,5 +1,5 @@
 //go:build !race
 
-package cluster
+package launch
 
 const raceEnabled = false

@@ -1,15 +1,12 @@
-package cluster
+package launch
 
 import (
 	"bufio"
-	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 func TestFreePortsNeverRepeatInAProcess(t *testing.T) {
@@ -91,27 +88,6 @@ func TestFreePortsSkipPortsAnotherProcessHolds(t *testing.T) {
 		if ok, err := reserve(p); !ok || err != nil {
 			t.Fatalf("port %d still held after its holder exited (err %v)", p, err)
 		}
-	}
-}
-
-func TestProbeProcessGivesUpWhenTheProcessExits(t *testing.T) {
-	ports, err := FreePorts(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &Cluster{}
-	p := &Process{Name: "quitter", Bin: "/bin/sh", Args: []string{"-c", "exit 3"}, Log: filepath.Join(t.TempDir(), "quitter.log")}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	err = c.probeProcess(ctx, p, "127.0.0.1:"+strconv.Itoa(ports[0]))
-	if err == nil || !strings.Contains(err.Error(), "exited before it was ready") || !strings.Contains(err.Error(), "exit status 3") {
-		t.Fatalf("probe of a process that exited: %v", err)
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("the probe waited out its context: %v", err)
 	}
 }
 
