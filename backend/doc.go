@@ -20,7 +20,7 @@
 // of the state machine (NOT_OWNER, IN_PROGRESS, ...) are not errors: they
 // are the fsm.Result's Outcome.
 //
-// Two pieces of the v1.1 additions live here because the node, the router
+// Two pieces of the v1.1 API (docs/api.md) live here because the node, the router
 // and Mem share them: ListShards, the paging of a key listing across shards
 // (an opaque token of (shard id, last key examined), bounded work per page),
 // and Waiters, the reserves waiting for an in-flight key, woken by the apply

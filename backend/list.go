@@ -12,7 +12,7 @@ import (
 	"github.com/idem-dev/idem/fsm"
 )
 
-// Limits of a key listing (docs/API-v1.md, "Operator actions").
+// Limits of a key listing (docs/api.md, "Operator actions").
 const (
 	// DefaultListLimit is the page size of a listing that names none.
 	DefaultListLimit = 100

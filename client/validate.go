@@ -8,7 +8,7 @@ import (
 	"github.com/idem-dev/idem/contract"
 )
 
-// Limits of the public contract (docs/API-v1.md), checked before a request is sent
+// Limits of the public contract (docs/api.md), checked before a request is sent
 // so that a bad argument fails at once, without a round trip or retries.
 // Their one home is package contract; these are its values under the
 // client's names.

@@ -5,7 +5,7 @@ import (
 	"net/http"
 )
 
-// Code is an error code of the public API (docs/API-v1.md, "Errors").
+// Code is an error code of the public API (docs/api.md, "Errors").
 type Code string
 
 // The codes of the public API. CodeMethodNotAllowed is the one addition: the
@@ -66,7 +66,7 @@ func (c Code) Known() bool {
 	return false
 }
 
-// Outcome is the store's decision on a reserve (docs/API-v1.md). The zero value
+// Outcome is the store's decision on a reserve (docs/api.md). The zero value
 // is OutcomeUnknown, which the store never decides.
 type Outcome int
 

@@ -1,4 +1,4 @@
-// Package contract is the one home of the public API's rules (docs/API-v1.md):
+// Package contract is the one home of the public API's rules (docs/api.md):
 // the name grammar, the key and owner-token byte rules, the owner-token
 // generator, every limit, the public error codes and the reserve outcomes.
 //

@@ -2,7 +2,7 @@ package contract
 
 import "time"
 
-// Limits of the public API (docs/API-v1.md). Where the contract names no bound
+// Limits of the public API (docs/api.md). Where the contract names no bound
 // (headers, response size), server's doc.go says why these.
 const (
 	// MaxNamespaceBytes bounds a namespace (and every other name: cluster,
@@ -18,8 +18,8 @@ const (
 	MinLeaseMs     = 100
 	MaxLeaseMs     = 600_000
 	DefaultLeaseMs = 30_000
-	// MaxWaitMs bounds a reserve's wait_ms (v1.1, "Waiting for an
-	// in-flight key"); 0 does not wait.
+	// MaxWaitMs bounds a reserve's wait_ms (v1.1; docs/api.md,
+	// "Waiting for an in-flight key"); 0 does not wait.
 	MaxWaitMs = 30_000
 
 	// MinOwnerTokenChars and MaxOwnerTokenChars bound an owner token.

@@ -1,8 +1,8 @@
 package contract
 
-// Namespace policies (v1.2, "Tombstones, retention and namespace
-// policies"): per-namespace defaults and maxima of lease and retention, and
-// how long a tombstone outlives a response.
+// Namespace policies (v1.2; docs/api.md, "Namespace policies"):
+// per-namespace defaults and maxima of lease and retention, and how long a
+// tombstone outlives a response.
 const (
 	// DefaultTombstoneS is tombstone_s when a namespace's policy does not
 	// set it: seven days.

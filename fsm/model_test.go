@@ -14,7 +14,7 @@ import (
 )
 
 // model is a deliberately plain second implementation of the contract's
-// rules, written from docs/API-v1.md without looking at the FSM's structure. The
+// rules, written from docs/api.md without looking at the FSM's structure. The
 // fuzz test drives both with the same commands and compares every outcome.
 type model struct {
 	clock  int64

@@ -5,7 +5,7 @@
 // idempotency: the transparent proxy (package proxy, `idemrouter
 // --upstream`) and the net/http middleware (client.Middleware) both wrap a
 // handler with it, so that their semantics are the same by construction.
-// It implements the "Proxy mode" section of docs/API-v1.md over a small
+// It implements the "Proxy mode" section of docs/api.md over a small
 // Store interface (reserve/heartbeat/complete/release); the proxy adapts a
 // backend.Backend to it, the middleware a *client.Client.
 //

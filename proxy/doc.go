@@ -1,5 +1,5 @@
 // Package proxy is idem's transparent idempotency proxy, the handler behind
-// `idemrouter --upstream URL` (docs/API-v1.md, "Proxy mode"): it forwards every
+// `idemrouter --upstream URL` (docs/api.md, "Proxy mode"): it forwards every
 // request to the upstream and makes POST and PATCH requests that carry an
 // Idempotency-Key idempotent, storing the upstream's answer in idem and
 // replaying it to retries.
@@ -47,7 +47,7 @@
 // larger body is stored without it either way; the setting only saves a
 // refused round trip).
 //
-// # Identity (the contract's "Proxy mode identity")
+// # Identity (docs/api.md, "Proxy mode identity")
 //
 // The namespace of a keyed request comes from, in this order: NamespaceHeader
 // (setting it declares that every caller reaches the proxy through a gateway

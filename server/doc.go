@@ -1,4 +1,4 @@
-// Package server serves idem's public API (docs/API-v1.md) over a Backend: the
+// Package server serves idem's public API (docs/api.md) over a Backend: the
 // JSON HTTP API with /healthz, /readyz and /metrics, and the gRPC
 // Idempotency service. It validates, applies defaults, encodes, maps errors
 // and records request metrics; it executes nothing itself. The storage node

@@ -29,7 +29,7 @@ var (
 // reason and a retry hint.
 type UnavailableError = backend.UnavailableError
 
-// Code is an error code of the public API (docs/API-v1.md, "Errors"); defined in
+// Code is an error code of the public API (docs/api.md, "Errors"); defined in
 // package contract.
 type Code = contract.Code
 

@@ -15,7 +15,7 @@ import (
 	"github.com/idem-dev/idem/security/auth"
 )
 
-// The operator actions (docs/API-v1.md, "Operator actions"): listing keys,
+// The operator actions (docs/api.md, "Operator actions"): listing keys,
 // force-release and delete, in JSON (this file's handlers) and in the gRPC
 // Admin service (KeysAdmin). Each action that reaches the server first
 // is logged at INFO with its principal, key and reason and counted in

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// The v1.2 sections "Tombstones, retention and namespace policies" and
-// "Checkpoints", over the JSON and gRPC APIs.
+// The v1.2 features of docs/api.md ("Tombstones and retention", "Namespace
+// policies" and "Checkpoint"), over the JSON and gRPC APIs.
 
 func TestTombstoneGetAndIfExpired(t *testing.T) {
 	clock := newFakeClock()

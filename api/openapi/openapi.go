@@ -1,5 +1,5 @@
 // Package openapi holds the OpenAPI 3.1 document of idem's JSON API
-// (docs/API-v1.md, "OpenAPI"), openapi.json, which every node and router
+// (docs/api.md, "OpenAPI"), openapi.json, which every node and router
 // serves at GET /openapi.json without credentials.
 //
 // The document is written by hand and kept honest by tests: package server's

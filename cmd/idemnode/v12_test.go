@@ -14,9 +14,9 @@ import (
 )
 
 // TestTombstonesPoliciesCheckpoints runs the HTTP-visible sentences of the
-// v1.2 sections "Tombstones, retention and namespace policies" and
-// "Checkpoints" against a real dev node: policies in force and surviving a
-// restart, a limit named in the 400, the default lease, a checkpoint
+// v1.2 features of docs/api.md ("Tombstones and retention", "Namespace
+// policies" and "Checkpoint") against a real dev node: policies in force
+// and surviving a restart, a limit named in the 400, the default lease, a checkpoint
 // travelling to the RECLAIMED attempt, EXPIRED after retention (reserve and
 // GET), if_expired, and the key unknown once the tombstone is gone.
 func TestTombstonesPoliciesCheckpoints(t *testing.T) {

@@ -1,5 +1,5 @@
 // Command idemrouter is idem's stateless edge router. It serves the same
-// JSON and gRPC API as a storage node (docs/API-v1.md) and forwards each request
+// JSON and gRPC API as a storage node (docs/api.md) and forwards each request
 // to the leader of its key's shard; it holds no data, so any number of
 // routers can run per region and be restarted at will.
 //
@@ -83,7 +83,7 @@
 // # Proxy mode
 //
 // With --upstream the router also runs as an idempotency proxy in front of
-// an HTTP API (see docs/API-v1.md, "Proxy mode"), over the same in-process
+// an HTTP API (see docs/api.md, "Proxy mode"), over the same in-process
 // backend, served and drained with the API.
 //
 // # Layout

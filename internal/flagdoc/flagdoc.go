@@ -26,7 +26,7 @@ const header = `# Configuration
 Every flag of idem's commands, as each prints it with ` + "`--help`" + `. This page is generated from the
 binaries: ` + "`go test ./internal/flagdoc -update`" + ` rewrites it after a flag changes, and
 ` + "`go test ./internal/flagdoc`" + ` fails while it differs from what the binaries print. Do not edit it by
-hand. The API these flags configure is [API-v1.md](API-v1.md).
+hand. The API these flags configure is [api.md](api.md).
 
 `
 

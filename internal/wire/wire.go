@@ -122,7 +122,7 @@ func ResponseFromProto(r *idemv1.StoredResponse) *fsm.Response {
 }
 
 // ReserveToProto is the ReserveResponse of a reserve's result: the fields of
-// its outcome only (docs/API-v1.md). RetryAfter is rounded down to milliseconds,
+// its outcome only (docs/api.md). RetryAfter is rounded down to milliseconds,
 // so that the hint never points past the moment the key could be reclaimed.
 // The caller sets OwnerToken when res carries none (see server).
 func ReserveToProto(res fsm.Result) *idemv1.ReserveResponse {

@@ -1,7 +1,7 @@
 // Package auth decides who may do what: it parses the --auth-file
 // (principals with namespaces, roles and rates), maps a request's
 // credentials to a principal and allows it or refuses it with the
-// contract's code (docs/API-v1.md, "Principals, namespaces and roles").
+// contract's code (docs/api.md, "Principals, namespaces and roles").
 //
 // # Decisions
 //

@@ -31,7 +31,7 @@ var (
 	ErrInvalidFile = errors.New("auth: invalid auth file")
 )
 
-// The error codes of the public contract that auth produces (docs/API-v1.md,
+// The error codes of the public contract that auth produces (docs/api.md,
 // "Errors"), spelled as the API spells them.
 const (
 	CodeUnauthenticated   = "UNAUTHENTICATED"

@@ -119,8 +119,8 @@ type filePrincipal struct {
 	RatePerS    *float64 `yaml:"rate_per_s"`
 }
 
-// namespacePattern is the contract's namespace grammar (docs/API-v1.md, "JSON
-// API"); prefixPattern is what may precede the '*' of a prefix.
+// namespacePattern is the contract's namespace grammar (docs/api.md,
+// "Conventions"); prefixPattern is what may precede the '*' of a prefix.
 var (
 	namespacePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 	prefixPattern    = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,61}$`)

@@ -72,7 +72,7 @@ type Target struct {
 // /readyz and /metrics need no credentials").
 var probePaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true, "/openapi.json": true}
 
-// JSONAPITarget classifies a request to the JSON API (docs/API-v1.md): ok=false
+// JSONAPITarget classifies a request to the JSON API (docs/api.md): ok=false
 // for the probes, which need no credentials; everything else needs a known
 // principal. Paths it does not recognise under /v1/namespaces/{ns}/keys are
 // VerbUnknown (fail closed); other unknown paths and invalid namespaces are

@@ -19,7 +19,7 @@ import (
 	"time"
 )
 
-// File names inside a certs dir (the contract's "Certificates" table).
+// File names inside a certs dir (docs/api.md, "Certificates").
 const (
 	CACertFile   = "ca.crt"
 	CAKeyFile    = "ca.key"

@@ -6,7 +6,7 @@
 
 // Package idem.v1 is the public gRPC API of idem, the multi-region
 // idempotency-key store. It mirrors the JSON API one RPC per endpoint
-// (see docs/API-v1.md). Fencing tokens are uint64; times are Timestamps in UTC.
+// (see docs/api.md). Fencing tokens are uint64; times are Timestamps in UTC.
 
 package idemv1
 

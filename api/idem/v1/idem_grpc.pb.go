@@ -6,7 +6,7 @@
 
 // Package idem.v1 is the public gRPC API of idem, the multi-region
 // idempotency-key store. It mirrors the JSON API one RPC per endpoint
-// (see docs/API-v1.md). Fencing tokens are uint64; times are Timestamps in UTC.
+// (see docs/api.md). Fencing tokens are uint64; times are Timestamps in UTC.
 
 package idemv1
 
@@ -557,7 +557,7 @@ type AdminClient interface {
 	// Clock returns this node's wall clock; peers measure their clock offset
 	// to it (bounded by the call's round trip) for --max-clock-offset.
 	Clock(ctx context.Context, in *ClockRequest, opts ...grpc.CallOption) (*ClockResponse, error)
-	// The operator actions on keys (docs/API-v1.md, "Operator actions"), served by
+	// The operator actions on keys (docs/api.md, "Operator actions"), served by
 	// every node and router. Each is logged with its principal, key and reason.
 	//
 	// ListKeys lists the keys of a namespace, a page at a time, across every
@@ -572,10 +572,10 @@ type AdminClient interface {
 	// shard's leader (forwarded there like any request). Nodes and routers
 	// call it; clients use ListKeys.
 	ListShard(ctx context.Context, in *ListShardRequest, opts ...grpc.CallOption) (*ListShardResponse, error)
-	// v1.2 namespace policies (docs/API-v1.md, "Tombstones, retention and
-	// namespace policies"). SetPolicy (role admin) returns once every shard
-	// group applied the policy; GetPolicy (role reader) answers the policy in
-	// force, built-in defaults filled in.
+	// v1.2 namespace policies (docs/api.md, "Namespace policies").
+	// SetPolicy (role admin) returns once every shard group applied the
+	// policy; GetPolicy (role reader) answers the policy in force, built-in
+	// defaults filled in.
 	SetPolicy(ctx context.Context, in *SetPolicyRequest, opts ...grpc.CallOption) (*SetPolicyResponse, error)
 	GetPolicy(ctx context.Context, in *GetPolicyRequest, opts ...grpc.CallOption) (*GetPolicyResponse, error)
 	// SetShardPolicy is one shard's part of a SetPolicy, answered by the
@@ -731,7 +731,7 @@ type AdminServer interface {
 	// Clock returns this node's wall clock; peers measure their clock offset
 	// to it (bounded by the call's round trip) for --max-clock-offset.
 	Clock(context.Context, *ClockRequest) (*ClockResponse, error)
-	// The operator actions on keys (docs/API-v1.md, "Operator actions"), served by
+	// The operator actions on keys (docs/api.md, "Operator actions"), served by
 	// every node and router. Each is logged with its principal, key and reason.
 	//
 	// ListKeys lists the keys of a namespace, a page at a time, across every
@@ -746,10 +746,10 @@ type AdminServer interface {
 	// shard's leader (forwarded there like any request). Nodes and routers
 	// call it; clients use ListKeys.
 	ListShard(context.Context, *ListShardRequest) (*ListShardResponse, error)
-	// v1.2 namespace policies (docs/API-v1.md, "Tombstones, retention and
-	// namespace policies"). SetPolicy (role admin) returns once every shard
-	// group applied the policy; GetPolicy (role reader) answers the policy in
-	// force, built-in defaults filled in.
+	// v1.2 namespace policies (docs/api.md, "Namespace policies").
+	// SetPolicy (role admin) returns once every shard group applied the
+	// policy; GetPolicy (role reader) answers the policy in force, built-in
+	// defaults filled in.
 	SetPolicy(context.Context, *SetPolicyRequest) (*SetPolicyResponse, error)
 	GetPolicy(context.Context, *GetPolicyRequest) (*GetPolicyResponse, error)
 	// SetShardPolicy is one shard's part of a SetPolicy, answered by the

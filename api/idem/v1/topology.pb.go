@@ -4,7 +4,7 @@
 // 	protoc        v3.21.12
 // source: topology.proto
 
-// The Topology service changes a running cluster's shape (contract v1.2,
+// The Topology service changes a running cluster's shape (v1.2; docs/api.md,
 // "Changing the topology online"). Get and SetTarget are for operators
 // (idemctl topology); ShardState and ChangeMember are what nodes ask each
 // other while a change runs, and answer only node peers.
