@@ -167,16 +167,17 @@ router) or else of the first node of the topology that answers:
 		extra:   "[--dead NODE]... [--no-wait] [--addr HOST:PORT]",
 		summary: "change the running cluster's shape: plan, apply and follow a new topology file",
 		about: `Changes the cluster's shape online (nodes joining and leaving regions, a node
-replaced by a new id, replicas, survival). The nodes to ask are those of
---config, else those of FILE, else --addr.
+replaced by a new id, replicas, survival, regions and shards_per_region,
+whose changes move ring partitions and their keys between shards). The nodes
+to ask are those of --config, else those of FILE, else --addr.
 
   topology plan FILE
       compares FILE (version: active + 1) with the cluster's active topology
       and prints the nodes joining and leaving, per shard the voters added
-      and removed, and the seats moved against a lower bound. Exits non-zero
-      with every reason when the change cannot be applied (a changed cluster
-      name or ring section, a wrong version, changed regions or
-      shards_per_region, which move keys and are not done online yet).
+      and removed, the seats moved against a lower bound, and the share of
+      keys that move. Exits non-zero with every reason when the change cannot
+      be applied (a changed cluster name or ring section, a wrong version, a
+      node that changes region).
   topology apply FILE [--dead NODE]... [--no-wait]
       stores FILE as the cluster's target (role admin on "*") and follows
       the change to the end: each shard gains its new voters as learners
