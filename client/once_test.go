@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,12 +20,8 @@ func TestOnceEachEventExactlyOnce(t *testing.T) {
 	srv := startServer(t, idemtest.Config{})
 	c := newClient(t, []string{srv.Addr()})
 	const events, copies, workers = 60, 3, 8
-	seed := uint64(time.Now().UnixNano())
-	if s, err := strconv.ParseUint(os.Getenv("IDEM_TEST_SEED"), 10, 64); err == nil {
-		seed = s
-	}
-	t.Logf("seed %d; replay: IDEM_TEST_SEED=%d go test -race -run TestOnceEachEventExactlyOnce ./client", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, seed))
+	seed := testutil.Seed(t)
+	rng := testutil.Rand(seed, seed)
 
 	var deliveries []string
 	for e := range events {

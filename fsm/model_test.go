@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // model is a deliberately plain second implementation of the contract's
@@ -377,15 +377,7 @@ func FuzzFSMAgainstModel(f *testing.F) {
 // TestRandomAgainstModel runs the fuzz property over seeded random inputs so
 // the default test run covers far more than the seed corpus.
 func TestRandomAgainstModel(t *testing.T) {
-	seed := uint64(rand.Int64())
-	if s := os.Getenv("IDEM_FSM_SEED"); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatalf("IDEM_FSM_SEED: %v", err)
-		}
-	}
-	t.Logf("seed %d; replay: IDEM_FSM_SEED=%d go test ./fsm -run TestRandomAgainstModel", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, 1))
+	rng := testutil.Rand(testutil.Seed(t), 1)
 	for round := 0; round < 300; round++ {
 		data := make([]byte, 3*(50+rng.IntN(400)))
 		for i := range data {

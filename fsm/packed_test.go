@@ -3,8 +3,9 @@ package fsm
 import (
 	"bytes"
 	"fmt"
-	"math/rand/v2"
 	"testing"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 func TestPackedCodec(t *testing.T) {
@@ -137,9 +138,7 @@ func TestPackedFencingTokens(t *testing.T) {
 // reclaims on a few keys: every new acquisition's token exceeds every token
 // issued before it, and two replicas applying the same log agree.
 func TestPackedTokensRandom(t *testing.T) {
-	seed := rand.Uint64()
-	t.Logf("seed %d (to replay, put it in place of rand.Uint64())", seed)
-	rng := rand.New(rand.NewPCG(seed, 1))
+	rng := testutil.Rand(testutil.Seed(t), 1)
 	a, b := New(), New()
 	var last uint64
 	held := map[string]uint64{} // the token of each key's current acquisition

@@ -168,13 +168,7 @@ func TestViewsPlaceKeysIdentically(t *testing.T) {
 
 func shortConfig(t *testing.T) Config {
 	cfg := DefaultConfig()
-	cfg.Seed = uint64(time.Now().UnixNano()%1000 + 1)
-	if s := os.Getenv("REGIONSIM_SEED"); s != "" {
-		if _, err := fmt.Sscan(s, &cfg.Seed); err != nil {
-			t.Fatalf("REGIONSIM_SEED=%q: want an unsigned integer", s)
-		}
-	}
-	t.Logf("seed %d; replay: REGIONSIM_SEED=%d go test ./regionsim -run '^%s$'", cfg.Seed, cfg.Seed, t.Name())
+	cfg.Seed = testutil.Seed(t)
 	cfg.Duration = 4 * time.Second
 	cfg.DrainTimeout = 12 * time.Second
 	cfg.WorkersPerRegion = 2
@@ -194,9 +188,9 @@ func shortConfig(t *testing.T) Config {
 // the command that replays it.
 func assertClean(t *testing.T, cfg Config, rep *report.Report) {
 	t.Helper()
-	replay := fmt.Sprintf("REGIONSIM_SEED=%d go test ./regionsim -run '%s'", cfg.Seed, t.Name())
+	replay := testutil.ReplayLine(t.Name(), cfg.Seed)
 	if len(rep.Scenarios) != len(mustScenarios(t, cfg)) {
-		t.Fatalf("%d of %d scenarios ran; replay: %s", len(rep.Scenarios), len(mustScenarios(t, cfg)), replay)
+		t.Fatalf("%d of %d scenarios ran; %s", len(rep.Scenarios), len(mustScenarios(t, cfg)), replay)
 	}
 	for _, sc := range rep.Scenarios {
 		if sc.Error != "" {
@@ -231,7 +225,7 @@ func assertClean(t *testing.T, cfg Config, rep *report.Report) {
 		var b strings.Builder
 		report.WriteText(&b, rep)
 		t.Logf("report:\n%s", b.String())
-		t.Fatalf("invariants broke (seed %d); replay: %s; logs in %s", cfg.Seed, replay, cfg.WorkDir)
+		t.Fatalf("invariants broke; %s; logs in %s", replay, cfg.WorkDir)
 	}
 }
 
@@ -308,7 +302,7 @@ func TestLong(t *testing.T) {
 			cfg.Survival = survival
 			cfg.Binaries = bins
 			cfg.WorkDir = t.TempDir()
-			cfg.Seed = uint64(time.Now().UnixNano()%1000 + 1)
+			cfg.Seed = testutil.Seed(t)
 			rep, err := Run(t.Context(), cfg)
 			if err != nil {
 				t.Fatalf("run (seed %d): %v", cfg.Seed, err)

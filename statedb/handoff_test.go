@@ -3,13 +3,12 @@ package statedb
 import (
 	"bytes"
 	"fmt"
-	"math/rand/v2"
-	"os"
 	"reflect"
-	"strconv"
 	"testing"
 
 	"github.com/idem-dev/idem/fsm"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // Partitions move back and forth between two shards under a random
@@ -27,12 +26,7 @@ func TestDiskHandoffMatchesMemory(t *testing.T) {
 // without it.
 func diskHandoffMatchesMemory(t *testing.T, indexed bool) {
 	const count = 16
-	seed := rand.Uint64()
-	if s := os.Getenv("IDEM_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (replay: IDEM_SEED=%d go test -run TestDiskHandoffMatchesMemory ./statedb)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, 3))
+	rng := testutil.Rand(testutil.Seed(t), 3)
 	dir := t.TempDir()
 	open := func(partitions uint32) *DB {
 		t.Helper()

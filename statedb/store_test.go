@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strconv"
 	"testing"
 
 	"github.com/idem-dev/idem/fsm"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 const sec = int64(1e9)
@@ -88,12 +89,7 @@ func snapshotBytes(t *testing.T, f *fsm.FSM) []byte {
 // random batch boundaries and reopening the engine now and then: every
 // result, every read and the snapshot bytes must agree.
 func TestDiskMatchesMemory(t *testing.T) {
-	seed := rand.Uint64()
-	if s := os.Getenv("IDEM_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (replay: IDEM_SEED=%d go test -run TestDiskMatchesMemory ./statedb)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, 0))
+	rng := testutil.Rand(testutil.Seed(t), 0)
 	dir := t.TempDir()
 	db := openTestDB(t, dir)
 	defer func() { db.Close() }()

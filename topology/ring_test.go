@@ -13,22 +13,16 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
-var (
-	update   = flag.Bool("update", false, "rewrite testdata/golden.json from the current code")
-	seedFlag = flag.Uint64("seed", 0, "seed for randomised tests (0: pick one and log it)")
-)
+var update = flag.Bool("update", false, "rewrite testdata/golden.json from the current code")
 
-// testSeed returns the seed for a randomised test and logs how to replay it.
+// testSeed returns the seed for a randomised test (IDEM_SEED replays it).
 func testSeed(t *testing.T) uint64 {
 	t.Helper()
-	seed := *seedFlag
-	if seed == 0 {
-		seed = rand.Uint64() | 1
-	}
-	t.Logf("seed %d; replay: go test ./topology -run '^%s$' -seed %d", seed, t.Name(), seed)
-	return seed
+	return testutil.Seed(t)
 }
 
 // randomKeys returns n distinct-looking keys from a seeded generator.

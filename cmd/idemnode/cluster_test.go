@@ -124,7 +124,7 @@ func testConcurrentReservesOneOwner(t *testing.T, c *cluster.Cluster) {
 		apis[i].RetryUnavailable = 30 * time.Second
 	}
 	ctx := t.Context()
-	rng := cluster.Rand(cluster.Seed(t, "./cmd/idemnode"), 0)
+	rng := testutil.Rand(testutil.Seed(t), 0)
 	for k := 0; k < 25; k++ {
 		key := fmt.Sprintf("charge-%d-%d", k, rng.Uint64())
 		var acquired, inProgress atomic.Int32
@@ -188,7 +188,7 @@ func workload(t *testing.T, c *cluster.Cluster, seed uint64, workers int, stop <
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Go(func() {
-			rng := cluster.Rand(seed, uint64(w))
+			rng := testutil.Rand(seed, uint64(w))
 			api := cluster.NewAPI(c.HTTPAddr(ids[w%len(ids)]))
 			api.Client.Timeout = 3 * time.Second
 			// decided retries call on running nodes, rotating from start,
@@ -272,7 +272,7 @@ func killLeaderUnderLoad(t *testing.T, c *cluster.Cluster) {
 	stop := make(chan struct{})
 	var okCount atomic.Int64
 	done := make(chan struct{})
-	seed := cluster.Seed(t, "./cmd/idemnode")
+	seed := testutil.Seed(t)
 	go func() { workload(t, c, seed, 12, stop, acked, &okCount); close(done) }()
 
 	testutil.Until(t, 20*time.Second, "completions before the kill", func() bool { return okCount.Load() >= 200 })
@@ -350,7 +350,7 @@ func TestRestartKeepsEveryRecord(t *testing.T) {
 			c := startCluster(t, launch.Spec{}, tc.args...)
 			ctx := t.Context()
 			ids := nodeIDs(c)
-			rng := cluster.Rand(cluster.Seed(t, "./cmd/idemnode"), 0)
+			rng := testutil.Rand(testutil.Seed(t), 0)
 			type held struct{ key, owner, fencing, lease string }
 			var completed []completion
 			var reserved []held

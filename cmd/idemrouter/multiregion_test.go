@@ -57,8 +57,8 @@ func startMultiRegion(t *testing.T, survival string) *multiRegion {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seed := cluster.Seed(t, "./cmd/idemrouter")
-	m := &multiRegion{t: t, c: c, ring: ring, seed: seed, rng: cluster.Rand(seed, 0)}
+	seed := testutil.Seed(t)
+	m := &multiRegion{t: t, c: c, ring: ring, seed: seed, rng: testutil.Rand(seed, 0)}
 	for _, r := range regions {
 		rt, err := c.NewRouter(binaries["idemrouter"], "router-"+r, r)
 		if err != nil {
@@ -211,7 +211,7 @@ func workload(ctx context.Context, seed, run uint64, ns string, apis []*cluster.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := cluster.Rand(seed, run<<32|uint64(w)) // stream 0 is the test's own
+			rng := testutil.Rand(seed, run<<32|uint64(w)) // stream 0 is the test's own
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
