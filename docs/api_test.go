@@ -2,6 +2,7 @@ package docs
 
 import (
 	"encoding/json"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -16,7 +17,10 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/api/openapi"
+	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/server"
 )
 
 // api.md is the public contract; these tests check it against the code where
@@ -280,6 +284,56 @@ func TestAPIDocAnchors(t *testing.T) {
 	for _, m := range links {
 		if !anchors[m[1]] {
 			t.Errorf("api.md links to #%s, which is no heading of it", m[1])
+		}
+	}
+}
+
+// kib spells a byte count the way api.md does: "64 KiB", "1 MiB".
+func kib(n int) string {
+	if n >= 1<<20 && n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d KiB", n>>10)
+}
+
+// TestAPIDocLimits checks the rows of api.md's limits table against the
+// constants that enforce them.
+func TestAPIDocLimits(t *testing.T) {
+	limits := section(t, readAPIDoc(t), "Limits and backpressure")
+	rows := map[string][]string{
+		"namespace":   {fmt.Sprintf("1-%d bytes", contract.MaxNamespaceBytes)},
+		"key":         {fmt.Sprintf("1-%d bytes", contract.MaxKeyBytes)},
+		"fingerprint": {fmt.Sprintf("0-%d characters", contract.MaxFingerprintChars)},
+		"owner token": {fmt.Sprintf("%d-%d characters", contract.MinOwnerTokenChars, contract.MaxOwnerTokenChars)},
+		"`lease_ms`":  {fmt.Sprintf("%d..%d, default %d", contract.MinLeaseMs, contract.MaxLeaseMs, contract.DefaultLeaseMs)},
+		"`wait_ms`":   {fmt.Sprintf("0..%d", contract.MaxWaitMs)},
+		"`retention_s`": {fmt.Sprintf("%d..%d, default %d", contract.MinRetentionS, contract.MaxRetentionS,
+			contract.DefaultRetentionS)},
+		"`tombstone_s`": {fmt.Sprintf("0..%d, default %d", contract.MaxTombstoneS, contract.DefaultTombstoneS)},
+		"stored response body": {"default " + kib(contract.DefaultMaxResponseBytes),
+			"at most " + kib(contract.MaxMaxResponseBytes)},
+		"stored response headers": {fmt.Sprintf("%d headers", contract.MaxHeaders),
+			fmt.Sprintf("names 1-%d bytes", contract.MaxHeaderNameBytes),
+			"values " + kib(contract.MaxHeaderValueBytes), kib(contract.MaxHeadersTotalBytes) + " in all"},
+		"response status":   {fmt.Sprintf("%d..%d", contract.MinStatus, contract.MaxStatus)},
+		"checkpoint":        {"data " + kib(fsm.MaxCheckpointBytes)},
+		"operator `reason`": {fmt.Sprintf("%d bytes", server.MaxReasonBytes)},
+		"batch calls": {fmt.Sprintf("1-%d items", server.MaxBatchItems),
+			fmt.Sprintf("%d operations, %s", idemv1.MaxBatchOps, kib(idemv1.MaxBatchBytes))},
+		"key listing":     {fmt.Sprintf("`limit` 1..%d, default %d", backend.MaxListLimit, backend.DefaultListLimit)},
+		"request headers": {kib(contract.MaxRequestHeaderBytes)},
+	}
+	for label, wants := range rows {
+		_, row, ok := strings.Cut(limits, "\n| "+label+" | ")
+		if !ok {
+			t.Errorf("api.md, limits: no row %q", label)
+			continue
+		}
+		row, _, _ = strings.Cut(row, "\n")
+		for _, want := range wants {
+			if !strings.Contains(row, want) {
+				t.Errorf("api.md, limits, row %q: %q lacks %q", label, row, want)
+			}
 		}
 	}
 }
