@@ -10,8 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/security/transport"
 	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
 )
@@ -122,9 +122,9 @@ type Config struct {
 	// Version is reported by status and the start-up line.
 	Version string
 	// Security is the trust boundary (certificates, auth file, listener
-	// limits) of every listener and dial; nil means secure.Insecure():
+	// limits) of every listener and dial; nil means transport.Insecure():
 	// plaintext, every caller root.
-	Security *secure.Kit
+	Security *transport.Kit
 }
 
 // DefaultConfig returns a Config with every default spelled out; set
@@ -196,7 +196,7 @@ func (c Config) withDefaults() Config {
 		c.Registry = prometheus.NewRegistry()
 	}
 	if c.Security == nil {
-		c.Security = secure.Insecure()
+		c.Security = transport.Insecure()
 	}
 	return c
 }

@@ -15,9 +15,9 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/forward"
-	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/proxy"
+	"github.com/idem-dev/idem/security/transport"
 	"github.com/idem-dev/idem/server"
 )
 
@@ -61,8 +61,8 @@ type ProcessConfig struct {
 	// Security is the trust boundary (certificates, auth file, listener
 	// limits) of the listeners and of the dials to nodes (added to
 	// Backend.DialOptions, or to forward.DefaultDialOptions when those are nil);
-	// nil means secure.Insecure(): plaintext, every caller root.
-	Security *secure.Kit
+	// nil means transport.Insecure(): plaintext, every caller root.
+	Security *transport.Kit
 }
 
 // Validate reports every problem of c at once.
@@ -142,7 +142,7 @@ func NewProcess(cfg ProcessConfig) (*Process, error) {
 		cfg.RingCheckTimeout = DefaultRingCheckTimeout
 	}
 	if cfg.Security == nil {
-		cfg.Security = secure.Insecure()
+		cfg.Security = transport.Insecure()
 	}
 	if cfg.Backend.DialOptions == nil {
 		cfg.Backend.DialOptions = forward.DefaultDialOptions()

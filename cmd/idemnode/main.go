@@ -23,9 +23,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idem-dev/idem/internal/cli"
-	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/raftstore"
+	"github.com/idem-dev/idem/security/transport"
 	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
 )
@@ -69,7 +69,7 @@ type options struct {
 	pprofAddr      string
 	packCommands   node.PackMode
 	showVersion    bool
-	sec            secure.Flags
+	sec            transport.Flags
 	maxRaftConns   int
 	logStore       string
 }
@@ -271,7 +271,7 @@ func nodeConfig(o *options) (node.Config, error) {
 	}
 	cfg.Raft.MaxInboundConns = o.maxRaftConns
 	if o.pprofAddr != "" {
-		if err := cli.CheckLoopback("--pprof-addr", o.pprofAddr); err != nil {
+		if err := transport.CheckLoopback("--pprof-addr", o.pprofAddr); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idem-dev/idem/internal/cli"
-	"github.com/idem-dev/idem/internal/secure"
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/router"
+	"github.com/idem-dev/idem/security/transport"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/topology"
 )
@@ -54,7 +54,7 @@ type options struct {
 	proxyKeyRandom  bool // no key file: a random key for this process
 	maxWait         time.Duration
 
-	sec secure.Flags
+	sec transport.Flags
 }
 
 // defaultGCHeadroom is the least room between collections

@@ -1,6 +1,17 @@
-// Package cli holds what idem's commands share: GNU-style flag help, one-line
-// errors, the slog logger set up from flags, and the garbage collector's
-// pacing (PaceGC).
+// Package cli holds what idem's commands (cmd/*) share, and only they
+// import it:
+//
+//   - flags and errors: GNU-style flag help (PrintFlags, Parse), errors on
+//     one line (OneLine), and Main, the body of every command's main
+//     (signals cancel its context; an error exits 1);
+//   - logging: the slog logger set up from --log-level and --log-format
+//     (NewLogger);
+//   - memory: the garbage collector's pacing (PaceGC, over internal/gctune)
+//     and a soft memory limit from the container's (LimitMemory);
+//   - profiling: Go's pprof endpoints on a loopback address (ServePprof;
+//     idemnode checks the address with transport.CheckLoopback first);
+//   - Go's system monitor: whether GODEBUG keeps it out of its deep sleep
+//     (ReadSysmon, LogSysmon, SysmonSetting, SysmonUsage).
 package cli
 
 import (

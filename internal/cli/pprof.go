@@ -11,23 +11,6 @@ import (
 	"time"
 )
 
-// CheckLoopback reports an error unless addr is HOST:PORT with a loopback
-// host (127.0.0.0/8, ::1 or localhost): the profiling endpoints expose
-// memory contents and cost CPU, so they are never served to the network.
-func CheckLoopback(flagName, addr string) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("%s %q is not HOST:PORT: %v", flagName, addr, err)
-	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("%s %q: only a loopback address (127.0.0.1, ::1, localhost) is allowed", flagName, addr)
-	}
-	return nil
-}
-
 // ServePprof serves net/http/pprof's handlers (/debug/pprof/...) on addr
 // until ctx ends. It returns the bound address once the listener is up, so
 // a bad address fails at startup; serving errors are logged.

@@ -10,27 +10,6 @@ import (
 	"time"
 )
 
-func TestCheckLoopback(t *testing.T) {
-	for _, tc := range []struct {
-		addr, wantErr string
-	}{
-		{"127.0.0.1:6060", ""},
-		{"127.1.2.3:6060", ""},
-		{"[::1]:6060", ""},
-		{"localhost:6060", ""},
-		{"0.0.0.0:6060", "only a loopback address"},
-		{":6060", "only a loopback address"},
-		{"10.0.0.1:6060", "only a loopback address"},
-		{"example.com:6060", "only a loopback address"},
-		{"6060", "is not HOST:PORT"},
-	} {
-		err := CheckLoopback("--pprof-addr", tc.addr)
-		if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
-			t.Errorf("CheckLoopback(%q) = %v, want %q", tc.addr, err, tc.wantErr)
-		}
-	}
-}
-
 func TestServePprof(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	addr, err := ServePprof(ctx, "127.0.0.1:0", slog.New(slog.NewTextHandler(io.Discard, nil)))

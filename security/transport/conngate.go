@@ -1,4 +1,4 @@
-package secure
+package transport
 
 import (
 	"crypto/tls"

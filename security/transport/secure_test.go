@@ -1,4 +1,4 @@
-package secure
+package transport
 
 import (
 	"strings"
@@ -30,5 +30,26 @@ func TestCheckExposure(t *testing.T) {
 	}
 	if err := CheckExposure(map[string]string{"--http-addr": "127.0.0.1:1", "--grpc-addr": "[::1]:2"}, "", false); err != nil {
 		t.Fatalf("loopback only: %v", err)
+	}
+}
+
+func TestCheckLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		addr, wantErr string
+	}{
+		{"127.0.0.1:6060", ""},
+		{"127.1.2.3:6060", ""},
+		{"[::1]:6060", ""},
+		{"localhost:6060", ""},
+		{"0.0.0.0:6060", "only a loopback address"},
+		{":6060", "only a loopback address"},
+		{"10.0.0.1:6060", "only a loopback address"},
+		{"example.com:6060", "only a loopback address"},
+		{"6060", "is not HOST:PORT"},
+	} {
+		err := CheckLoopback("--pprof-addr", tc.addr)
+		if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("CheckLoopback(%q) = %v, want %q", tc.addr, err, tc.wantErr)
+		}
 	}
 }

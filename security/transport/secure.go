@@ -1,4 +1,4 @@
-package secure
+package transport
 
 import (
 	"context"
@@ -102,7 +102,7 @@ func New(cfg Config) (*Kit, error) {
 		Help: "Connections to the JSON API or gRPC listener closed because they stayed idle without authenticating a request (10 s)."})
 	if cfg.Registry != nil {
 		if err := cfg.Registry.Register(closed); err != nil {
-			return nil, fmt.Errorf("secure: register metrics: %w", err)
+			return nil, fmt.Errorf("transport: register metrics: %w", err)
 		}
 	}
 	k := &Kit{cfg: cfg, log: cfg.Logger, gate: newConnGate(cfg.Limits.UnauthenticatedIdle, closed)}
@@ -132,7 +132,7 @@ func New(cfg Config) (*Kit, error) {
 func Insecure() *Kit {
 	k, err := New(Config{})
 	if err != nil {
-		panic("secure: insecure kit: " + err.Error()) // no file is read
+		panic("transport: insecure kit: " + err.Error()) // no file is read
 	}
 	return k
 }

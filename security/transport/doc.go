@@ -1,9 +1,9 @@
-// Package secure wires the trust boundary (security/pki, security/auth) into
+// Package transport wires the trust boundary (security/pki, security/auth) into
 // the listeners and dialers of idemnode and idemrouter: one Kit per process,
 // built by the main from --certs-dir and --auth-file, handed to the process
 // in its Config, used wherever the process listens or dials.
 //
-//	kit, err := secure.New(secure.Config{CertsDir: dir, AuthFile: file, NodeID: id, Logger: log, Registry: reg})
+//	kit, err := transport.New(transport.Config{CertsDir: dir, AuthFile: file, NodeID: id, Logger: log, Registry: reg})
 //	raft:      raftstore.Config.TLS = kit.RaftTLS()            (nil: plaintext)
 //	dialing:   append(forward.DefaultDialOptions(), kit.DialOptions()...)
 //	JSON API:  ln, _ := kit.ListenAPI(addr); handler = kit.HTTPHandler(api); timeouts kit.HTTPTimeouts()
@@ -41,4 +41,4 @@
 //     node sees node:<router-id> (the router chose the namespace).
 //   - SIGHUP reloads both the certificate files and the auth file;
 //     certificates are also picked up by themselves within 10 s.
-package secure
+package transport

@@ -1,4 +1,4 @@
-package secure
+package transport
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
-	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/security/pki"
 )
 
@@ -31,7 +30,7 @@ func (c *nodeCreds) ClientHandshake(ctx context.Context, authority string, raw n
 }
 
 func (c *nodeCreds) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return nil, nil, errors.New("secure: node credentials are for dialing only")
+	return nil, nil, errors.New("transport: node credentials are for dialing only")
 }
 
 func (c *nodeCreds) Info() credentials.ProtocolInfo {
@@ -43,9 +42,26 @@ func (c *nodeCreds) Clone() credentials.TransportCredentials { return &nodeCreds
 func (c *nodeCreds) OverrideServerName(string) error { return nil }
 
 // Loopback reports whether the listen address addr (HOST:PORT) binds only
-// loopback (127.0.0.0/8, ::1 or localhost; cli.CheckLoopback's rule). An
+// loopback (127.0.0.0/8, ::1 or localhost; CheckLoopback's rule). An
 // empty host or 0.0.0.0 binds every interface and is not loopback.
-func Loopback(addr string) bool { return cli.CheckLoopback("", addr) == nil }
+func Loopback(addr string) bool { return CheckLoopback("", addr) == nil }
+
+// CheckLoopback reports an error unless addr is HOST:PORT with a loopback
+// host (127.0.0.0/8, ::1 or localhost): the profiling endpoints expose
+// memory contents and cost CPU, so they are never served to the network.
+func CheckLoopback(flagName, addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%s %q is not HOST:PORT: %v", flagName, addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%s %q: only a loopback address (127.0.0.1, ::1, localhost) is allowed", flagName, addr)
+	}
+	return nil
+}
 
 // CheckExposure is the contract's secure-by-default rule: a process whose
 // listen addresses are not all loopback refuses to start without a certs
