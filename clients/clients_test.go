@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/launch"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // suiteTimeout bounds one language's whole test suite.
@@ -107,6 +109,7 @@ func withNodePath() string {
 // TestTypeScript runs @idem/client's suite (node --test) against real dev
 // nodes: every call, run/once, the Express middleware, the declarations.
 func TestTypeScript(t *testing.T) {
+	testutil.NeedsProcesses(t)
 	nodePath := withNodePath()
 	need(t, "Node.js 20+", "apt-get install nodejs", exec.Command("node", "-e",
 		`if (Number(process.versions.node.split(".")[0]) < 20) { console.log("node " + process.versions.node + " is older than 20"); process.exit(1) }`))
@@ -125,6 +128,7 @@ const python = "/usr/bin/python3"
 // every call, the sync and asyncio run/once, the ASGI middleware under
 // Starlette and FastAPI.
 func TestPython(t *testing.T) {
+	testutil.NeedsProcesses(t)
 	need(t, "python3 with pytest, starlette, fastapi and httpx",
 		"apt-get install python3-pytest python3-starlette python3-fastapi python3-httpx",
 		exec.Command(python, "-c", "import pytest, starlette, fastapi, httpx"))

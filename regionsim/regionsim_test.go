@@ -27,13 +27,11 @@ var long = flag.Bool("regionsim.long", os.Getenv("REGIONSIM_LONG") != "", "run t
 
 var bins map[string]string
 
-// needBinaries skips a test that starts real processes under -short (the
-// fast inner loop), which builds none.
+// needBinaries marks a test that starts real processes: under -short (the
+// fast inner loop), which builds none, it skips.
 func needBinaries(t *testing.T) {
 	t.Helper()
-	if bins == nil {
-		t.Skip("process-level: skipped with -short")
-	}
+	testutil.NeedsProcesses(t)
 }
 
 func TestMain(m *testing.M) {

@@ -22,7 +22,7 @@ import (
 // processes on loopback: two regions of three nodes, one shard homed per
 // region, three replicas, and a router.
 
-var binaries map[string]string
+var binaries cluster.Binaries
 
 func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode", "idemrouter", "idemctl") }
 
@@ -30,7 +30,7 @@ func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode", "idemro
 // region, stopped when the test ends, and waits until all are ready.
 func startWithRouter(t *testing.T, c *cluster.Cluster, region string) *cluster.Router {
 	t.Helper()
-	rt, err := c.NewRouter(binaries["idemrouter"], "router-"+region, region)
+	rt, err := c.NewRouter(binaries.Path(t, "idemrouter"), "router-"+region, region)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +304,7 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 		victim := topo.Nodes()[5].ID
 		c.Nodes[victim].Kill()
 		// The real binary: status still works (exit 0) and says so.
-		cmd := exec.Command(binaries["idemctl"], "--config", cfg, "status", "--json")
+		cmd := exec.Command(binaries.Path(t, "idemctl"), "--config", cfg, "status", "--json")
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); err != nil {
@@ -321,7 +321,7 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 			t.Fatalf("status table with a node down:\n%s", text)
 		}
 		// A failure exits 1 with one line on stderr.
-		cmd = exec.Command(binaries["idemctl"], "--config", cfg, "get", ns, "never-reserved")
+		cmd = exec.Command(binaries.Path(t, "idemctl"), "--config", cfg, "get", ns, "never-reserved")
 		stderr.Reset()
 		cmd.Stderr = &stderr
 		err := cmd.Run()

@@ -25,7 +25,7 @@ func TestIdemctlKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func TestIdemctlNamespacePolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -239,7 +239,7 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 	three.Regions = append(three.Regions, r3)
 	v2 := nextVersion(t, three, 2, dir)
 	for _, nd := range r3.Nodes {
-		c.Nodes[nd.ID] = &launch.Process{Name: nd.ID, Bin: binaries["idemnode"], Log: filepath.Join(dir, nd.ID+".log"),
+		c.Nodes[nd.ID] = &launch.Process{Name: nd.ID, Bin: binaries.Path(t, "idemnode"), Log: filepath.Join(dir, nd.ID+".log"),
 			Args: []string{"--config", v2, "--id", nd.ID, "--data-dir", filepath.Join(dir, "data", nd.ID), "--log-level", "debug"}}
 		if err := c.Nodes[nd.ID].Start(); err != nil {
 			t.Fatal(err)

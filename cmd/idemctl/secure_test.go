@@ -24,7 +24,7 @@ func TestIdemctlSecure(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -198,7 +198,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 			exec.Command("cp", "-r", dir, "/tmp/el-debug").Run()
 		}
 	})
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"], "--trailing-logs", "64", "--snapshot-interval", "1s")
+	c, err := cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode"), "--trailing-logs", "64", "--snapshot-interval", "1s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 	grown.Regions[0].Nodes = append(grown.Regions[0].Nodes, topology.Node{ID: "r1-4", Region: "r1",
 		RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])})
 	v2 := nextVersion(t, grown, 2, dir)
-	c.Nodes["r1-4"] = &launch.Process{Name: "r1-4", Bin: binaries["idemnode"], Log: filepath.Join(dir, "r1-4.log"),
+	c.Nodes["r1-4"] = &launch.Process{Name: "r1-4", Bin: binaries.Path(t, "idemnode"), Log: filepath.Join(dir, "r1-4.log"),
 		Args: []string{"--config", v2, "--id", "r1-4", "--data-dir", filepath.Join(dir, "data", "r1-4"), "--log-level", "debug", "--trailing-logs", "64", "--snapshot-interval", "1s"}}
 	if err := c.Nodes["r1-4"].Start(); err != nil {
 		t.Fatal(err)
@@ -400,7 +400,7 @@ func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
 		RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])})
 	replaced.Version = 4
 	v4 := nextVersion(t, replaced, 4, dir)
-	c.Nodes["r1-6"] = &launch.Process{Name: "r1-6", Bin: binaries["idemnode"], Log: filepath.Join(dir, "r1-6.log"),
+	c.Nodes["r1-6"] = &launch.Process{Name: "r1-6", Bin: binaries.Path(t, "idemnode"), Log: filepath.Join(dir, "r1-6.log"),
 		Args: []string{"--config", v4, "--id", "r1-6", "--data-dir", filepath.Join(dir, "data", "r1-6"), "--log-level", "debug"}}
 	if err := c.Nodes["r1-6"].Start(); err != nil {
 		t.Fatal(err)
@@ -456,7 +456,7 @@ func TestTopologySurvivalZoneToRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,11 +529,11 @@ func routedCluster(t *testing.T, spec launch.Spec, debug string, timeout time.Du
 			exec.Command("cp", "-r", dir, "/tmp/"+debug).Run()
 		}
 	})
-	if c, err = cluster.NewNodes(topo, dir, binaries["idemnode"]); err != nil {
+	if c, err = cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode")); err != nil {
 		t.Fatal(err)
 	}
 	c.StopOnCleanup(t)
-	if rt, err = c.NewRouter(binaries["idemrouter"], "router", "r1"); err != nil {
+	if rt, err = c.NewRouter(binaries.Path(t, "idemrouter"), "router", "r1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.StartAll(); err != nil {

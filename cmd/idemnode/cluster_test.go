@@ -20,7 +20,7 @@ import (
 
 // Tests in this file run real idemnode processes on loopback.
 
-var binaries map[string]string
+var binaries cluster.Binaries
 
 func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode", "idemctl") }
 
@@ -31,7 +31,7 @@ func startCluster(t testing.TB, spec launch.Spec, extraArgs ...string) *cluster.
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"], extraArgs...)
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"), extraArgs...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func startSecureCluster(t testing.TB, spec launch.Spec, policy string, clients .
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func BenchmarkNodeFill(b *testing.B) {
 		b.Fatal(err)
 	}
 	args := append([]string{"--log-level", "warn"}, strings.Fields(os.Getenv("IDEM_NODE_FILL_ARGS"))...)
-	c, err := cluster.NewNodes(topo, b.TempDir(), binaries["idemnode"], args...)
+	c, err := cluster.NewNodes(topo, b.TempDir(), binaries.Path(b, "idemnode"), args...)
 	if err != nil {
 		b.Fatal(err)
 	}

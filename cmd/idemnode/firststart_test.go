@@ -74,7 +74,7 @@ func TestEmptiedDataDirIsRefused(t *testing.T) {
 
 	// replace-node brings it back: it joins as a fresh replica and catches
 	// up on every shard (its rejoin marker is cleared).
-	ctl := exec.CommandContext(ctx, binaries["idemctl"], "--config", c.TopologyPath, "replace-node", "--id", victim, "--data-dir", dataDir)
+	ctl := exec.CommandContext(ctx, binaries.Path(t, "idemctl"), "--config", c.TopologyPath, "replace-node", "--id", victim, "--data-dir", dataDir)
 	if out, err := ctl.CombinedOutput(); err != nil {
 		t.Fatalf("idemctl replace-node: %v\n%s", err, out)
 	}
@@ -108,7 +108,7 @@ func TestFirstStartWaitsForEveryNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 	}
 	httpAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
 	dir := t.TempDir()
-	p := &launch.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Args: []string{
+	p := &launch.Process{Name: "dev", Bin: binaries.Path(t, "idemnode"), Log: filepath.Join(dir, "dev.log"), Args: []string{
 		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
 		"--grpc-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:" + strconv.Itoa(ports[2]),
 		"--max-response-bytes", "1000", "--clock-skew-margin", "100ms",
@@ -260,9 +260,9 @@ func startDevVia(t *testing.T, launcher []string, env []string, extra ...string)
 	}
 	httpAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
 	dir := t.TempDir()
-	bin, args := binaries["idemnode"], []string(nil)
+	bin, args := binaries.Path(t, "idemnode"), []string(nil)
 	if len(launcher) > 0 {
-		bin, args = launcher[0], append(slices.Clone(launcher[1:]), binaries["idemnode"])
+		bin, args = launcher[0], append(slices.Clone(launcher[1:]), binaries.Path(t, "idemnode"))
 	}
 	p := &launch.Process{Name: "dev", Bin: bin, Log: filepath.Join(dir, "dev.log"), Env: env, Args: append(append(args,
 		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,

@@ -33,7 +33,7 @@ func devProcess(t *testing.T, dir string, extra ...string) (*launch.Process, *cl
 		t.Fatal(err)
 	}
 	httpAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
-	p := &launch.Process{Name: "dev", Bin: binaries["idemnode"], Log: filepath.Join(dir, "dev.log"), Args: append([]string{
+	p := &launch.Process{Name: "dev", Bin: binaries.Path(t, "idemnode"), Log: filepath.Join(dir, "dev.log"), Args: append([]string{
 		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
 		"--grpc-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:" + strconv.Itoa(ports[2]),
 	}, extra...)}
@@ -281,7 +281,7 @@ func TestSkewedNodeNeverLeads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"], "--clock-skew-margin", "100ms")
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"), "--clock-skew-margin", "100ms")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +474,7 @@ func TestFollowerFullDiskStopsAddingWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"], "--disk-reserve-bytes", strconv.Itoa(32<<20))
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"), "--disk-reserve-bytes", strconv.Itoa(32<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -581,7 +581,7 @@ func TestClockCheckOffKeepsQuorumTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"], "--max-clock-offset", "0")
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"), "--max-clock-offset", "0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,11 +23,11 @@ func TestBatchCallsThroughRouter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := c.NewRouter(binaries["idemrouter"], "router-r1", "r1")
+	rt, err := c.NewRouter(binaries.Path(t, "idemrouter"), "router-r1", "r1")
 	if err != nil {
 		t.Fatal(err)
 	}

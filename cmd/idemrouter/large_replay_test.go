@@ -18,7 +18,7 @@ func TestNodeForwardsLargeReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"], "--max-response-bytes", "6000000")
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"), "--max-response-bytes", "6000000")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ import (
 // region with three replicas, and one idemrouter per region, all on
 // loopback.
 
-var binaries map[string]string
+var binaries cluster.Binaries
 
 func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode", "idemrouter") }
 
@@ -49,7 +49,7 @@ func startMultiRegion(t *testing.T, survival string) *multiRegion {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func startMultiRegion(t *testing.T, survival string) *multiRegion {
 	seed := testutil.Seed(t)
 	m := &multiRegion{t: t, c: c, ring: ring, seed: seed, rng: testutil.Rand(seed, 0)}
 	for _, r := range regions {
-		rt, err := c.NewRouter(binaries["idemrouter"], "router-"+r, r)
+		rt, err := c.NewRouter(binaries.Path(t, "idemrouter"), "router-"+r, r)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -55,7 +55,7 @@ func TestProxyContractThroughTheBinary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,11 +65,11 @@ func TestProxyContractThroughTheBinary(t *testing.T) {
 	}
 	defaultProxy := "127.0.0.1:" + strconv.Itoa(ports[0])
 	smallProxy := "127.0.0.1:" + strconv.Itoa(ports[1])
-	def, err := c.NewRouter(binaries["idemrouter"], "edge-default", "r1", "--upstream", upstream.URL, "--proxy-addr", defaultProxy)
+	def, err := c.NewRouter(binaries.Path(t, "idemrouter"), "edge-default", "r1", "--upstream", upstream.URL, "--proxy-addr", defaultProxy)
 	if err != nil {
 		t.Fatal(err)
 	}
-	small, err := c.NewRouter(binaries["idemrouter"], "edge-small", "r1", "--upstream", upstream.URL, "--proxy-addr", smallProxy,
+	small, err := c.NewRouter(binaries.Path(t, "idemrouter"), "edge-small", "r1", "--upstream", upstream.URL, "--proxy-addr", smallProxy,
 		"--max-request-bytes", "100")
 	if err != nil {
 		t.Fatal(err)

@@ -56,7 +56,7 @@ func TestProxyModeEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestProxyModeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxyAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
-	r, err := c.NewRouter(binaries["idemrouter"], "edge", "r1", "--upstream", upstream.URL, "--proxy-addr", proxyAddr,
+	r, err := c.NewRouter(binaries.Path(t, "idemrouter"), "edge", "r1", "--upstream", upstream.URL, "--proxy-addr", proxyAddr,
 		"--require-key", "--namespace-header", "X-Api-Key-Id")
 	if err != nil {
 		t.Fatal(err)

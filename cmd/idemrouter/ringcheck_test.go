@@ -21,7 +21,7 @@ func TestRouterRefusesAnotherRing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestRouterRefusesAnotherRing(t *testing.T) {
 		t.Fatal(err)
 	}
 	ports, _ := launch.FreePorts(2)
-	cmd := exec.CommandContext(ctx, binaries["idemrouter"], "--config", path, "--region", "r1",
+	cmd := exec.CommandContext(ctx, binaries.Path(t, "idemrouter"), "--config", path, "--region", "r1",
 		"--http-addr", "127.0.0.1:"+itoa(ports[0]), "--grpc-addr", "127.0.0.1:"+itoa(ports[1]))
 	out, err := cmd.CombinedOutput()
 	if err == nil {

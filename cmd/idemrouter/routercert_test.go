@@ -24,12 +24,12 @@ func TestRouterCertificate(t *testing.T) {
 	c := newRootBobRegion(t, "rcert")
 	topo, dir := c.Topology, c.Dir
 	region := topo.Regions[0].Name
-	edge, err := c.NewRouter(binaries["idemrouter"], "edge", region)
+	edge, err := c.NewRouter(binaries.Path(t, "idemrouter"), "edge", region)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.RouterNodeCerts = true
-	legacy, err := c.NewRouter(binaries["idemrouter"], "legacy", region)
+	legacy, err := c.NewRouter(binaries.Path(t, "idemrouter"), "legacy", region)
 	if err != nil {
 		t.Fatal(err)
 	}

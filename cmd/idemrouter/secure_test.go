@@ -77,7 +77,7 @@ func TestSecureRegion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestSecureRegion(t *testing.T) {
 	if err := c.Secure(authFile, "bob", "root", "stranger"); err != nil {
 		t.Fatal(err)
 	}
-	rt, err := c.NewRouter(binaries["idemrouter"], "router-r1", "r1")
+	rt, err := c.NewRouter(binaries.Path(t, "idemrouter"), "router-r1", "r1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +450,7 @@ func pollLog(t *testing.T, p *launch.Process, text string) {
 // caller root: an anonymous DELETE answered 200.
 func TestSecureRouterWithoutAuthFile(t *testing.T) {
 	c := newRootBobRegion(t, "noauth")
-	r, err := c.NewRouter(binaries["idemrouter"], "edge", "r1")
+	r, err := c.NewRouter(binaries.Path(t, "idemrouter"), "edge", "r1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -528,7 +528,7 @@ func newRootBobRegion(t *testing.T, name string) *cluster.Cluster {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	c, err := cluster.NewNodes(topo, dir, binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,11 +30,11 @@ func TestWaitingReservesStarveNoOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries["idemnode"])
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := c.NewRouter(binaries["idemrouter"], "edge", "r1")
+	r, err := c.NewRouter(binaries.Path(t, "idemrouter"), "edge", "r1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 // smokeTimeout bounds smoke.sh (its own watchdog, IDEM_SMOKE_TIMEOUT) and, a
@@ -19,6 +21,7 @@ import (
 const smokeTimeout = 5 * time.Minute
 
 func TestComposeSmoke(t *testing.T) {
+	testutil.NeedsProcesses(t)
 	if os.Getenv("IDEM_DOCKER_TESTS") != "1" {
 		t.Skip("set IDEM_DOCKER_TESTS=1 to run deploy/compose/smoke.sh against the local Docker Engine (builds the idem:dev image, starts four containers)")
 	}

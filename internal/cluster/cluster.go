@@ -3,8 +3,8 @@
 // topology, started, probed, stopped and killed by node or region; secure
 // clusters with their CA and client certificates (Secure); a JSON API
 // client (API) and a key filler (Filler); the TestMain body that builds the
-// commands (RunTests), table tests of a command's Run (TestRun), and the
-// test seed (Seed). Every process listens on 127.0.0.1 ports picked free at
+// commands (RunTests) and hands their paths to process-level tests
+// (Binaries), and table tests of a command's Run (TestRun). Every process listens on 127.0.0.1 ports picked free at
 // generation time; data dirs and logs live under one base directory. The
 // processes themselves are internal/launch's; this package imports testing
 // and is linked by tests only.
@@ -25,6 +25,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/launch"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -114,17 +115,33 @@ func (c *Cluster) HTTPAddr(id string) string {
 	return n.HTTPAddr
 }
 
+// Binaries maps a command name (idemnode, ...) to the path RunTests built
+// it at.
+type Binaries map[string]string
+
+// Path returns the path of command name for a process-level test: under
+// -short it skips tb (testutil.NeedsProcesses), since nothing was built.
+func (b Binaries) Path(tb testing.TB, name string) string {
+	tb.Helper()
+	testutil.NeedsProcesses(tb)
+	p, ok := b[name]
+	if !ok {
+		tb.Fatalf("%s was not built: name it in the package's RunTests", name)
+	}
+	return p
+}
+
 // RunTests is a TestMain body for packages that start real processes: it
 // builds the named commands into a temporary dir, stores their paths in
 // *bins, runs the tests, removes the dir and exits with the tests' code.
 //
-// With -short (the fast inner loop) the package's tests are process-level:
-// nothing is built and none runs; the README's full command runs them.
-func RunTests(m *testing.M, bins *map[string]string, commands ...string) {
+// With -short (the fast inner loop) nothing is built: the package's unit
+// tests run, and every test that asks bins for a command (Binaries.Path)
+// skips as process-level; the README's full command runs them.
+func RunTests(m *testing.M, bins *Binaries, commands ...string) {
 	flag.Parse()
 	if testing.Short() {
-		fmt.Println("skipped: process-level tests (they start real processes) do not run with -short")
-		os.Exit(0)
+		os.Exit(m.Run())
 	}
 	dir, err := os.MkdirTemp("", "idem-bin-")
 	if err != nil {

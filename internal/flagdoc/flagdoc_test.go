@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/idem-dev/idem/internal/launch"
+
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/configuration.md from the binaries' --help")
@@ -22,8 +24,8 @@ const page = "../../docs/configuration.md"
 // and compares the result with docs/configuration.md byte for byte
 // (skipped with -short, like the other tests that build the commands).
 func TestFlagsDocMatchesBinaries(t *testing.T) {
-	if testing.Short() && !*update {
-		t.Skip("builds the five commands; runs without -short")
+	if !*update {
+		testutil.NeedsProcesses(t) // builds the commands and runs each --help
 	}
 	bins, err := launch.Build(t.TempDir(), Commands...)
 	if err != nil {
