@@ -70,6 +70,9 @@ func TestTranscripts(t *testing.T) {
 			}
 			res := r.run(t.Context(), d)
 			report(t, d, res, *rewriteFlag)
+			if t.Failed() {
+				t.Log(r.logTails())
+			}
 		})
 	}
 }
@@ -349,10 +352,51 @@ func (r *runner) run(ctx context.Context, d *doc) result {
 			res.mismatched[k] = got
 		}
 	}
-	for _, f := range r.stopAll(d) {
-		res.failures = append(res.failures, f)
-	}
+	res.failures = append(res.failures, r.stopAll(d)...)
+	res.failures = append(res.failures, r.raceReports()...)
 	return res
+}
+
+// raceMarker starts every report of the race detector.
+const raceMarker = "WARNING: DATA RACE"
+
+// raceReports looks for data races in the logs the commands wrote into the
+// working directory (a page may send a node's output to a file), as the
+// binaries are built with -race when the test runs with it.
+func (r *runner) raceReports() []string {
+	var failures []string
+	for _, path := range r.logs() {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		if i := bytes.Index(b, []byte(raceMarker)); i >= 0 {
+			failures = append(failures, fmt.Sprintf("%s reports a data race:\n%s",
+				filepath.Base(path), indentLines(outputLines(string(b[i:min(len(b), i+4000)])))))
+		}
+	}
+	return failures
+}
+
+// logs lists the *.log files the commands wrote at the top of the working
+// directory.
+func (r *runner) logs() []string {
+	paths, _ := filepath.Glob(filepath.Join(r.dir, "*.log"))
+	return paths
+}
+
+// logTails returns the last lines of the logs in the working directory, to
+// show with a failure (a node that did not start says why there).
+func (r *runner) logTails() string {
+	var b strings.Builder
+	for _, path := range r.logs() {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(&b, "%s (last lines):\n%s\n", filepath.Base(path), indentLines(tail(outputLines(string(data)), 20)))
+	}
+	return b.String()
 }
 
 // errTimeout is a command that ran past the runner's timeout.
@@ -442,7 +486,7 @@ func (r *runner) stopAll(d *doc) []string {
 				c.where(d.path), p.err, indentLines(tail(got, 30))))
 			continue
 		}
-		if i := strings.Index(string(b), "WARNING: DATA RACE"); i >= 0 {
+		if i := strings.Index(string(b), raceMarker); i >= 0 {
 			failures = append(failures, fmt.Sprintf("%s: the background process reported a data race:\n%s",
 				c.where(d.path), indentLines(outputLines(string(b[i:min(len(b), i+4000)])))))
 		}

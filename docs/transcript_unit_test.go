@@ -412,3 +412,13 @@ func TestEveryPageParses(t *testing.T) {
 		t.Logf("%s: %d commands", d.path, len(d.cmds))
 	}
 }
+
+func TestRunnerFindsDataRacesInLogs(t *testing.T) {
+	_, r, res := runText(t, "```console\n$ printf 'ok\\nWARNING: DATA RACE\\nRead at 0x1\\n' >node.log\n$ echo done\ndone\n```\n", 0)
+	if len(res.failures) != 1 || !strings.Contains(res.failures[0], "node.log reports a data race") || !strings.Contains(res.failures[0], "Read at 0x1") {
+		t.Fatalf("failures %q, want the race in node.log", res.failures)
+	}
+	if tails := r.logTails(); !strings.Contains(tails, "node.log (last lines):\n    ok\n") {
+		t.Fatalf("log tails %q, want node.log's lines", tails)
+	}
+}
