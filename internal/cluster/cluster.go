@@ -4,10 +4,11 @@
 // clusters with their CA and client certificates (Secure); a JSON API
 // client (API) and a key filler (Filler); the TestMain body that builds the
 // commands (RunTests) and hands their paths to process-level tests
-// (Binaries), and table tests of a command's Run (TestRun). Every process listens on 127.0.0.1 ports picked free at
-// generation time; data dirs and logs live under one base directory. The
-// processes themselves are internal/launch's; this package imports testing
-// and is linked by tests only.
+// (Binaries), table tests of a command's Run (TestRun) and the topology
+// files they use (TopologyFiles). Every process listens on 127.0.0.1 ports
+// picked free at generation time; data dirs and logs live under one base
+// directory. The processes themselves are internal/launch's; this package
+// imports testing and is linked by tests only.
 package cluster
 
 import (
