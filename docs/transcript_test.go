@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/launch"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 var rewriteFlag = flag.Bool("rewrite", false,
@@ -38,15 +39,13 @@ const (
 // subtest per file, against the repository's binaries, and compares what
 // every command prints with what the document shows (rules in doc.go).
 func TestTranscripts(t *testing.T) {
+	testutil.NeedsProcesses(t)
 	docs, err := transcriptDocs("..")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(docs) == 0 {
 		t.Skip("no console blocks in README.md or docs/*.md")
-	}
-	if testing.Short() {
-		t.Skip("skipped: the transcripts start real processes (idemnode, idemrouter), which -short leaves out")
 	}
 	binDir := t.TempDir()
 	names, err := commandNames("../cmd")
