@@ -1,8 +1,9 @@
 // Package durable makes directory entries survive a crash: a file created
 // (or renamed) in a directory is only durable once the directory itself was
 // fsynced, and a new directory only once its parent was. It is the one home
-// of that rule for node (identity file, data dir) and raftstore (log file,
-// shard dirs).
+// of that rule for node (data dir, staged files), internal/datadir (identity
+// file) and raftstore (log and shard dirs); it imports nothing of idem, so
+// raftstore may use it (ARCHITECTURE.md's rules).
 package durable
 
 import (
