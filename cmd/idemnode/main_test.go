@@ -310,7 +310,7 @@ func TestSysmonOptIn(t *testing.T) {
 		t.Fatalf("the node's environment lacks GODEBUG=%s: %q", cli.SysmonSetting, env)
 	}
 	data, _ := os.ReadFile(p.Log)
-	if !bytes.Contains(data, []byte(`system monitor kept out of its deep sleep (see README, \"Go's system monitor\")" reason="GODEBUG has schedtrace=2147483647"`)) {
+	if !bytes.Contains(data, []byte(`system monitor kept out of its deep sleep (see docs/operations.md, \"Go's system monitor\")" reason="GODEBUG has schedtrace=2147483647"`)) {
 		t.Fatalf("the log does not say the operator's opt-in is on:\n%s", data)
 	}
 }

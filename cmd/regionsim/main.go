@@ -7,7 +7,7 @@
 //	go run ./cmd/regionsim --scenario clock-skew --seed 7 --duration 30s
 //	go run ./cmd/regionsim --latency --survival region  # what a survival mode costs
 //
-// See the regionsim section of README.md and package regionsim.
+// See docs/regionsim.md and package regionsim.
 package main
 
 import (

@@ -1,4 +1,4 @@
-// Command goservice is the README's "Use idem inside a Go service" example,
+// Command goservice is the "Use idem inside a Go service" example of docs/getting-started.md,
 // runnable as written against a dev node (go run ./cmd/idemnode --dev):
 //
 //	go run ./examples/goservice

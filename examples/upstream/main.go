@@ -1,4 +1,4 @@
-// Command upstream is a toy payments API for the README's proxy walkthrough:
+// Command upstream is a toy payments API for the proxy walkthrough of docs/getting-started.md:
 // every POST /payments "charges" once and says how many charges it has made,
 // so a replay is easy to tell from a second execution. A request with
 // ?slow=1 takes five seconds (time to send a concurrent retry).

@@ -41,13 +41,13 @@ import (
 // (SysmonSetting, in GODEBUG), and the servers say at start that it is on.
 
 // SysmonSetting is the GODEBUG setting that keeps sysmon out of its deep
-// sleep: the opt-in documented in the servers' --help and the README.
+// sleep: the opt-in documented in the servers' --help and docs/operations.md.
 const SysmonSetting = "schedtrace=2147483647"
 
 // SysmonUsage is the paragraph of the servers' --help about it.
 const SysmonUsage = `GODEBUG=schedtrace=2147483647 in the environment keeps Go's system monitor
 from waking every 20 µs after each idle spell, which measured less CPU per
-request on some shapes and hosts (README, "Go's system monitor"); off by
+request on some shapes and hosts (docs/operations.md, "Go's system monitor"); off by
 default. With it, a crash also prints the scheduler's state.
 `
 
@@ -75,7 +75,7 @@ func (s SysmonState) Log(logger *slog.Logger) {
 		return
 	}
 	if s.Awake {
-		logger.Info("go runtime: system monitor kept out of its deep sleep (see README, \"Go's system monitor\")", "reason", s.Reason)
+		logger.Info("go runtime: system monitor kept out of its deep sleep (see docs/operations.md, \"Go's system monitor\")", "reason", s.Reason)
 	} else {
 		logger.Info("go runtime: system monitor left as Go runs it", "reason", s.Reason)
 	}
