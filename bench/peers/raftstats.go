@@ -92,6 +92,30 @@ func sumMetrics(text string, names []string) (map[string]float64, error) {
 	return out, nil
 }
 
+// metaGroup is the shard label of a node's metadata Raft group
+// (node.MetaGroupID), which every region runs beside its data shards.
+const metaGroup = "meta"
+
+// shardsLed counts the data shards a node's /metrics text says it leads:
+// the idem_raft_leader series of every group but the metadata group, which
+// is not one of the region's shards (counted, a four-shard region never
+// looked balanced: five leaders for four shards).
+func shardsLed(text string) (int, error) {
+	led := 0
+	for _, line := range strings.Split(text, "\n") {
+		series, value, ok := cutLast(line)
+		if !ok || !strings.HasPrefix(series, "idem_raft_leader{") || strings.Contains(series, `shard="`+metaGroup+`"`) {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscan(value, &v); err != nil {
+			return 0, fmt.Errorf("metric line %q: %w", line, err)
+		}
+		led += int(v)
+	}
+	return led, nil
+}
+
 // cutLast splits a sample line at its last space: series, value.
 func cutLast(line string) (string, string, bool) {
 	i := strings.LastIndexByte(line, ' ')

@@ -558,11 +558,10 @@ func (l *lab) waitIdem(ctx context.Context, n *idemNodes) error {
 			if err != nil {
 				return err
 			}
-			m, err := sumMetrics(text, []string{"idem_raft_leader"})
+			led, err := shardsLed(text)
 			if err != nil {
 				return err
 			}
-			led := int(m["idem_raft_leader"])
 			total, most = total+led, max(most, led)
 		}
 		if total != n.shards || most > fair {
