@@ -402,14 +402,23 @@ func TestUsedCommands(t *testing.T) {
 
 // TestEveryPageParses checks README.md and docs/*.md as TestTranscripts reads
 // them, without running anything: an unclosed fence or output before a
-// command fails here, under -short too.
+// command fails here, under -short too, and so does a walkthrough that is
+// no longer a console block.
 func TestEveryPageParses(t *testing.T) {
 	docs, err := transcriptDocs("..")
 	if err != nil {
 		t.Fatal(err)
 	}
+	runnable := map[string]bool{}
 	for _, d := range docs {
 		t.Logf("%s: %d commands", d.path, len(d.cmds))
+		runnable[d.path] = true
+	}
+	// The walkthroughs a newcomer follows stay runnable, hence tested.
+	for _, path := range []string{"README.md", "docs/getting-started.md"} {
+		if !runnable[path] {
+			t.Errorf("%s has no console block: its walkthrough would no longer be tested", path)
+		}
 	}
 }
 
