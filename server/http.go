@@ -394,7 +394,7 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 	}
 	if cmd.Op == fsm.OpReserve {
 		outcome = res.Outcome.String()
-		writeJSON(sw, http.StatusOK, reserveJSON(cmd, res))
+		writeReserve(sw, cmd, res)
 		return
 	}
 	outcome = outcomeOK
@@ -538,6 +538,11 @@ func reserveJSON(cmd *fsm.Command, res fsm.Result) reserveResponseJSON {
 		out.ExpiresAt = formatTime(res.ExpiresAt)
 	}
 	return out
+}
+
+// writeReserve writes a reserve's 200 answer.
+func writeReserve(w http.ResponseWriter, cmd *fsm.Command, res fsm.Result) {
+	writeJSON(w, http.StatusOK, reserveJSON(cmd, res))
 }
 
 func recordJSON(rec fsm.Record) getResponseJSON {
