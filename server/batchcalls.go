@@ -82,11 +82,12 @@ func checkItemCount(n int) *Error {
 // the whole call's error.
 func decodeBatchItems(data []byte) ([]json.RawMessage, *Error) {
 	var p problems
-	f := jsonObject(&p, data, batchBodyFields, "request body")
+	var buf fieldsBuf
+	f := jsonObject(&p, data, batchBodyFields, "request body", buf[:0])
 	if e := p.err(); e != nil {
 		return nil, e
 	}
-	raw := f["items"]
+	raw := f.get("items")
 	if isNull(raw) {
 		return nil, errorf(CodeInvalidArgument, "items is missing: send {\"items\": [...]}, 1 to %d items", MaxBatchItems)
 	}
@@ -101,8 +102,8 @@ func decodeBatchItems(data []byte) ([]json.RawMessage, *Error) {
 }
 
 // itemKey decodes the key of one item (p collects its problems).
-func itemKey(p *problems, f map[string]json.RawMessage) string {
-	if isNull(f["key"]) {
+func itemKey(p *problems, f jsonFields) string {
+	if isNull(f.get("key")) {
 		p.addf("key is missing: each item names its key")
 		return ""
 	}
@@ -111,17 +112,18 @@ func itemKey(p *problems, f map[string]json.RawMessage) string {
 
 // itemObject checks that raw is a JSON object before jsonObject reads it
 // (jsonObject takes an empty value for an empty object).
-func itemObject(p *problems, raw json.RawMessage, allowed []string) map[string]json.RawMessage {
+func itemObject(p *problems, raw json.RawMessage, allowed []string, buf jsonFields) jsonFields {
 	if len(raw) == 0 || raw[0] != '{' {
 		p.addf("an item must be a JSON object like {\"key\": ...}, not %s", jsonKind(raw))
 		return nil
 	}
-	return jsonObject(p, raw, allowed, "item")
+	return jsonObject(p, raw, allowed, "item", buf)
 }
 
 func decodeReserveItem(ns string, raw json.RawMessage) (reserveParams, *Error) {
 	var p problems
-	f := itemObject(&p, raw, reserveItemFields)
+	var buf fieldsBuf
+	f := itemObject(&p, raw, reserveItemFields, buf[:0])
 	r := reserveParams{
 		Namespace:   ns,
 		Key:         itemKey(&p, f),
@@ -134,7 +136,8 @@ func decodeReserveItem(ns string, raw json.RawMessage) (reserveParams, *Error) {
 
 func decodeCompleteItem(ns string, raw json.RawMessage) (completeParams, *Error) {
 	var p problems
-	f := itemObject(&p, raw, completeItemFields)
+	var buf fieldsBuf
+	f := itemObject(&p, raw, completeItemFields, buf[:0])
 	r := completeFromFields(&p, f)
 	r.Namespace, r.Key = ns, itemKey(&p, f)
 	return r, p.err()

@@ -11,8 +11,10 @@ import (
 	"strings"
 )
 
-// Request bodies are decoded in two steps: first into a map of raw values, so
-// that field names are matched exactly (encoding/json would also accept
+// Request bodies are decoded in two steps: first into the object's members
+// (the fast path, scanObject, takes most bodies in one pass without a map;
+// the rest go through a map of raw values from encoding/json), so that
+// field names are matched exactly (encoding/json would also accept
 // "Lease_MS") and every unknown field, top level or nested, is named in the
 // error; then field by field, so that each type error names its field.
 
@@ -28,10 +30,15 @@ var (
 	responseFields   = []string{"body", "headers", "status"}
 )
 
+// fieldsBuf is room for the members of a request object on the caller's
+// stack: var buf fieldsBuf; jsonObject(..., buf[:0]).
+type fieldsBuf [8]jsonField
+
 // jsonObject decodes data, which must be exactly one JSON object (or nothing
 // at all: an empty body is an empty object), and rejects fields not in
 // allowed. where names the object in messages ("request body", "response").
-func jsonObject(p *problems, data []byte, allowed []string, where string) map[string]json.RawMessage {
+// The members are appended to buf.
+func jsonObject(p *problems, data []byte, allowed []string, where string, buf jsonFields) jsonFields {
 	data = bytes.TrimSpace(data)
 	if len(data) == 0 {
 		return nil
@@ -40,21 +47,16 @@ func jsonObject(p *problems, data []byte, allowed []string, where string) map[st
 		p.addf("%s must be a JSON object like {\"%s\": ...}", where, allowed[0])
 		return nil
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(data, &fields); err != nil {
-		var syntaxErr *json.SyntaxError
-		if errors.As(err, &syntaxErr) {
-			p.addf("%s is not valid JSON (%s at byte %d): send exactly one JSON object", where,
-				strings.TrimPrefix(syntaxErr.Error(), "json: "), syntaxErr.Offset)
-		} else {
-			p.addf("%s is not valid JSON: send exactly one JSON object", where)
+	fields, ok := scanObject(data, buf)
+	if !ok {
+		if fields, ok = jsonObjectSlow(p, data, where, buf); !ok {
+			return nil
 		}
-		return nil
 	}
 	var unknown []string
-	for name := range fields {
-		if !slices.Contains(allowed, name) {
-			unknown = append(unknown, strconv.Quote(truncate(name, 64)))
+	for _, f := range fields {
+		if !slices.Contains(allowed, string(f.name)) {
+			unknown = append(unknown, strconv.Quote(truncate(string(f.name), 64)))
 		}
 	}
 	if len(unknown) > 0 {
@@ -65,11 +67,31 @@ func jsonObject(p *problems, data []byte, allowed []string, where string) map[st
 	return fields
 }
 
+// jsonObjectSlow is jsonObject's way for what scanObject does not take:
+// encoding/json decodes data into a map of raw values.
+func jsonObjectSlow(p *problems, data []byte, where string, buf jsonFields) (jsonFields, bool) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil {
+		var syntaxErr *json.SyntaxError
+		if errors.As(err, &syntaxErr) {
+			p.addf("%s is not valid JSON (%s at byte %d): send exactly one JSON object", where,
+				strings.TrimPrefix(syntaxErr.Error(), "json: "), syntaxErr.Offset)
+		} else {
+			p.addf("%s is not valid JSON: send exactly one JSON object", where)
+		}
+		return nil, false
+	}
+	for name, raw := range fields {
+		buf = append(buf, jsonField{name: []byte(name), raw: raw})
+	}
+	return buf, true
+}
+
 func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
 
 // jsonString decodes a string field; absent or null is "".
-func jsonString(p *problems, fields map[string]json.RawMessage, name, path string) string {
-	raw := fields[name]
+func jsonString(p *problems, fields jsonFields, name, path string) string {
+	raw := fields.get(name)
 	if isNull(raw) {
 		return ""
 	}
@@ -91,23 +113,33 @@ func jsonString(p *problems, fields map[string]json.RawMessage, name, path strin
 // Anything else (escapes, non-ASCII, not a string) answers false and goes
 // through encoding/json.
 func plainJSONString(raw []byte) (string, bool) {
-	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+	inner, ok := plainJSONBytes(raw)
+	if !ok {
 		return "", false
+	}
+	return string(inner), true
+}
+
+// plainJSONBytes is plainJSONString without the copy: the contents are a
+// slice of raw.
+func plainJSONBytes(raw []byte) ([]byte, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return nil, false
 	}
 	inner := raw[1 : len(raw)-1]
 	for _, c := range inner {
 		if c < 0x20 || c >= 0x7f || c == '\\' || c == '"' {
-			return "", false
+			return nil, false
 		}
 	}
-	return string(inner), true
+	return inner, true
 }
 
 // jsonInt decodes an integer field; absent or null is 0. A number written
 // with a fraction or exponent is accepted when its value is a whole number
 // (30000.0, 3e4), since many encoders write numbers that way.
-func jsonInt(p *problems, fields map[string]json.RawMessage, name, path string) int64 {
-	raw := fields[name]
+func jsonInt(p *problems, fields jsonFields, name, path string) int64 {
+	raw := fields.get(name)
 	if isNull(raw) {
 		return 0
 	}
@@ -146,7 +178,8 @@ func jsonKind(raw json.RawMessage) string {
 
 func decodeReserve(data []byte) (reserveParams, *Error) {
 	var p problems
-	f := jsonObject(&p, data, reserveFields, "request body")
+	var buf fieldsBuf
+	f := jsonObject(&p, data, reserveFields, "request body", buf[:0])
 	r := reserveParams{
 		Fingerprint: jsonString(&p, f, "fingerprint", "fingerprint"),
 		LeaseMs:     jsonInt(&p, f, "lease_ms", "lease_ms"),
@@ -160,7 +193,8 @@ func decodeReserve(data []byte) (reserveParams, *Error) {
 // decodeCheckpoint decodes the body of a checkpoint (v1.2).
 func decodeCheckpoint(data []byte) (checkpointParams, *Error) {
 	var p problems
-	f := jsonObject(&p, data, checkpointFields, "request body")
+	var buf fieldsBuf
+	f := jsonObject(&p, data, checkpointFields, "request body", buf[:0])
 	r := checkpointParams{
 		OwnerToken: jsonString(&p, f, "owner_token", "owner_token"),
 		Name:       jsonString(&p, f, "name", "name"),
@@ -173,9 +207,10 @@ func decodeCheckpoint(data []byte) (checkpointParams, *Error) {
 // null keeps the built-in default, so presence is kept.
 func decodePolicy(data []byte) (policyParams, *Error) {
 	var p problems
-	f := jsonObject(&p, data, policyFields, "request body")
+	var buf fieldsBuf
+	f := jsonObject(&p, data, policyFields, "request body", buf[:0])
 	opt := func(name string) *int64 {
-		if isNull(f[name]) {
+		if isNull(f.get(name)) {
 			return nil
 		}
 		v := jsonInt(&p, f, name, name)
@@ -194,13 +229,15 @@ func decodePolicy(data []byte) (policyParams, *Error) {
 // decodeOperator decodes the body of a force-release or delete.
 func decodeOperator(data []byte) (operatorParams, *Error) {
 	var p problems
-	f := jsonObject(&p, data, operatorFields, "request body")
+	var buf fieldsBuf
+	f := jsonObject(&p, data, operatorFields, "request body", buf[:0])
 	return operatorParams{Reason: jsonString(&p, f, "reason", "reason")}, p.err()
 }
 
 func decodeHeartbeat(data []byte) (heartbeatParams, *Error) {
 	var p problems
-	f := jsonObject(&p, data, heartbeatFields, "request body")
+	var buf fieldsBuf
+	f := jsonObject(&p, data, heartbeatFields, "request body", buf[:0])
 	r := heartbeatParams{
 		LeaseMs:    jsonInt(&p, f, "lease_ms", "lease_ms"),
 		OwnerToken: jsonString(&p, f, "owner_token", "owner_token"),
@@ -210,29 +247,32 @@ func decodeHeartbeat(data []byte) (heartbeatParams, *Error) {
 
 func decodeRelease(data []byte) (releaseParams, *Error) {
 	var p problems
-	f := jsonObject(&p, data, releaseFields, "request body")
+	var buf fieldsBuf
+	f := jsonObject(&p, data, releaseFields, "request body", buf[:0])
 	r := releaseParams{OwnerToken: jsonString(&p, f, "owner_token", "owner_token")}
 	return r, p.err()
 }
 
 func decodeComplete(data []byte) (completeParams, *Error) {
 	var p problems
-	f := jsonObject(&p, data, completeFields, "request body")
+	var buf fieldsBuf
+	f := jsonObject(&p, data, completeFields, "request body", buf[:0])
 	r := completeFromFields(&p, f)
 	return r, p.err()
 }
 
 // completeFromFields reads a complete's fields (a body's or a batch item's).
-func completeFromFields(p *problems, f map[string]json.RawMessage) completeParams {
+func completeFromFields(p *problems, f jsonFields) completeParams {
 	r := completeParams{
 		OwnerToken: jsonString(p, f, "owner_token", "owner_token"),
 		RetentionS: jsonInt(p, f, "retention_s", "retention_s"),
 	}
-	if raw := f["response"]; !isNull(raw) {
+	if raw := f.get("response"); !isNull(raw) {
 		if raw[0] != '{' {
 			p.addf("response must be a JSON object like {\"status\": 200, \"headers\": {}, \"body\": \"\"}, not %s", jsonKind(raw))
 		} else {
-			rf := jsonObject(p, raw, responseFields, "response")
+			var buf fieldsBuf
+			rf := jsonObject(p, raw, responseFields, "response", buf[:0])
 			resp := &responseParams{
 				Status:  jsonInt(p, rf, "status", "response.status"),
 				Headers: jsonHeaders(p, rf),
@@ -244,10 +284,13 @@ func completeFromFields(p *problems, f map[string]json.RawMessage) completeParam
 	return r
 }
 
-func jsonHeaders(p *problems, fields map[string]json.RawMessage) map[string]string {
-	raw := fields["headers"]
+func jsonHeaders(p *problems, fields jsonFields) map[string]string {
+	raw := fields.get("headers")
 	if isNull(raw) {
 		return nil
+	}
+	if out, ok := plainHeaders(raw); ok {
+		return out
 	}
 	var headers map[string]json.RawMessage
 	if raw[0] != '{' || json.Unmarshal(raw, &headers) != nil {
@@ -266,13 +309,42 @@ func jsonHeaders(p *problems, fields map[string]json.RawMessage) map[string]stri
 	return out
 }
 
-// jsonBase64 decodes a base64 string field; absent, null or "" is nil.
-func jsonBase64(p *problems, fields map[string]json.RawMessage, name, path string) []byte {
-	s := jsonString(p, fields, name, path)
-	if s == "" {
-		return nil
+// plainHeaders is jsonHeaders' fast path: an object that scanObject takes
+// whose values are all plain strings (plainJSONString).
+func plainHeaders(raw []byte) (map[string]string, bool) {
+	var buf fieldsBuf
+	headers, ok := scanObject(raw, buf[:0])
+	if !ok {
+		return nil, false
 	}
-	decoded, err := decodeBase64(s)
+	out := make(map[string]string, len(headers))
+	for _, h := range headers {
+		v, ok := plainJSONString(h.raw)
+		if !ok {
+			return nil, false
+		}
+		out[string(h.name)] = v
+	}
+	return out, true
+}
+
+// jsonBase64 decodes a base64 string field; absent, null or "" is nil.
+func jsonBase64(p *problems, fields jsonFields, name, path string) []byte {
+	var decoded []byte
+	var err error
+	if inner, ok := plainJSONBytes(fields.get(name)); ok {
+		// Decoded straight from the body, without a string copy first.
+		if len(inner) == 0 {
+			return nil
+		}
+		decoded, err = decodeBase64(inner)
+	} else {
+		s := jsonString(p, fields, name, path)
+		if s == "" {
+			return nil
+		}
+		decoded, err = decodeBase64([]byte(s))
+	}
 	if err != nil {
 		p.addf("%s is not valid base64 (%v): encode it as base64, standard or URL-safe alphabet, padded or not", path, err)
 	}
@@ -282,13 +354,15 @@ func jsonBase64(p *problems, fields map[string]json.RawMessage, name, path strin
 // decodeBase64 accepts the standard and the URL-safe alphabet, padded or
 // not (the alphabet is the one the characters show; padding is checked when
 // present).
-func decodeBase64(s string) ([]byte, error) {
+func decodeBase64(s []byte) ([]byte, error) {
 	enc := base64.StdEncoding
-	if strings.ContainsAny(s, "-_") {
+	if bytes.ContainsAny(s, "-_") {
 		enc = base64.URLEncoding
 	}
-	if !strings.HasSuffix(strings.TrimRight(s, "\r\n"), "=") {
+	if !bytes.HasSuffix(bytes.TrimRight(s, "\r\n"), []byte("=")) {
 		enc = enc.WithPadding(base64.NoPadding)
 	}
-	return enc.DecodeString(s)
+	out := make([]byte, enc.DecodedLen(len(s)))
+	n, err := enc.Decode(out, s)
+	return out[:n], err
 }
