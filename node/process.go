@@ -70,7 +70,7 @@ func New(cfg Config) (*Node, error) {
 	n.packGate = newPackGate(cfg.NodeID)
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
-		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings, Topology: n.topologyHTTP(),
+		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings, Topology: n.topologyHTTP(), LeaderAddr: n.httpAddrOf,
 	}); err != nil {
 		n.fwd.Close()
 		return nil, err

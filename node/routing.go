@@ -30,3 +30,16 @@ func (n *Node) routing(context.Context) (*idemv1.RoutingResponse, error) {
 	v := n.view()
 	return idemv1.RoutingToProto(v.ring, n.ownAddrs(v.nodes()), n.cfg.NodeID, leaders), nil
 }
+
+// httpAddrOf is the JSON API address of node id as the topology gives it
+// (this process's own file first, as routing's addresses), "" for a node
+// it does not know: the JSON API's leader hint (server.LeaderHeader).
+func (n *Node) httpAddrOf(id string) string {
+	if nd, ok := n.cfg.Topology.NodeByID(id); ok {
+		return nd.HTTPAddr
+	}
+	if nd, ok := n.view().node(id); ok {
+		return nd.HTTPAddr
+	}
+	return ""
+}

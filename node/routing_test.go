@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"maps"
+	"net/http"
 	"testing"
 	"time"
 
@@ -14,12 +15,14 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/internal/testutil"
+	"github.com/idem-dev/idem/server"
 )
 
 // TestRegionAnswersRouting: every node's Routing answer decodes into its own
 // ring (same fingerprint), the topology's gRPC addresses and the shards'
 // actual leaders; and a get forwarded by a follower names the leader in its
-// idem-leader header, as a client learns it.
+// idem-leader header, as a client learns it (in JSON, Idem-Leader with the
+// leader's JSON address).
 func TestRegionAnswersRouting(t *testing.T) {
 	r := startRegion(t, 3, nil)
 	testutil.Eventually(t, 30*time.Second, "leaders on their preferred voters", r.balanced)
@@ -69,6 +72,16 @@ func TestRegionAnswersRouting(t *testing.T) {
 			}
 			if got := header.Get(idemv1.LeaderHeader); len(got) != 1 || got[0] != leaders[shard] {
 				t.Fatalf("forwarded get on %s: leader header %v, want %s (shard %s)", nn.cfg.NodeID, got, leaders[shard], shard)
+			}
+			// The JSON API names the leader by its JSON address.
+			leader, _ := r.topo.NodeByID(leaders[shard])
+			resp, err := http.Get("http://" + nn.HTTPAddr() + "/v1/namespaces/pay/keys/" + key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+			if got := resp.Header.Values(server.LeaderHeader); resp.StatusCode != http.StatusNotFound || len(got) != 1 || got[0] != leader.HTTPAddr {
+				t.Fatalf("JSON get on %s: %d with %s %v, want 404 with [%s] (shard %s)", nn.cfg.NodeID, resp.StatusCode, server.LeaderHeader, got, leader.HTTPAddr, shard)
 			}
 			break
 		}

@@ -48,12 +48,6 @@ func (s *Server) applyRouted(ctx context.Context, cmd *fsm.Command, hops int) (f
 	return res, leader, &Error{Code: CodeInternal, Message: internalMessage}
 }
 
-// get reads a record from the backend.
-func (s *Server) get(ctx context.Context, namespace, key string) (fsm.Record, bool, *Error) {
-	rec, found, _, e := s.getRouted(ctx, namespace, key, 0)
-	return rec, found, e
-}
-
 // getRouted is get for a request forwarded hops times, with the backend's
 // leader hint.
 func (s *Server) getRouted(ctx context.Context, namespace, key string, hops int) (fsm.Record, bool, string, *Error) {

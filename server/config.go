@@ -68,6 +68,14 @@ type Config struct {
 	// themselves). Nil answers UNIMPLEMENTED, as a router does: its clients
 	// keep sending calls round-robin.
 	Routing func(context.Context) (*idemv1.RoutingResponse, error)
+	// LeaderAddr returns the JSON API address (HOST:PORT) of node nodeID,
+	// "" when unknown. With it, every answer of the JSON API for one key
+	// (reserve, heartbeat, complete, release, checkpoint, get; errors
+	// included) carries the LeaderHeader with the JSON address of the node
+	// the backend named as the key's shard's leader, so that a JSON client
+	// sends the key's next calls there and skips the forwarding hop. Nil
+	// (a router, whose JSON callers need no hint): no header.
+	LeaderAddr func(nodeID string) string
 	// Topology serves /v1/topology (a node's: the cluster's topology and
 	// online changes of it). Nil answers 404, as a process without one.
 	Topology http.Handler

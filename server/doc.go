@@ -109,6 +109,18 @@
 // are Timestamps and fencing tokens uint64; an empty key is INVALID_ARGUMENT
 // (there is no path to be unknown).
 //
+// Leader hint. A node's answers for one key (reserve, heartbeat, complete,
+// release, checkpoint, get; errors included) carry the Idem-Leader header
+// (LeaderHeader): the JSON address, HOST:PORT as the topology's http_addr
+// gives it (Config.LeaderAddr), of the node the backend named as the key's
+// shard's leader. The JSON API forwards a call that reaches a follower to
+// the leader over gRPC, which costs the follower a gRPC exchange and the
+// caller a hop; a JSON client that sends a key's next calls (the complete
+// after a reserve) to the hinted address skips it, as the Go client's
+// leader routing does for gRPC. It is a hint: a call sent to any node is
+// still answered. A router sends no hint (it is the recommended single
+// entry for clients that keep no state; it forwards to the leader itself).
+//
 // Operator actions (v1.1). GET /v1/namespaces/{ns}/keys lists keys
 // (query parameters state, older_than_s, limit 1..1000 default 100,
 // page_token; unknown or repeated parameters are 400, as unknown body

@@ -39,6 +39,14 @@ const (
 // outcomeOK labels a successful heartbeat, complete, release or get.
 const outcomeOK = "OK"
 
+// LeaderHeader is the JSON API's leader hint: on an answer for one key, the
+// JSON address (HOST:PORT) of the node that leads the key's shard, as the
+// answering node knows it (Config.LeaderAddr). A JSON client sends the key's
+// next calls (the complete after a reserve, heartbeats, a release) to that
+// address and skips the forwarding hop a follower pays; the header is a
+// hint, so a call sent anywhere is still answered.
+const LeaderHeader = "Idem-Leader"
+
 var verbs = map[string]string{
 	"reserve":   endpointReserve,
 	"heartbeat": endpointHeartbeat,
@@ -387,7 +395,8 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 		fail(e)
 		return
 	}
-	res, e := h.s.apply(r.Context(), cmd)
+	res, leader, e := h.s.applyRouted(r.Context(), cmd, 0)
+	h.setLeader(sw, leader)
 	if e != nil {
 		fail(e)
 		return
@@ -407,6 +416,17 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 		writeJSON(sw, http.StatusOK, checkpointedJSON{CheckpointedAt: formatTime(res.Checkpoint.At)})
 	default:
 		writeJSON(sw, http.StatusOK, struct{}{})
+	}
+}
+
+// setLeader sets the LeaderHeader to the JSON address of node leader, when
+// the server resolves addresses and knows it.
+func (h *httpAPI) setLeader(w http.ResponseWriter, leader string) {
+	if leader == "" || h.s.cfg.LeaderAddr == nil {
+		return
+	}
+	if addr := h.s.cfg.LeaderAddr(leader); addr != "" {
+		w.Header()[LeaderHeader] = []string{addr}
 	}
 }
 
@@ -442,7 +462,8 @@ func (h *httpAPI) serveGet(w http.ResponseWriter, r *http.Request, rt route, fai
 		fail(e)
 		return string(e.Code)
 	}
-	rec, found, e := h.s.get(r.Context(), rt.namespace, rt.key)
+	rec, found, leader, e := h.s.getRouted(r.Context(), rt.namespace, rt.key, 0)
+	h.setLeader(w, leader)
 	if e != nil {
 		fail(e)
 		return string(e.Code)

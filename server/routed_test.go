@@ -74,3 +74,44 @@ func TestRoutedHopsAndLeaderAreData(t *testing.T) {
 		t.Fatalf("leader header of a follower %v, want [node-7]", got)
 	}
 }
+
+// The JSON API names the key's shard's leader by its JSON address in the
+// LeaderHeader, on answers and errors alike, once the server can resolve
+// node ids (a node's); without LeaderAddr (a router's) there is no header.
+func TestJSONLeaderHeader(t *testing.T) {
+	addrs := map[string]string{"node-3": "10.0.0.3:8080", "node-7": "10.0.0.7:8080"}
+	b := &routedBackend{Mem: newMemBackend(newFakeClock())}
+	h := newHarness(t, b, func(c *Config) { c.LeaderAddr = func(id string) string { return addrs[id] } })
+	expect := func(r reply, want string) {
+		t.Helper()
+		if got := r.header.Values(LeaderHeader); want == "" && len(got) != 0 || want != "" && (len(got) != 1 || got[0] != want) {
+			t.Fatalf("%s %v (status %d), want %q", LeaderHeader, got, r.status, want)
+		}
+	}
+	r := h.do("POST", ns+"k1:reserve", `{"owner_token":"owner-token-0001"}`)
+	if r.status != 200 {
+		t.Fatalf("reserve: %d %s", r.status, r)
+	}
+	expect(r, "10.0.0.3:8080")
+	expect(h.do("POST", ns+"k1:complete", `{"owner_token":"owner-token-0001","response":{"status":200}}`), "10.0.0.3:8080")
+	expect(h.do("GET", ns+"k1", ""), "10.0.0.3:8080")
+	// NOT_OWNER: still the leader's address.
+	r = h.do("POST", ns+"k1:release", `{"owner_token":"other-token-0002"}`)
+	h.expectError(r, 409, CodeNotOwner)
+	expect(r, "10.0.0.3:8080")
+	// A follower's NotLeaderError: 503 with the leader it names.
+	b.follower = true
+	r = h.do("POST", ns+"k2:reserve", `{}`)
+	h.expectError(r, 503, CodeUnavailable)
+	expect(r, "10.0.0.7:8080")
+	// Validation fails before the backend names anyone.
+	expect(h.do("POST", ns+"k2:reserve", `{"lease_ms":"x"}`), "")
+
+	// A router's server resolves no addresses: no header.
+	plain := newHarness(t, &routedBackend{Mem: newMemBackend(newFakeClock())}, nil)
+	expect(plain.do("POST", ns+"k1:reserve", `{}`), "")
+	// An unknown node id: no header either.
+	b.follower = false
+	delete(addrs, "node-3")
+	expect(h.do("POST", ns+"k3:reserve", `{}`), "")
+}

@@ -86,6 +86,7 @@ type config struct {
 	ProfileClients int           // the client count of the profiled cell
 	ProfileSystem  string        // the idem system profiled
 	RequestTimeout time.Duration // deadline of one request
+	JSONLeader     bool          // idem's JSON client sends a key's complete to its reserve's Idem-Leader
 }
 
 const usageHeader = `peers: idem against Redis, PostgreSQL and etcd on this machine.
@@ -132,6 +133,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.ProfileSystem, "profile-system", sysIdem3GRPC, "the idem `SYSTEM` whose nodes --profile-dir profiles")
 	fs.IntVar(&cfg.ProfileClients, "profile-clients", 64, "client count of the profiled cell")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", 10*time.Second, "deadline of one request")
+	fs.BoolVar(&cfg.JSONLeader, "json-follow-leader", true, "idem's JSON client sends a key's complete to the node named by its reserve's Idem-Leader header (the leader's JSON address); false: every call round-robin over the nodes")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stderr, usageHeader)

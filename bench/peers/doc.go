@@ -67,7 +67,10 @@
 // many, statements prepared and cached), go.etcd.io/etcd/client/v3 (one
 // client balancing over the three members), idem's client package (one gRPC
 // connection per node, each request sent to its shard's leader: the client's
-// default routing) and net/http keep-alive for idem's JSON API.
+// default routing) and net/http keep-alive for idem's JSON API, whose
+// reserves go round-robin over the nodes and whose completes go to the
+// node the reserve's Idem-Leader header named, the key's shard's leader
+// (--json-follow-leader=false: round-robin too).
 //
 // Before the rounds (before any server starts) and again after them, it
 // measures what this machine charges for the kernel work every store in the

@@ -633,7 +633,11 @@ func (l *lab) idemSystem(name string, n *idemNodes, useGRPC bool) (*system, erro
 		}
 		s.tgt, s.detail = t, n.description+", Go client over gRPC to every node"
 	} else {
-		s.tgt, s.detail = newIdemJSON(n.http, l.body, l.maxConns, l.cfg.RequestTimeout), n.description+", JSON over HTTP/1.1 to every node"
+		routing := ", JSON over HTTP/1.1 round-robin over the nodes"
+		if l.cfg.JSONLeader {
+			routing = ", JSON over HTTP/1.1: reserves round-robin over the nodes, completes to the Idem-Leader the reserve named"
+		}
+		s.tgt, s.detail = newIdemJSON(n.http, l.body, l.maxConns, l.cfg.RequestTimeout, l.cfg.JSONLeader), n.description+routing
 	}
 	return s, nil
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -100,9 +101,13 @@ type idemJSON struct {
 	addrs []string
 	next  atomic.Uint64
 	resp  json.RawMessage
+	// leaders holds, with followLeader, the Idem-Leader header of each
+	// key's reserve answer until its complete is sent there.
+	followLeader bool
+	leaders      sync.Map // key -> JSON address
 }
 
-func newIdemJSON(addrs []string, body []byte, maxConns int, timeout time.Duration) *idemJSON {
+func newIdemJSON(addrs []string, body []byte, maxConns int, timeout time.Duration, followLeader bool) *idemJSON {
 	tr := &http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
@@ -111,11 +116,15 @@ func newIdemJSON(addrs []string, body []byte, maxConns int, timeout time.Duratio
 		DisableCompression:  true,
 	}
 	resp, _ := json.Marshal(map[string]any{"status": 200, "headers": map[string]string{"Content-Type": "application/octet-stream"}, "body": base64.StdEncoding.EncodeToString(body)})
-	return &idemJSON{hc: &http.Client{Transport: tr, Timeout: timeout}, tr: tr, addrs: addrs, resp: resp}
+	return &idemJSON{hc: &http.Client{Transport: tr, Timeout: timeout}, tr: tr, addrs: addrs, resp: resp, followLeader: followLeader}
 }
 
-func (j *idemJSON) url(key, verb string) string {
-	addr := j.addrs[j.next.Add(1)%uint64(len(j.addrs))]
+// url is a key's call to addr, or to the next node round-robin when addr
+// is "".
+func (j *idemJSON) url(addr, key, verb string) string {
+	if addr == "" {
+		addr = j.addrs[j.next.Add(1)%uint64(len(j.addrs))]
+	}
 	return "http://" + addr + "/v1/namespaces/" + namespace + "/keys/" + url.PathEscape(key) + ":" + verb
 }
 
@@ -124,19 +133,26 @@ func (j *idemJSON) reserve(ctx context.Context, key, owner string) (bool, error)
 	var out struct {
 		Outcome string `json:"outcome"`
 	}
-	status, err := j.post(ctx, j.url(key, "reserve"), body, &out)
+	status, leader, err := j.post(ctx, j.url("", key, "reserve"), body, &out)
 	if err != nil {
 		return false, err
 	}
 	if status != http.StatusOK {
 		return false, fmt.Errorf("reserve: HTTP %d", status)
 	}
+	if j.followLeader && leader != "" {
+		j.leaders.Store(key, leader)
+	}
 	return out.Outcome == "ACQUIRED", nil
 }
 
 func (j *idemJSON) complete(ctx context.Context, key, owner string) (bool, error) {
 	body, _ := json.Marshal(map[string]any{"owner_token": owner, "response": j.resp, "retention_s": int(retention.Seconds())})
-	status, err := j.post(ctx, j.url(key, "complete"), body, nil)
+	addr := ""
+	if v, ok := j.leaders.LoadAndDelete(key); ok {
+		addr = v.(string)
+	}
+	status, _, err := j.post(ctx, j.url(addr, key, "complete"), body, nil)
 	switch {
 	case err != nil:
 		return false, err
@@ -150,30 +166,31 @@ func (j *idemJSON) complete(ctx context.Context, key, owner string) (bool, error
 
 // post sends body and decodes a 200 answer into out; an error answer is
 // returned as its status (with the body in the error when it is not a 409).
-func (j *idemJSON) post(ctx context.Context, u string, body []byte, out any) (int, error) {
+// leader is the answer's Idem-Leader header.
+func (j *idemJSON) post(ctx context.Context, u string, body []byte, out any) (status int, leader string, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := j.hc.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	data, err := io.ReadAll(resp.Body) // to the end, so the connection is reused
 	resp.Body.Close()
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusConflict {
-		return resp.StatusCode, fmt.Errorf("HTTP %d: %.200s", resp.StatusCode, data)
+		return resp.StatusCode, "", fmt.Errorf("HTTP %d: %.200s", resp.StatusCode, data)
 	}
 	if out != nil && resp.StatusCode == http.StatusOK {
 		if err := json.Unmarshal(data, out); err != nil {
-			return 0, fmt.Errorf("decoding the answer: %w", err)
+			return 0, "", fmt.Errorf("decoding the answer: %w", err)
 		}
 	}
-	return resp.StatusCode, nil
+	return resp.StatusCode, resp.Header.Get("Idem-Leader"), nil
 }
 
 func (j *idemJSON) close() { j.tr.CloseIdleConnections() }

@@ -13,5 +13,9 @@
 // bounded by the run's length. A cycle still running when the duration ends
 // finishes and counts, so the end of a run causes no errors. For gRPC it uses
 // package client with --max-attempts 1 by default, so every failure is seen;
-// raise it to measure what a retrying application experiences.
+// raise it to measure what a retrying application experiences. For JSON,
+// reserves rotate over --addr and each complete goes to the address the
+// reserve's answer named in its Idem-Leader header (the key's shard's
+// leader, which a node names and a router does not) when that address is
+// one of --addr, so it skips the forwarding hop a follower pays.
 package main

@@ -206,6 +206,8 @@ type jsonAPI struct {
 	bodyBytes int
 	reserves  atomic.Int64
 	completes atomic.Int64
+	// leader, when set, goes in every reserve answer's Idem-Leader header.
+	leader atomic.Value // string
 }
 
 func (a *jsonAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -239,6 +241,9 @@ func (a *jsonAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		res := a.store.Apply(fsm.Command{Op: fsm.OpReserve, Namespace: ns, Key: key, OwnerToken: client.NewOwnerToken(), Lease: int64(30 * time.Second), Now: now.UnixNano()})
+		if leader, _ := a.leader.Load().(string); leader != "" {
+			w.Header().Set("Idem-Leader", leader)
+		}
 		json.NewEncoder(w).Encode(map[string]string{
 			"outcome":          res.Outcome.String(),
 			"owner_token":      res.OwnerToken,
@@ -311,6 +316,47 @@ func TestJSON(t *testing.T) {
 	var rep2 report
 	if jerr := json.Unmarshal(stdout.Bytes(), &rep2); err == nil || jerr != nil || rep2.Errors["reserve:invalid_argument"] != 10 || rep2.CyclesFailed != 10 {
 		t.Errorf("run with a bad namespace = %v; figures %+v (%v), want 10 reserve:invalid_argument", err, rep2, jerr)
+	}
+}
+
+// Each complete goes to the address its reserve's Idem-Leader named when
+// that address is one of --addr, and round-robin otherwise.
+func TestJSONFollowsLeaderHint(t *testing.T) {
+	store, err := idemtest.Start(idemtest.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	apis := []*jsonAPI{{t: t, store: store, bodyBytes: 64}, {t: t, store: store, bodyBytes: 64}}
+	var addrs []string
+	for _, a := range apis {
+		hs := httptest.NewServer(a)
+		t.Cleanup(hs.Close)
+		addrs = append(addrs, strings.TrimPrefix(hs.URL, "http://"))
+	}
+	for _, a := range apis {
+		a.leader.Store(addrs[1])
+	}
+	rep := runJSON(t, "--target", "json", "--addr", strings.Join(addrs, ","), "--cycles", "100", "--concurrency", "2", "--body-bytes", "64")
+	checkFigures(t, rep, 100)
+	if r0, r1 := apis[0].reserves.Load(), apis[1].reserves.Load(); r0 == 0 || r1 == 0 || r0+r1 != 100 {
+		t.Errorf("reserves %d and %d, want 100 rotating over both", r0, r1)
+	}
+	if c0, c1 := apis[0].completes.Load(), apis[1].completes.Load(); c0 != 0 || c1 != 100 {
+		t.Errorf("completes %d and %d, want all 100 on the named leader", c0, c1)
+	}
+
+	// A leader outside --addr (a node the caller cannot reach, say) is not
+	// followed.
+	for _, a := range apis {
+		a.leader.Store("192.0.2.1:8080")
+		a.reserves.Store(0)
+		a.completes.Store(0)
+	}
+	rep = runJSON(t, "--target", "json", "--addr", strings.Join(addrs, ","), "--cycles", "100", "--concurrency", "2", "--body-bytes", "64")
+	checkFigures(t, rep, 100)
+	if c0, c1 := apis[0].completes.Load(), apis[1].completes.Load(); c0 == 0 || c1 == 0 || c0+c1 != 100 {
+		t.Errorf("completes %d and %d, want 100 rotating over both", c0, c1)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -95,6 +96,10 @@ type jsonTarget struct {
 	// completeTail is the encoded response every complete stores, after the
 	// owner token.
 	completeTail []byte
+	// given is the set of --addr; leaders holds the Idem-Leader of each
+	// key's reserve answer, when it is one of them, until its complete.
+	given   map[string]bool
+	leaders sync.Map // key -> address
 }
 
 func newJSONTarget(cfg benchConfig, body []byte) *jsonTarget {
@@ -113,16 +118,25 @@ func newJSONTarget(cfg benchConfig, body []byte) *jsonTarget {
 		Headers map[string]string `json:"headers"`
 		Body    string            `json:"body"`
 	}{200, map[string]string{"Content-Type": "application/octet-stream"}, base64.StdEncoding.EncodeToString(body)})
+	given := map[string]bool{}
+	for _, a := range cfg.Addrs {
+		given[a] = true
+	}
 	return &jsonTarget{
 		hc:           &http.Client{Transport: tr, Timeout: cfg.RequestTimeout},
 		tr:           tr,
 		cfg:          cfg,
 		completeTail: append(append([]byte(`,"response":`), resp...), '}'),
+		given:        given,
 	}
 }
 
-func (j *jsonTarget) url(key, verb string) string {
-	addr := j.cfg.Addrs[int(j.next.Add(1)%uint64(len(j.cfg.Addrs)))]
+// url is a key's call to addr, or to the next address round-robin when
+// addr is "".
+func (j *jsonTarget) url(addr, key, verb string) string {
+	if addr == "" {
+		addr = j.cfg.Addrs[int(j.next.Add(1)%uint64(len(j.cfg.Addrs)))]
+	}
 	scheme := "http://"
 	if j.cfg.TLS != nil {
 		scheme = "https://"
@@ -139,7 +153,8 @@ func (j *jsonTarget) reserve(ctx context.Context, key string) (string, error) {
 		Outcome    string `json:"outcome"`
 		OwnerToken string `json:"owner_token"`
 	}
-	if err := j.post(ctx, j.url(key, "reserve"), body, &out); err != nil {
+	leader, err := j.post(ctx, j.url("", key, "reserve"), body, &out)
+	if err != nil {
 		return "", err
 	}
 	if out.Outcome != "ACQUIRED" {
@@ -148,6 +163,9 @@ func (j *jsonTarget) reserve(ctx context.Context, key string) (string, error) {
 	if out.OwnerToken == "" {
 		return "", &stepError{kind: "bad_answer", err: errors.New("ACQUIRED without an owner_token")}
 	}
+	if j.given[leader] {
+		j.leaders.Store(key, leader) // the complete that follows goes there
+	}
 	return out.OwnerToken, nil
 }
 
@@ -155,15 +173,21 @@ func (j *jsonTarget) complete(ctx context.Context, key, owner string) error {
 	tok, _ := json.Marshal(owner)
 	body := make([]byte, 0, len(`{"owner_token":`)+len(tok)+len(j.completeTail))
 	body = append(append(append(body, `{"owner_token":`...), tok...), j.completeTail...)
-	return j.post(ctx, j.url(key, "complete"), body, nil)
+	addr := ""
+	if v, ok := j.leaders.LoadAndDelete(key); ok {
+		addr = v.(string)
+	}
+	_, err := j.post(ctx, j.url(addr, key, "complete"), body, nil)
+	return err
 }
 
 // post sends body and decodes a 200 answer into out; anything else becomes a
-// stepError named after the API's error code.
-func (j *jsonTarget) post(ctx context.Context, url string, body []byte, out any) error {
+// stepError named after the API's error code. leader is the answer's
+// Idem-Leader header.
+func (j *jsonTarget) post(ctx context.Context, url string, body []byte, out any) (leader string, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return &stepError{kind: "request", err: err}
+		return "", &stepError{kind: "request", err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := j.hc.Do(req)
@@ -173,13 +197,13 @@ func (j *jsonTarget) post(ctx context.Context, url string, body []byte, out any)
 		if errors.As(err, &ne) && ne.Timeout() {
 			kind = "timeout"
 		}
-		return &stepError{kind: kind, err: err}
+		return "", &stepError{kind: kind, err: err}
 	}
 	// Read to the end so the connection goes back to the pool.
 	data, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if err != nil {
-		return &stepError{kind: "transport", err: err}
+		return "", &stepError{kind: "transport", err: err}
 	}
 	if resp.StatusCode != http.StatusOK {
 		var apiErr struct {
@@ -189,16 +213,16 @@ func (j *jsonTarget) post(ctx context.Context, url string, body []byte, out any)
 			} `json:"error"`
 		}
 		if json.Unmarshal(data, &apiErr) == nil && apiErr.Error.Code != "" {
-			return &stepError{kind: strings.ToLower(apiErr.Error.Code), err: fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, apiErr.Error.Code, apiErr.Error.Message)}
+			return "", &stepError{kind: strings.ToLower(apiErr.Error.Code), err: fmt.Errorf("HTTP %d %s: %s", resp.StatusCode, apiErr.Error.Code, apiErr.Error.Message)}
 		}
-		return &stepError{kind: fmt.Sprintf("http_%d", resp.StatusCode), err: fmt.Errorf("HTTP %d: %.200s", resp.StatusCode, data)}
+		return "", &stepError{kind: fmt.Sprintf("http_%d", resp.StatusCode), err: fmt.Errorf("HTTP %d: %.200s", resp.StatusCode, data)}
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
-			return &stepError{kind: "bad_answer", err: fmt.Errorf("decoding the answer: %w", err)}
+			return "", &stepError{kind: "bad_answer", err: fmt.Errorf("decoding the answer: %w", err)}
 		}
 	}
-	return nil
+	return resp.Header.Get("Idem-Leader"), nil
 }
 
 func (j *jsonTarget) Close() error {
