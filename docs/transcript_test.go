@@ -60,7 +60,7 @@ func TestTranscripts(t *testing.T) {
 	devAddrs := devDefaults(string(help))
 	for _, d := range docs {
 		t.Run(d.path, func(t *testing.T) {
-			if err := checkPorts(d, devAddrs); err != nil {
+			if err := checkPorts(d, devAddrs, ".."); err != nil {
 				t.Fatal(err)
 			}
 			r, err := newRunner(binDir, t.TempDir(), "..")
@@ -184,9 +184,10 @@ func devDefaults(help string) map[string]string {
 }
 
 // checkPorts fails when a loopback port the document uses is taken: the
-// ports named in its commands, and a dev node's default ones. A transcript
+// ports named in its commands or in the files of the repository at root that
+// they name, and a dev node's default ones. A transcript
 // that talked to someone else's process would fail in confusing ways.
-func checkPorts(d *doc, devAddrs map[string]string) error {
+func checkPorts(d *doc, devAddrs map[string]string, root string) error {
 	need := map[int]string{} // port -> the command that names it
 	for _, c := range d.cmds {
 		text := c.shellText()
@@ -194,6 +195,23 @@ func checkPorts(d *doc, devAddrs map[string]string) error {
 			p, _ := strconv.Atoi(m[1])
 			if _, ok := need[p]; !ok {
 				need[p] = c.where(d.path)
+			}
+		}
+		// A repository file the command names (a topology file) names ports too.
+		for _, word := range strings.Fields(text) {
+			path := filepath.Join(root, filepath.FromSlash(word))
+			if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() || st.Size() > 1<<20 || !filepath.IsLocal(word) {
+				continue
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				continue
+			}
+			for _, m := range loopbackPortRe.FindAllStringSubmatch(string(b), -1) {
+				p, _ := strconv.Atoi(m[1])
+				if _, ok := need[p]; !ok {
+					need[p] = c.where(d.path) + " (in " + word + ")"
+				}
 			}
 		}
 		if strings.Contains(text, "idemnode") && strings.Contains(text, "--dev") {

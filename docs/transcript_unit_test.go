@@ -354,12 +354,12 @@ func TestCheckPortsNamesTheTakenPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = checkPorts(d, nil)
+	err = checkPorts(d, nil, "..")
 	if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "p.md:2") {
 		t.Fatalf("checkPorts with %s taken: %v", addr, err)
 	}
 	l.Close()
-	if err := checkPorts(d, nil); err != nil {
+	if err := checkPorts(d, nil, ".."); err != nil {
 		t.Fatalf("checkPorts with %s free: %v", addr, err)
 	}
 	dev, err := parseDoc("p.md", "```console\n$ go run ./cmd/idemnode --dev --http-addr 127.0.0.1:1 &\n```\n")
@@ -371,9 +371,33 @@ func TestCheckPortsNamesTheTakenPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l2.Close()
-	err = checkPorts(dev, map[string]string{"--grpc-addr": l2.Addr().String(), "--http-addr": addr})
+	err = checkPorts(dev, map[string]string{"--grpc-addr": l2.Addr().String(), "--http-addr": addr}, "..")
 	if err == nil || !strings.Contains(err.Error(), l2.Addr().String()) || !strings.Contains(err.Error(), "--grpc-addr") {
 		t.Fatalf("checkPorts with a dev node's default %s taken: %v", l2.Addr(), err)
+	}
+}
+
+func TestCheckPortsReadsTheFilesACommandNames(t *testing.T) {
+	l, err := netListen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "deploy"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	topo := "nodes:\n  - raft_addr: " + l.Addr().String() + "\n"
+	if err := os.WriteFile(filepath.Join(root, "deploy", "t.yaml"), []byte(topo), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := parseDoc("p.md", "```console\n$ idemnode --config deploy/t.yaml --id n1 &\n```\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = checkPorts(d, nil, root)
+	if err == nil || !strings.Contains(err.Error(), l.Addr().String()) || !strings.Contains(err.Error(), "in deploy/t.yaml") {
+		t.Fatalf("checkPorts with %s of deploy/t.yaml taken: %v", l.Addr(), err)
 	}
 }
 
