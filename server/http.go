@@ -409,9 +409,11 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 	outcome = outcomeOK
 	switch cmd.Op {
 	case fsm.OpHeartbeat:
-		writeJSON(sw, http.StatusOK, heartbeatJSON{LeaseExpiresAt: formatTime(res.LeaseExpiresAt)})
+		out := heartbeatJSON{LeaseExpiresAt: formatTime(res.LeaseExpiresAt)}
+		writeAppended(sw, http.StatusOK, func(b []byte) []byte { return appendHeartbeatJSON(b, out) })
 	case fsm.OpComplete:
-		writeJSON(sw, http.StatusOK, completeJSON{CompletedAt: formatTime(res.CompletedAt), ExpiresAt: formatTime(res.ExpiresAt)})
+		out := completeJSON{CompletedAt: formatTime(res.CompletedAt), ExpiresAt: formatTime(res.ExpiresAt)}
+		writeAppended(sw, http.StatusOK, func(b []byte) []byte { return appendCompleteJSON(b, out) })
 	case fsm.OpCheckpoint:
 		writeJSON(sw, http.StatusOK, checkpointedJSON{CheckpointedAt: formatTime(res.Checkpoint.At)})
 	default:
@@ -563,7 +565,8 @@ func reserveJSON(cmd *fsm.Command, res fsm.Result) reserveResponseJSON {
 
 // writeReserve writes a reserve's 200 answer.
 func writeReserve(w http.ResponseWriter, cmd *fsm.Command, res fsm.Result) {
-	writeJSON(w, http.StatusOK, reserveJSON(cmd, res))
+	out := reserveJSON(cmd, res)
+	writeAppended(w, http.StatusOK, func(b []byte) []byte { return appendReserveJSON(b, &out) })
 }
 
 func recordJSON(rec fsm.Record) getResponseJSON {
