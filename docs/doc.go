@@ -51,6 +51,8 @@
 //   - a generated owner token (22 characters of [A-Za-z0-9_-]) after
 //     "owner_token":", owner_token= or owner= reads as <owner-token>;
 //   - a Go duration (12.3ms, 1.5s, 2m3s, 45µs) reads as <duration>;
+//   - two or more spaces after text read as two (a table's columns are as
+//     wide as their widest value, often a volatile one); indentation stays;
 //   - in an expected line, ... matches any text on that line (a large count
 //     the page does not promise: fencing_token=...), and a line that is only
 //     ... matches any number of lines, none included.

@@ -179,6 +179,8 @@ var rules = []rule{
 	{"RFC 3339 time", regexp.MustCompile(`\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})?`), "<time>"},
 	{"owner token", regexp.MustCompile(`("owner_token"\s*:\s*"|\bowner_token=|\bowner=)[A-Za-z0-9_-]{22}\b`), "${1}<owner-token>"},
 	{"duration", regexp.MustCompile(`\b(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+\b`), "<duration>"},
+	// Last: a table's columns are as wide as their widest (volatile) value.
+	{"column gap", regexp.MustCompile(`(\S)  +`), "$1  "},
 }
 
 // normalise applies every rule to one line.

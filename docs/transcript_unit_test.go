@@ -145,6 +145,8 @@ func TestNormalise(t *testing.T) {
 		`"owner_token":"my-own-token"`:                          `"owner_token":"my-own-token"`,
 		`sha256:9f2c order-42 127.0.0.1:8080 lease_ms=30000`:    `sha256:9f2c order-42 127.0.0.1:8080 lease_ms=30000`,
 		`"retry_after_ms":1000, 1min, go1.26   `:                `"retry_after_ms":1000, 1min, go1.26`,
+		`KEY      STATE        TOKEN`:                           `KEY  STATE  TOKEN`,
+		`   indented  a b`:                                      `   indented  a b`,
 	} {
 		if got := normalise(in); got != want {
 			t.Errorf("normalise(%q)\n = %q\nwant %q", in, got, want)
