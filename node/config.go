@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/security/transport"
+	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/statedb"
 	"github.com/idem-dev/idem/topology"
 )
@@ -76,9 +77,6 @@ type Config struct {
 	// The zero value, PackAuto, packs once every voter of the shard was
 	// seen advertising FeaturePackedEntries (features.go).
 	PackCommands PackMode
-	// ClockOffset is added to this node's wall clock when it stamps
-	// commands. For fault testing (regionsim's clock skew) only.
-	ClockOffset time.Duration
 	// MaxClockOffset bounds how far this node's clock may be from its
 	// peers' (measured on the Admin.Clock RPC): past it the node leads no
 	// shard, hands over what it leads and is not ready; and the voters'
@@ -110,10 +108,9 @@ type Config struct {
 	// minutes, lists them in /readyz's body and sets
 	// idem_node_unsafe_settings{setting} to 1 for each. Empty in production.
 	UnsafeSettings []string
-	// TestingRestoreFault injects a crash into snapshot restores (see
-	// statedb.RestoreFault): fault injection for tests only, set by
-	// cmd/idemnode's --testing-crash-during-restore. Nil in production.
-	TestingRestoreFault *statedb.RestoreFault
+	// Testing holds the fault-injection knobs of tests; zero in
+	// production.
+	Testing Testing
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Registry receives every metric of the node and is what /metrics
@@ -127,11 +124,36 @@ type Config struct {
 	Security *transport.Kit
 }
 
+// Testing is fault injection for tests only (cmd/idemnode's --testing-*
+// flags, which it allows only with IDEM_ENABLE_FAULT_INJECTION=1). The zero
+// value injects nothing.
+type Testing struct {
+	// ClockOffset is added to this node's wall clock when it stamps
+	// commands (regionsim's clock skew).
+	ClockOffset time.Duration
+	// FailLogCommitsAfter, when > 0, makes every Raft log commit after the
+	// first FailLogCommitsAfter fail as a failed fsync would
+	// (raftstore.Config.TestingFailCommitsAfter).
+	FailLogCommitsAfter uint64
+	// RestoreFault injects a crash into snapshot restores (see
+	// statedb.RestoreFault).
+	RestoreFault *statedb.RestoreFault
+}
+
+// DefaultClockSkewMargin is DefaultConfig's ClockSkewMargin (a zero
+// ClockSkewMargin means no margin).
+const DefaultClockSkewMargin = time.Second
+
 // DefaultConfig returns a Config with every default spelled out; set
 // Topology, NodeID and DataDir before use. A zero field means the same
 // default, so a Config built by hand works as well.
 func DefaultConfig() Config {
 	return Config{
+		MaxResponseBytes:      server.DefaultMaxResponseBytes,
+		StateCacheBytes:       statedb.DefaultCacheBytes,
+		ClockSkewMargin:       DefaultClockSkewMargin,
+		MaxClockOffset:        DefaultMaxClockOffset,
+		MaxWaiters:            DefaultMaxWaiters,
 		SweepInterval:         DefaultSweepInterval,
 		MaxSweep:              DefaultMaxSweep,
 		AbandonAfter:          DefaultAbandonAfter,

@@ -60,8 +60,8 @@
 // leader after a read barrier, writes through the log, so every node gives
 // the same answer for a key. Time enters commands as the voters' clock
 // readings stamped by the leader, of which the FSM takes the median a
-// majority agrees on (Config.ClockOffset shifts this node's own clock in
-// fault tests only); the FSM never reads a clock.
+// majority agrees on (Config.Testing.ClockOffset shifts this node's own
+// clock in fault tests only); the FSM never reads a clock.
 //
 // A data dir with an identity file held Raft state: a start that finds it
 // missing refuses (ErrStateLost) unless idemctl replace-node marked the dir

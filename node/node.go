@@ -121,9 +121,9 @@ type Node struct {
 	closed    chan struct{} // closed by closeAll: Serve returns
 }
 
-// localNow is this node's own wall clock (shifted by Config.ClockOffset in
-// fault tests).
-func (n *Node) localNow() int64 { return time.Now().Add(n.cfg.ClockOffset).UnixNano() }
+// localNow is this node's own wall clock (shifted by
+// Config.Testing.ClockOffset in fault tests).
+func (n *Node) localNow() int64 { return time.Now().Add(n.cfg.Testing.ClockOffset).UnixNano() }
 
 // now is this node's clock corrected by its offset to its peers': reads
 // judge expiry with it. Commands are stamped by clocks.stamp.

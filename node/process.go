@@ -138,6 +138,9 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	rcfg.RaftListenAddr = cmp.Or(cfg.RaftAddr, n.self.RaftAddr)
 	rcfg.RaftAdvertiseAddr = n.self.RaftAddr
 	rcfg.DataDir = filepath.Join(cfg.DataDir, "raft")
+	if n := cfg.Testing.FailLogCommitsAfter; n > 0 {
+		rcfg.TestingFailCommitsAfter = n
+	}
 	rcfg.Logger = n.log
 	rcfg.Registry = cfg.Registry
 	if rcfg.TLS == nil {
@@ -151,7 +154,7 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	}
 	stateDir := filepath.Join(cfg.DataDir, "state")
 	if n.state, err = statedb.Open(statedb.Config{Dir: stateDir, MaxStateBytes: maxState, CacheBytes: cfg.StateCacheBytes, Registry: cfg.Registry,
-		PartitionCount: ring.PartitionCount(), TestingRestoreFault: cfg.TestingRestoreFault}); err != nil {
+		PartitionCount: ring.PartitionCount(), TestingRestoreFault: cfg.Testing.RestoreFault}); err != nil {
 		return err
 	}
 	n.log.Info("state engine open", "dir", stateDir, "max_state_bytes", maxState, "state_bytes", n.state.StateBytes())

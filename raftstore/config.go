@@ -236,6 +236,7 @@ func DefaultConfig() Config {
 		LogCacheBytes:      64 << 20,
 		ApplyTimeout:       10 * time.Second,
 		LogStore:           LogStorePebble,
+		MaxInboundConns:    DefaultMaxInboundConns,
 	}
 }
 

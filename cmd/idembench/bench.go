@@ -29,6 +29,20 @@ type benchConfig struct {
 	JSON   bool        `json:"-"`
 }
 
+// defaultBenchConfig is a run's configuration before flags: the flags'
+// defaults.
+func defaultBenchConfig() benchConfig {
+	return benchConfig{
+		Target:         "json",
+		Namespace:      "bench",
+		Concurrency:    16,
+		Duration:       10 * time.Second,
+		BodyBytes:      512,
+		RequestTimeout: 10 * time.Second,
+		MaxAttempts:    1,
+	}
+}
+
 // target is one API under load. Both methods are called concurrently.
 type target interface {
 	// reserve reserves key and returns the owner token to complete it with.

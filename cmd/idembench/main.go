@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/internal/flagdoc"
 	"github.com/idem-dev/idem/security/pki"
 )
 
@@ -33,49 +34,24 @@ the configuration it ran with. On SIGINT it stops early and still reports.
 Usage:
   idembench [flags]
 
-Flags:
 `
 
 func parseFlags(args []string, stderr io.Writer) (benchConfig, error) {
-	cfg := benchConfig{}
-	var addrs string
-	fs := flag.NewFlagSet("idembench", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.StringVar(&cfg.Target, "target", "json", "API to load: `json` (HTTP) or grpc")
-	fs.StringVar(&addrs, "addr", "", "comma-separated `HOST:PORT` list of nodes or routers; requests rotate over them (default 127.0.0.1:8080 for json, 127.0.0.1:7070 for grpc)")
-	fs.StringVar(&cfg.Namespace, "namespace", "bench", "`NAMESPACE` the keys are made in")
-	fs.IntVar(&cfg.Concurrency, "concurrency", 16, "number of workers, each with one cycle in flight")
-	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to measure; with --cycles and no --duration, no time limit")
-	fs.IntVar(&cfg.Cycles, "cycles", 0, "stop after `N` measured cycles in all (0: run for --duration)")
-	fs.IntVar(&cfg.BodyBytes, "body-bytes", 512, "size of the response body each complete stores")
-	fs.DurationVar(&cfg.Warmup, "warmup", 0, "run this long before measuring; warmup cycles are not counted")
-	fs.DurationVar(&cfg.Lease, "lease", 0, "lease of each reserve (0: the store's default, 30s)")
-	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", 10*time.Second, "deadline of one request")
-	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 1, "grpc only: attempts per request, with the client's backoff (1: no retries, every failure counts)")
-	fs.BoolVar(&cfg.JSON, "json", false, "print the figures as one JSON object instead of text")
-	var certsDir, user string
-	fs.StringVar(&certsDir, "certs-dir", "", "secure cluster: `DIR` with ca.crt and client.NAME.crt/.key of --user (TLS on every request)")
-	fs.StringVar(&user, "user", "root", "secure cluster: the principal `NAME` whose client certificate to present")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stderr, usageHeader)
-			fs.SetOutput(stderr)
-			fs.PrintDefaults()
-		}
-		return cfg, err
+	o := flagOptions{cfg: defaultBenchConfig(), user: "root"}
+	cfg := &o.cfg
+	set := flagdoc.NewSet(flagTable(&o))
+	if err := set.Parse(args, stderr, usageHeader); err != nil {
+		return *cfg, err
 	}
-	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected argument %q; idembench takes flags only", fs.Arg(0))
-	}
-	durationSet := false
-	fs.Visit(func(f *flag.Flag) { durationSet = durationSet || f.Name == "duration" })
+	addrs, certsDir, user := o.addrs, o.certsDir, o.user
+	durationSet := set.Given("duration")
 	if cfg.Cycles > 0 && !durationSet {
 		cfg.Duration = 0
 	}
 	if certsDir != "" {
 		tlsCfg, err := pki.ClientTLS(certsDir, user)
 		if err != nil {
-			return cfg, err
+			return *cfg, err
 		}
 		cfg.TLS, cfg.Secure = tlsCfg, true
 	}
@@ -88,7 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (benchConfig, error) {
 	for _, a := range strings.Split(addrs, ",") {
 		cfg.Addrs = append(cfg.Addrs, strings.TrimSpace(a))
 	}
-	return cfg, cfg.validate()
+	return *cfg, cfg.validate()
 }
 
 func (c benchConfig) validate() error {

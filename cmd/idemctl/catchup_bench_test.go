@@ -35,7 +35,7 @@ func BenchmarkFollowerCatchUp(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := cluster.NewNodes(topo, b.TempDir(), binaries.Path(b, "idemnode"), "--trailing-logs", "8", "--log-level", "warn")
+	c, err := cluster.NewNodes(topo, b.TempDir(), binaries.Path(b, "idemnode"), "--raft-trailing-logs", "8", "--log-level", "warn")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func TestReplaceNodeUnderLoad(t *testing.T) {
 	}
 	// Small trailing logs: after a snapshot the leaders' logs no longer
 	// reach back to the start, so the new replica needs the snapshot.
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"), "--trailing-logs", "8", "--snapshot-interval", "1s")
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"), "--raft-trailing-logs", "8", "--raft-snapshot-interval", "1s")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -198,7 +198,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 			exec.Command("cp", "-r", dir, "/tmp/el-debug").Run()
 		}
 	})
-	c, err := cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode"), "--trailing-logs", "64", "--snapshot-interval", "1s")
+	c, err := cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode"), "--raft-trailing-logs", "64", "--raft-snapshot-interval", "1s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 		RaftAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), GRPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), HTTPAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])})
 	v2 := nextVersion(t, grown, 2, dir)
 	c.Nodes["r1-4"] = &launch.Process{Name: "r1-4", Bin: binaries.Path(t, "idemnode"), Log: filepath.Join(dir, "r1-4.log"),
-		Args: []string{"--config", v2, "--id", "r1-4", "--data-dir", filepath.Join(dir, "data", "r1-4"), "--log-level", "debug", "--trailing-logs", "64", "--snapshot-interval", "1s"}}
+		Args: []string{"--config", v2, "--id", "r1-4", "--data-dir", filepath.Join(dir, "data", "r1-4"), "--log-level", "debug", "--raft-trailing-logs", "64", "--raft-snapshot-interval", "1s"}}
 	if err := c.Nodes["r1-4"].Start(); err != nil {
 		t.Fatal(err)
 	}

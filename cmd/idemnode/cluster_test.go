@@ -344,7 +344,7 @@ func TestRestartKeepsEveryRecord(t *testing.T) {
 		args  []string
 	}{
 		{name: "graceful"},
-		{name: "crash-with-snapshots", crash: true, args: []string{"--snapshot-threshold", "40", "--snapshot-interval", "200ms", "--trailing-logs", "10"}},
+		{name: "crash-with-snapshots", crash: true, args: []string{"--raft-snapshot-threshold", "40", "--raft-snapshot-interval", "200ms", "--raft-trailing-logs", "10"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := startCluster(t, launch.Spec{}, tc.args...)

@@ -30,7 +30,9 @@ func TestRunFlags(t *testing.T) {
 		{Name: "exposed dev without certs", Args: []string{"--dev", "--grpc-addr", ":7070"}, WantErr: "--grpc-addr :7070"},
 		{Name: "missing certs dir", Args: []string{"--config", goodTopo, "--id", "r1-1", "--certs-dir", filepath.Join(dir, "nocerts")}, WantErr: "--certs-dir"},
 		{Name: "missing auth file", Args: []string{"--config", goodTopo, "--id", "r1-1", "--auth-file", filepath.Join(dir, "noauth.yaml")}, WantErr: "--auth-file"},
-		{Name: "bad raft cap", Args: []string{"--dev", "--max-raft-conns", "0"}, WantErr: "--max-raft-conns must be positive"},
+		{Name: "bad raft cap", Args: []string{"--dev", "--raft-max-conns", "0"}, WantErr: "--raft-max-conns must be positive"},
+		{Name: "bad raft cap by its former name", Args: []string{"--dev", "--max-raft-conns", "0"}, WantErr: "--raft-max-conns must be positive"},
+		{Name: "help lists testing flags apart", Args: []string{"--help"}, WantOut: "--help-testing lists them"},
 		{Name: "help", Args: []string{"--help"}, WantOut: "--clock-skew-margin"},
 		{Name: "version", Args: []string{"--version"}, WantOut: "idemnode v"},
 		{Name: "nothing", Args: nil, WantErr: "either --dev or --config"},
@@ -46,7 +48,7 @@ func TestRunFlags(t *testing.T) {
 		{Name: "bad max response", Args: []string{"--dev", "--max-response-bytes", "0"}, WantErr: "--max-response-bytes must be positive"},
 		{Name: "testing flag without the environment", Args: []string{"--dev", "--testing-fail-log-commits-after", "3"}, WantErr: "IDEM_ENABLE_FAULT_INJECTION=1"},
 		{Name: "crash flag without the environment", Args: []string{"--dev", "--testing-crash-during-restore", "5"}, WantErr: "--testing-crash-during-restore=5: fault injection for tests only"},
-		{Name: "help names the crash flag as testing only", Args: []string{"--help"}, WantOut: "TESTING ONLY (needs IDEM_ENABLE_FAULT_INJECTION=1): exit at once with status 86"},
+		{Name: "help names the crash flag as testing only", Args: []string{"--help-testing"}, WantOut: "TESTING ONLY (needs IDEM_ENABLE_FAULT_INJECTION=1): exit at once with status 86"},
 		{Name: "bad max clock offset", Args: []string{"--dev", "--max-clock-offset", "-1s"}, WantErr: "--max-clock-offset must not be negative"},
 		{Name: "pprof not loopback", Args: []string{"--dev", "--pprof-addr", "0.0.0.0:6060"}, WantErr: "--pprof-addr \"0.0.0.0:6060\": only a loopback address"},
 		{Name: "pprof not host:port", Args: []string{"--dev", "--pprof-addr", "6060"}, WantErr: "--pprof-addr \"6060\" is not HOST:PORT"},
@@ -71,16 +73,9 @@ func TestPackFlag(t *testing.T) {
 		{[]string{"--raft-pack-commands=off"}, node.PackOff},
 		{[]string{"--raft-pack-commands=auto"}, node.PackAuto},
 	} {
-		o, err := parseFlags(append([]string{"--dev"}, tc.args...), io.Discard)
-		if err != nil {
-			t.Fatalf("%v: %v", tc.args, err)
-		}
-		cfg, err := nodeConfig(o)
-		if err != nil {
-			t.Fatalf("%v: %v", tc.args, err)
-		}
-		if o.packCommands != tc.want || cfg.PackCommands != tc.want {
-			t.Errorf("%v: mode %v, node config %v; want %v", tc.args, o.packCommands, cfg.PackCommands, tc.want)
+		o, cfg := devConfig(t, tc.args...)
+		if o.cfg.PackCommands != tc.want || cfg.PackCommands != tc.want {
+			t.Errorf("%v: mode %v, node config %v; want %v", tc.args, o.cfg.PackCommands, cfg.PackCommands, tc.want)
 		}
 	}
 	// As a boolean-style flag it never takes the next argument as its value.

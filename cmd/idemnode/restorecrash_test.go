@@ -81,7 +81,7 @@ func TestCrashDuringSnapshotInstallKeepsOldState(t *testing.T) {
 	}
 	// Small trailing logs: after a snapshot the leader's log no longer
 	// reaches back to where the stopped follower is.
-	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"), "--trailing-logs", "8")
+	c, err := cluster.NewNodes(topo, t.TempDir(), binaries.Path(t, "idemnode"), "--raft-trailing-logs", "8")
 	if err != nil {
 		t.Fatal(err)
 	}

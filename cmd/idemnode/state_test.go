@@ -31,7 +31,7 @@ func metricSum(t testing.TB, c *cluster.Cluster, id, name string) float64 {
 // and without restoring a snapshot: the records are in the state engine,
 // with the index they cover.
 func TestKilledNodesRestartWithoutRestore(t *testing.T) {
-	c := startCluster(t, launch.Spec{}, "--snapshot-threshold", "40", "--snapshot-interval", "200ms", "--trailing-logs", "10")
+	c := startCluster(t, launch.Spec{}, "--raft-snapshot-threshold", "40", "--raft-snapshot-interval", "200ms", "--raft-trailing-logs", "10")
 	ctx := t.Context()
 	ids := nodeIDs(c)
 	var completed []completion

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/internal/flagdoc"
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/router"
 	"github.com/idem-dev/idem/security/transport"
@@ -55,7 +56,16 @@ type options struct {
 	maxWait         time.Duration
 
 	sec transport.Flags
+	// flags is the parsed flag table.
+	flags *flagdoc.Set
 }
+
+// Listen addresses by default.
+const (
+	defaultHTTPAddr  = "127.0.0.1:8090"
+	defaultGRPCAddr  = "127.0.0.1:7090"
+	defaultProxyAddr = "127.0.0.1:8088"
+)
 
 // defaultGCHeadroom is the least room between collections
 // (--gc-headroom-bytes; internal/gctune) unless the environment sets GOGC.
@@ -81,36 +91,24 @@ same key with another request 422 (problem+json); a retry with "Prefer:
 wait=N" waits up to N seconds (at most --max-wait) for the running one and
 replays its response. Other requests pass through untouched.
 
-` + cli.SysmonUsage + `
-Flags:
-`
+` + cli.SysmonUsage + "\n"
 
 func parseFlags(args []string, stdout io.Writer) (*options, error) {
-	var o options
-	fs := flag.NewFlagSet("idemrouter", flag.ContinueOnError)
-	fs.StringVar(&o.config, "config", "", "cluster topology `FILE` (YAML or JSON), the same file as the nodes'; required")
-	fs.StringVar(&o.region, "region", "", "the region this router runs in, a region `NAME` of the topology; required")
-	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8090", "`HOST:PORT` for the JSON API, /metrics, /healthz, /readyz")
-	fs.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:7090", "`HOST:PORT` for the gRPC API")
-	fs.DurationVar(&o.requestTimeout, "request-timeout", router.DefaultRequestTimeout, "deadline `D` for one forwarded request; past it the answer is 503 UNAVAILABLE")
-	fs.Int64Var(&o.maxResponse, "max-response-bytes", server.DefaultMaxResponseBytes, "largest stored response body in decoded `BYTES`; set it as on the nodes")
-	fs.StringVar(&o.logLevel, "log-level", "info", "log `LEVEL`: debug, info, warn or error")
-	fs.StringVar(&o.logFormat, "log-format", "text", "log `FORMAT`: text or json")
-	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
-	fs.Uint64Var(&o.gcHeadroom, "gc-headroom-bytes", defaultGCHeadroom, "let the Go heap grow by at least `BYTES` past what the last garbage collection found live before the next (Go collects at GOGC=100, which for a router's few MiB of live heap is over a dozen times a second under load); 0: GOGC=100 alone. GOGC in the environment replaces both")
-	fs.StringVar(&o.upstream, "upstream", "", "proxy mode: the `URL` of the service to put idem in front of")
-	fs.StringVar(&o.proxyAddr, "proxy-addr", "127.0.0.1:8088", "proxy mode: `HOST:PORT` where clients send their API traffic")
-	fs.BoolVar(&o.requireKey, "require-key", false, "proxy mode: a POST or PATCH without Idempotency-Key gets 400")
-	fs.StringVar(&o.namespaceHeader, "namespace-header", "", "proxy mode: the request header `NAME` naming the caller (its namespace); when set and missing, 401. Setting it declares that every caller reaches the proxy through a gateway that sets or overwrites this header: the proxy trusts it as sent")
-	fs.StringVar(&o.proxyKeyFile, "proxy-key-file", "", "proxy mode: `FILE` with the secret (at least 32 bytes) keying the hash of Authorization that names callers without a namespace header or client certificate; every router must have the same (default: proxy.key in --certs-dir when present, else a random key per process, so replays do not survive a restart)")
-	fs.Int64Var(&o.maxRequestBytes, "max-request-bytes", proxy.DefaultMaxRequestBytes, "proxy mode: largest body of a keyed request in `BYTES`; larger gets 413")
-	fs.DurationVar(&o.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "proxy mode: ceiling `D` of one keyed upstream request; past it the caller gets 504 and the key is released")
-	fs.DurationVar(&o.maxWait, "max-wait", proxy.DefaultMaxWait, "proxy mode: longest `D` a request with \"Prefer: wait=N\" waits for a running request with its key (then 409); at most 30s, 0 ignores Prefer: wait")
-	o.sec.AddFlags(fs)
-	if err := cli.Parse(fs, args, stdout, usageHeader); err != nil {
+	// The flags' defaults are the Configs': the backend's, the proxy's and
+	// the security flags'.
+	b, p := router.DefaultBackendConfig(), proxy.DefaultConfig()
+	o := &options{
+		httpAddr: defaultHTTPAddr, grpcAddr: defaultGRPCAddr, proxyAddr: defaultProxyAddr,
+		requestTimeout: b.RequestTimeout, maxResponse: server.DefaultMaxResponseBytes,
+		logLevel: "info", logFormat: "text", gcHeadroom: defaultGCHeadroom,
+		maxRequestBytes: p.MaxRequestBytes, upstreamTimeout: p.UpstreamTimeout, maxWait: p.MaxWait,
+		sec: transport.DefaultFlags(),
+	}
+	o.flags = flagdoc.NewSet(flagTable(o))
+	if err := o.flags.Parse(args, stdout, usageHeader); err != nil {
 		return nil, err
 	}
-	return &o, nil
+	return o, nil
 }
 
 // backendConfig turns flags into a router.BackendConfig, reporting every
@@ -183,6 +181,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	o.flags.Warn(logger)
 	cfg, err := processConfig(o)
 	if err != nil {
 		return err

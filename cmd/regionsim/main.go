@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/internal/flagdoc"
 	"github.com/idem-dev/idem/regionsim"
 	"github.com/idem-dev/idem/regionsim/report"
 )
@@ -55,7 +56,6 @@ Usage:
 
 Scenarios: ` + "%s" + `
 
-Flags:
 `
 
 type options struct {
@@ -74,40 +74,14 @@ type options struct {
 
 func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	o := &options{cfg: regionsim.DefaultConfig()}
-	c := &o.cfg
-	fs := flag.NewFlagSet("regionsim", flag.ContinueOnError)
-	fs.StringVar(&o.scenario, "scenario", "all", "scenario `NAME` to run, a comma-separated list, or all")
-	fs.Uint64Var(&c.Seed, "seed", c.Seed, "`SEED` of every choice (fault targets and timing, workload mix); the same seed replays the same schedule")
-	fs.DurationVar(&c.Duration, "duration", c.Duration, "load per scenario; the faults fall in its middle")
-	fs.StringVar(&c.Survival, "survival", c.Survival, "topology survival goal: zone or region")
-	fs.IntVar(&c.Regions, "regions", c.Regions, "number of regions")
-	fs.IntVar(&c.NodesPerRegion, "nodes-per-region", c.NodesPerRegion, "idemnode processes per region")
-	fs.IntVar(&c.ShardsPerRegion, "shards-per-region", c.ShardsPerRegion, "Raft groups homed in each region")
-	fs.DurationVar(&c.LatencyMin, "latency-min", c.LatencyMin, "lowest one-way WAN latency (between the first two regions)")
-	fs.DurationVar(&c.LatencyMax, "latency-max", c.LatencyMax, "highest one-way WAN latency")
-	fs.DurationVar(&c.Jitter, "jitter", c.Jitter, "WAN jitter, +/- per chunk")
-	fs.Float64Var(&c.Loss, "loss", c.Loss, "WAN loss probability per chunk (each loss costs a retransmission delay)")
-	fs.IntVar(&c.WorkersPerRegion, "workers", c.WorkersPerRegion, "payment clients per region (per system compared)")
-	fs.Float64Var(&c.RatePerRegion, "rate", c.RatePerRegion, "payments started per second per region")
-	fs.DurationVar(&c.Lease, "lease", c.Lease, "lease the workload reserves with")
-	fs.DurationVar(&c.DrainTimeout, "drain", c.DrainTimeout, "how long in-flight payments may finish after a scenario's load")
-	fs.BoolVar(&c.Compare, "compare", c.Compare, "also run the workload against the naive SET NX lock")
-	fs.StringVar(&o.jsonPath, "json", "", "write the report as JSON to `FILE`")
-	fs.StringVar(&o.htmlPath, "html", "regionsim-report.html", "write the HTML report to `FILE` (empty: none)")
-	fs.StringVar(&c.WorkDir, "work-dir", "", "`DIR` for data dirs, topology views and process logs (default: a temporary dir, removed after a passing run)")
-	fs.StringVar(&o.fromJSON, "from-json", "", "run nothing: read a report written with --json from `FILE` and write its text and --html forms again")
-	fs.BoolVar(&o.keep, "keep", false, "keep the temporary work dir even when the run passed")
-	fs.BoolVar(&o.quiet, "quiet", false, "no progress line")
-	fs.StringVar(&o.logLevel, "log-level", "", "log regionsim's own events to stderr at `LEVEL` (debug, info, warn, error); default none")
-	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
-	fs.BoolVar(&o.latency, "latency", false, "run no scenario: measure reserve/complete latency per router region and key home region (fault-free) and report it")
-	fs.IntVar(&c.LatencyCycles, "latency-cycles", c.LatencyCycles, "with --latency: measured reserve+complete cycles per (router region, key home region)")
-	fs.DurationVar(&c.LatencyBudget, "latency-budget", c.LatencyBudget, "with --latency: time limit on measuring")
+	o.scenario, o.htmlPath = "all", "regionsim-report.html"
+	set := flagdoc.NewSet(flagTable(o))
 	header := fmt.Sprintf(usageHeader, strings.Join(regionsim.ScenarioNames(), ", "))
-	if err := cli.Parse(fs, args, stdout, header); err != nil {
+	if err := set.Parse(args, stdout, header); err != nil {
 		return nil, err
 	}
-	fs.Visit(func(f *flag.Flag) { o.htmlSet = o.htmlSet || f.Name == "html" })
+	c := &o.cfg
+	o.htmlSet = set.Given("html")
 	if o.latency && !o.htmlSet {
 		o.htmlPath = "regionsim-latency-" + c.Survival + ".html"
 	}

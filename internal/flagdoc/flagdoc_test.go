@@ -106,8 +106,13 @@ func TestIdemctlCommands(t *testing.T) {
 // Render fail rather than write a page with a hole in it.
 func TestRenderFailsOnBadHelp(t *testing.T) {
 	ok := func(command string, args ...string) (string, error) {
-		if command == "idemctl" && len(args) == 1 {
+		switch {
+		case command == "idemctl" && len(args) == 1:
 			return "Commands:\n  status  x\n", nil
+		case command == "idemnode" && args[len(args)-1] == "--help":
+			return "idemnode help\nTest-only flags: --help-testing lists them.\n", nil
+		case command == "idemnode":
+			return "Testing:\n  --testing-x\n", nil
 		}
 		return command + " help\n", nil
 	}
@@ -115,7 +120,8 @@ func TestRenderFailsOnBadHelp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"## idemnode\n", "### idemctl status\n", "`idembench --help`:\n\n```text\nidembench help\n```\n"} {
+	for _, s := range []string{"## idemnode\n", "### idemctl status\n", "`idembench --help`:\n\n```text\nidembench help\n```\n",
+		"## Testing\n", "### idemnode testing flags\n\n`idemnode --help-testing`:\n\n```text\nTesting:\n  --testing-x\n```\n"} {
 		if !bytes.Contains(out, []byte(s)) {
 			t.Errorf("page lacks %q:\n%s", s, out)
 		}
@@ -137,5 +143,8 @@ func TestRenderFailsOnBadHelp(t *testing.T) {
 	}
 	if _, err := Render(failing); err == nil {
 		t.Error("Render with a failing idemctl status --help: want an error, got none")
+	}
+	if bytes.Contains(out, []byte("### idemrouter testing flags")) {
+		t.Error("page has a testing section for a command whose --help names no testing flags")
 	}
 }

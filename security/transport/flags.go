@@ -2,17 +2,18 @@ package transport
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idem-dev/idem/internal/flagdoc"
 	"github.com/idem-dev/idem/internal/serving"
 )
 
 // Flags are the trust-boundary flags idemnode and idemrouter share; the
-// mains register them with AddFlags and turn them into a Kit with Kit.
+// mains put them in their flag tables with FlagTable and turn them into a
+// Kit with Kit.
 type Flags struct {
 	CertsDir string
 	AuthFile string
@@ -21,16 +22,29 @@ type Flags struct {
 	HTTP     serving.HTTPTimeouts
 }
 
-// AddFlags registers --certs-dir, --auth-file, --insecure and --max-conns
-// on fs.
-func (f *Flags) AddFlags(fs *flag.FlagSet) {
-	fs.StringVar(&f.CertsDir, "certs-dir", "", "secure mode: `DIR` with ca.crt, node.crt and node.key (idemctl cert create-ca / create-node): TLS on every listener, mTLS with node certificates between processes and on the Raft port")
-	fs.StringVar(&f.AuthFile, "auth-file", "", "principals, namespaces, roles and rates (`FILE`, YAML or JSON); without it every caller is root. Reloaded on SIGHUP (with the certificates)")
-	fs.BoolVar(&f.Insecure, "insecure", false, "allow listening beyond loopback without --certs-dir: plaintext and unauthenticated; for trusted networks only")
-	fs.IntVar(&f.MaxConns, "max-conns", DefaultMaxConns, "cap on the connections open at once per listener (JSON, gRPC, proxy); past it new ones wait. A JSON or gRPC connection idle 10 s without having authenticated a request is closed")
-	fs.DurationVar(&f.HTTP.ReadTimeout, "http-read-timeout", serving.DefaultReadTimeout, "HTTP listeners: longest time `D` to read one request, body included; a slower client is cut off")
-	fs.DurationVar(&f.HTTP.WriteTimeout, "http-write-timeout", serving.DefaultWriteTimeout, "HTTP listeners: longest time `D` from a request's headers to the end of its answer (the proxy adds --upstream-timeout)")
-	fs.DurationVar(&f.HTTP.IdleTimeout, "http-idle-timeout", serving.DefaultIdleTimeout, "HTTP listeners: keep-alive connections idle for `D` are closed")
+// DefaultFlags returns Flags holding the defaults: no certificates, no
+// auth file, DefaultMaxConns and the serving package's HTTP timeouts.
+func DefaultFlags() Flags {
+	return Flags{MaxConns: DefaultMaxConns, HTTP: serving.HTTPTimeouts{
+		ReadTimeout:  serving.DefaultReadTimeout,
+		WriteTimeout: serving.DefaultWriteTimeout,
+		IdleTimeout:  serving.DefaultIdleTimeout,
+	}}
+}
+
+// FlagTable returns the entries of --certs-dir, --auth-file, --insecure,
+// --max-conns and the --http-*-timeout flags for a command's flag table,
+// in section; what f holds is their default (start from DefaultFlags).
+func (f *Flags) FlagTable(section string) []flagdoc.Flag {
+	return []flagdoc.Flag{
+		{Name: "certs-dir", Value: &f.CertsDir, Section: section, Usage: "secure mode: `DIR` with ca.crt, node.crt and node.key (idemctl cert create-ca / create-node): TLS on every listener, mTLS with node certificates between processes and on the Raft port"},
+		{Name: "auth-file", Value: &f.AuthFile, Section: section, Usage: "principals, namespaces, roles and rates (`FILE`, YAML or JSON); without it every caller is root. Reloaded on SIGHUP (with the certificates)"},
+		{Name: "insecure", Value: &f.Insecure, Section: section, Usage: "allow listening beyond loopback without --certs-dir: plaintext and unauthenticated; for trusted networks only"},
+		{Name: "max-conns", Value: &f.MaxConns, Section: section, Usage: "cap on the connections open at once per listener (JSON, gRPC, proxy); past it new ones wait. A JSON or gRPC connection idle 10 s without having authenticated a request is closed"},
+		{Name: "http-read-timeout", Value: &f.HTTP.ReadTimeout, Section: section, Usage: "HTTP listeners: longest time `D` to read one request, body included; a slower client is cut off"},
+		{Name: "http-write-timeout", Value: &f.HTTP.WriteTimeout, Section: section, Usage: "HTTP listeners: longest time `D` from a request's headers to the end of its answer (the proxy adds --upstream-timeout)"},
+		{Name: "http-idle-timeout", Value: &f.HTTP.IdleTimeout, Section: section, Usage: "HTTP listeners: keep-alive connections idle for `D` are closed"},
+	}
 }
 
 // Check applies the secure-by-default rule to the process's listen
