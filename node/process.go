@@ -279,7 +279,7 @@ func (n *Node) Serve(ctx context.Context) error {
 		return ErrNotStarted
 	}
 	n.log.Info("idemnode serving", "cluster", n.cfg.Topology.Cluster, "topology_version", n.view().version(), "http", n.HTTPAddr(), "grpc", n.GRPCAddr(),
-		"raft", cmp.Or(n.cfg.RaftAddr, n.self.RaftAddr), "tls", n.cfg.Security.Secure(), "auth_file", n.cfg.Security.Authorizer().Enabled(), "data_dir", n.cfg.DataDir, "shards", len(n.shardMap()), "version", n.cfg.Version)
+		"raft", cmp.Or(n.cfg.RaftAddr, n.self.RaftAddr), "tls", n.cfg.Security.Secure(), "auth_file", n.cfg.Security.Authorizer().Enabled(), "data_dir", n.cfg.DataDir, "shards", len(n.shardMap()), "version", n.cfg.Version, "stop", "SIGTERM or Ctrl-C: drains, then exits 0")
 	// Close, from another goroutine, ends serving as ctx does.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -633,7 +633,7 @@ func (g *Group) EnablePacking() bool {
 	if g.buf == nil || !g.buf.on.CompareAndSwap(false, true) {
 		return false
 	}
-	g.logger.Info("proposal buffer on: commands queued behind in-flight entries are packed into one entry from now on")
+	g.logger.Debug("proposal buffer on: commands queued behind in-flight entries are packed into one entry from now on")
 	return true
 }
 

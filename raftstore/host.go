@@ -105,7 +105,7 @@ func NewHost(cfg Config) (*Host, error) {
 		return nil, err
 	}
 	h.metrics = m
-	logger.Info("raft host listening", "node", cfg.NodeID, "listen", ln.Addr().String(), "advertise", advertise, "tls", cfg.TLS != nil)
+	logger.Info("raft host listening", "listen", ln.Addr().String(), "advertise", advertise, "tls", cfg.TLS != nil)
 	return h, nil
 }
 

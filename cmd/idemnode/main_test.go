@@ -310,6 +310,51 @@ func TestSysmonOptIn(t *testing.T) {
 	}
 }
 
+// A dev node's first log lines are for someone starting idem for the first
+// time: where its data is, where it listens and how to stop it, each said
+// once; the collector's pacing is a debug line, not the first thing read.
+func TestDevNodeStartLog(t *testing.T) {
+	httpAddr, p := startDev(t, nil)
+	data, err := os.ReadFile(p.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) == 0 || !strings.Contains(lines[0], `msg="state engine open"`) || !strings.Contains(lines[0], " dir=") {
+		t.Fatalf("the first log line should say where the data is, it is %q:\n%s", lines[0], data)
+	}
+	if bytes.Contains(data, []byte("garbage collector paced")) {
+		t.Errorf("the collector's pacing is logged at the default level:\n%s", data)
+	}
+	serving := -1
+	for i, l := range lines {
+		if strings.Count(l, " node=") > 1 {
+			t.Errorf("line %d names the node more than once: %s", i+1, l)
+		}
+		if strings.Contains(l, `msg="raft host listening"`) && !strings.Contains(l, " listen=127.0.0.1:") {
+			t.Errorf("the Raft listener's line lacks its address: %s", l)
+		}
+		if serving < 0 && strings.Contains(l, `msg="idemnode serving"`) {
+			serving = i
+		}
+	}
+	if serving < 0 {
+		t.Fatalf("no \"idemnode serving\" line:\n%s", data)
+	}
+	for _, want := range []string{" http=" + httpAddr, " grpc=127.0.0.1:", " raft=127.0.0.1:", " data_dir=", ` stop="SIGTERM or Ctrl-C`} {
+		if !strings.Contains(lines[serving], want) {
+			t.Errorf("the serving line lacks %q: %s", want, lines[serving])
+		}
+	}
+	// Before it serves, a dev node logs its data, its Raft listener, each
+	// shard's state and bootstrap (the meta group and 4 shards), admission
+	// and packing: 13 lines. A few more is a drift to look at, not a failure
+	// of idem, but the test holds the line.
+	if serving+1 > 15 {
+		t.Errorf("%d log lines before the node serves, want at most 15:\n%s", serving+1, strings.Join(lines[:serving+1], "\n"))
+	}
+}
+
 // A node in a cgroup with a memory limit (a container's) sets Go's soft
 // memory limit to 90% of it, so the collector works harder near the limit
 // instead of the kernel killing the node over it; GOMEMLIMIT in the

@@ -116,7 +116,7 @@ func (t *Tuner) start() {
 	p := PercentFor(live, t.cfg.Headroom, t.cfg.Percent)
 	t.prev = t.setPercent(p)
 	t.percent.Store(int64(p))
-	t.cfg.Logger.Info("garbage collector paced", "gogc_large_heap", t.cfg.Percent,
+	t.cfg.Logger.Debug("garbage collector paced", "gogc_large_heap", t.cfg.Percent,
 		"headroom_bytes", t.cfg.Headroom, "live_heap_bytes", live, "gogc", p)
 	if t.cfg.Headroom > 0 {
 		t.arm()
