@@ -5,12 +5,15 @@
 # mode: a CA and one certs dir per process in ./idem-demo/certs (made once
 # with idemctl cert), TLS and mTLS everywhere, and an auth file whose only
 # principal is root (the client certificate in ./idem-demo/certs/client).
-# INSECURE=1 runs it in plaintext instead. Usage:
+# INSECURE=1 runs it in plaintext instead; IDEM_DEMO_DIR=DIR puts it all in
+# DIR instead of ./idem-demo. If a process exits or a port does not answer
+# as ready within 30 s (a port taken by something else, say), it says which,
+# shows the end of that process's log, stops the others and exits 1. Usage:
 #   deploy/examples/three-regions.sh            # survival: region (as in the file)
 #   SURVIVAL=zone deploy/examples/three-regions.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=./idem-demo
+out=${IDEM_DEMO_DIR:-./idem-demo}
 mkdir -p "$out/bin"
 topo=deploy/examples/three-region.yaml
 if [ "${SURVIVAL:-}" = zone ]; then
@@ -47,6 +50,7 @@ if [ "${INSECURE:-0}" != 1 ]; then
 fi
 
 pids=()
+names=() # names[i] is the process of pids[i]; its log is $out/NAME.log
 cleanup() {
   echo "stopping..."
   kill -TERM "${pids[@]}" 2>/dev/null || true
@@ -58,20 +62,44 @@ for id in $nodes; do
   # shellcheck disable=SC2046 # secure's words are flags
   "$out/bin/idemnode" --config "$out/topology.yaml" --id "$id" --data-dir "$out/data/$id" $(secure "$id") >"$out/$id.log" 2>&1 &
   pids+=($!)
+  names+=("$id")
 done
 port=0
 for region in us-east eu-west ap-south; do
   "$out/bin/idemrouter" --config "$out/topology.yaml" --region "$region" \
     --http-addr "127.0.0.1:809$port" --grpc-addr "127.0.0.1:709$port" $(secure "router-$region") >"$out/router-$region.log" 2>&1 &
   pids+=($!)
+  names+=("router-$region")
   port=$((port + 1))
 done
+# exited: true (after saying which, with its log's end) once a process has exited.
+exited() {
+  local i
+  for i in "${!pids[@]}"; do
+    if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+      echo "three-regions: ${names[$i]} exited; the end of $out/${names[$i]}.log:" >&2
+      tail -n 5 "$out/${names[$i]}.log" >&2
+      return 0
+    fi
+  done
+  return 1
+}
 for p in 8101 8102 8103 8104 8105 8106 8107 8108 8109 8090 8091 8092; do
+  ready=0
   for _ in $(seq 1 300); do
-    "${curl[@]}" "$scheme://127.0.0.1:$p/readyz" >/dev/null && break
+    if exited; then exit 1; fi
+    if "${curl[@]}" --max-time 2 "$scheme://127.0.0.1:$p/readyz" >/dev/null 2>&1; then
+      ready=1
+      break
+    fi
     sleep 0.1
   done
+  if [ "$ready" != 1 ]; then
+    echo "three-regions: nothing answers ready on 127.0.0.1:$p after 30 s (is the port taken?); logs in $out/" >&2
+    exit 1
+  fi
 done
+if exited; then exit 1; fi
 "${ctl[@]}" status || true
 cat <<MSG
 

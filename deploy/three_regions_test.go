@@ -1,0 +1,54 @@
+package deploy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-dev/idem/internal/testutil"
+)
+
+// examples/three-regions.sh fails loudly when one of its processes cannot
+// bind its port: with the ap-south router's HTTP port taken it must exit
+// non-zero, name that router and not claim that the regions are up.
+func TestThreeRegionsScriptFailsOnATakenPort(t *testing.T) {
+	testutil.NeedsProcesses(t)
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("the script needs curl")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:8092")
+	if err != nil {
+		t.Skipf("cannot take 127.0.0.1:8092 for the test (in use?): %v", err)
+	}
+	defer ln.Close()
+	go func() { // accept and hold connections: a port that answers nothing
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join("examples", "three-regions.sh"))
+	cmd.Env = append(os.Environ(), "INSECURE=1", "IDEM_DEMO_DIR="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if err == nil || !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("the script should exit 1 with a router's port taken, got %v:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "three-regions: router-ap-south exited") {
+		t.Errorf("the script does not say that the ap-south router exited:\n%s", out)
+	}
+	if strings.Contains(string(out), "Three regions are up") {
+		t.Errorf("the script claims the regions are up:\n%s", out)
+	}
+}
