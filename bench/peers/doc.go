@@ -81,7 +81,7 @@
 // many times their bare-metal cost and move from hour to hour; the stores
 // compared pay them in different numbers per cycle (fsyncs, context
 // switches), so the ratios of a run are to be read with them
-// (raftstore/DESIGN.md, "What this VM charges for kernel work").
+// (docs/lab/2026-12-02-vm-kernel-costs.md).
 //
 // Every process runs in its own process group with a parent-death signal,
 // and is stopped (SIGTERM; PostgreSQL SIGINT, its fast shutdown) at the end,

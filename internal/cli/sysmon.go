@@ -19,7 +19,7 @@ import (
 // two context switches: on the 2-core VM this project is measured on, 42%
 // of the context switches of a one-shard region's nodes at 64 clients, and a
 // context switch with its wake-up costs ~10-20 µs of CPU there
-// (raftstore/DESIGN.md, "What this VM charges for kernel work").
+// (docs/lab/2026-12-02-vm-kernel-costs.md).
 //
 // The period is hardcoded (golang/go#18236, open). The one switch Go has
 // that keeps sysmon out of its deep sleep is GODEBUG's schedtrace: with it

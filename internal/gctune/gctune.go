@@ -11,7 +11,7 @@
 // GOGC=50 so that a warm cache does not double its resident memory; with a
 // small live heap that same 50% is 10-25 MiB, which a node under load
 // allocates several times a second (the collector took about a tenth of
-// its CPU, raftstore/DESIGN.md "Profiles"). The headroom
+// its CPU, docs/lab/2026-12-01-raft-profiles.md). The headroom
 // keeps the room at least Headroom bytes while leaving a large heap at
 // Percent: a heap never grows past max(live*(1+Percent/100), live+Headroom).
 // idemrouter keeps no cache: its live heap is a few MiB at GOGC=100, which
