@@ -18,7 +18,8 @@
 //     Its output goes to a log; the lines shown under it must appear in that
 //     log in order (whole lines, after normalisation). It must still be
 //     running when the file's last command ends; then its process group gets
-//     SIGTERM and, 10 s later, SIGKILL. A data race it reports, in its own
+//     SIGTERM, and the runner waits for it to exit (a node drains and lets go
+//     of its ports before the next file needs them), with SIGKILL after 10 s. A data race it reports, in its own
 //     output or in a *.log file the commands wrote in the working directory,
 //     fails the file; when a file fails, the last lines of those logs are
 //     shown with the failure.

@@ -460,7 +460,11 @@ func (r *runner) start(k int, c command) error {
 		return err
 	}
 	defer f.Close()
-	cmd := exec.Command("bash", "--noprofile", "--norc", "-c", r.prelude()+c.shellText())
+	// The trap keeps bash from dying at once on the group's SIGTERM: it runs
+	// once the command (a node draining) has exited, so "done" means the
+	// process let go of its ports. A trapped signal is not inherited: the
+	// command gets SIGTERM as usual.
+	cmd := exec.Command("bash", "--noprofile", "--norc", "-c", r.prelude()+"trap : TERM\n"+c.shellText())
 	cmd.Dir = r.dir
 	cmd.Env = r.env
 	cmd.Stdout, cmd.Stderr = f, f

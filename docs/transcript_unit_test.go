@@ -457,3 +457,15 @@ func TestRunnerFindsDataRacesInLogs(t *testing.T) {
 		t.Fatalf("log tails %q, want node.log's lines", tails)
 	}
 }
+
+// TestRunnerWaitsForABackgroundProcessToExit checks that stopping waits for
+// the command itself, not only for the bash around it: a node that drains on
+// SIGTERM holds its ports until it exits, and the next file needs them.
+func TestRunnerWaitsForABackgroundProcessToExit(t *testing.T) {
+	text := "```console\n$ bash -c 'trap \"sleep 0.2; echo drained; exit 0\" TERM; touch up; while :; do sleep 0.05; done'; true &\ndrained\n" +
+		"$ for i in $(seq 1000); do [ -e up ] && break; sleep 0.01; done; echo ok\nok\n```\n"
+	_, _, res := runText(t, text, 0)
+	if len(res.failures) != 0 || len(res.mismatched) != 0 {
+		t.Fatalf("failures %q, mismatched %v: want the drained line, printed after SIGTERM", res.failures, res.mismatched)
+	}
+}
