@@ -292,6 +292,10 @@ func (g *grpcService) BatchReserve(ctx context.Context, req *idemv1.BatchReserve
 	defer g.recoverRPC("BatchReserve", &err)
 	results, err := runGRPCBatch(ctx, req.GetNamespace(), req.GetItems(),
 		func(ctx context.Context, ns string, item *idemv1.ReserveRequest) (*idemv1.BatchReserveResult, error) {
+			if item.GetWaitMs() != 0 {
+				return nil, (&Error{Code: CodeInvalidArgument, Message: fmt.Sprintf(
+					"wait_ms %d in a batch item: batch items never wait: send 0, or reserve this key alone to wait", item.GetWaitMs())}).GRPCStatus().Err()
+			}
 			one := &idemv1.ReserveRequest{Namespace: ns, Key: item.GetKey(), Fingerprint: item.GetFingerprint(),
 				LeaseMs: item.GetLeaseMs(), OwnerToken: item.GetOwnerToken(), IfExpired: item.GetIfExpired()}
 			resp, err := g.item(ctx, idemv1.Idempotency_Reserve_FullMethodName, one, func(ctx context.Context, req any) (any, error) {

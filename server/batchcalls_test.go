@@ -112,13 +112,13 @@ func TestBatchReserveCompleteGRPC(t *testing.T) {
 	h := newHarness(t, newMemBackend(newFakeClock()), nil)
 	ctx := t.Context()
 	res, err := h.grpc.BatchReserve(ctx, &idemv1.BatchReserveRequest{Namespace: "ns", Items: []*idemv1.ReserveRequest{
-		{Key: "a"}, {Key: ""}, {Key: "b", Namespace: "other"}, {Key: "a"},
+		{Key: "a"}, {Key: ""}, {Key: "b", Namespace: "other"}, {Key: "a"}, {Key: "c", WaitMs: 100},
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rs := res.GetResults()
-	if len(rs) != 4 {
+	if len(rs) != 5 {
 		t.Fatalf("%d results", len(rs))
 	}
 	outcomes := []string{}
@@ -132,8 +132,16 @@ func TestBatchReserveCompleteGRPC(t *testing.T) {
 	}
 	// Items run concurrently: of the two reserves of "a", one acquires.
 	if !(outcomes[0] == "ACQUIRED" && outcomes[3] == "IN_PROGRESS" || outcomes[0] == "IN_PROGRESS" && outcomes[3] == "ACQUIRED") ||
-		outcomes[1] != "INVALID_ARGUMENT" || outcomes[2] != "INVALID_ARGUMENT" {
+		outcomes[1] != "INVALID_ARGUMENT" || outcomes[2] != "INVALID_ARGUMENT" || outcomes[4] != "INVALID_ARGUMENT" {
 		t.Fatalf("outcomes %v", outcomes)
+	}
+	// An item that asks to wait is refused, not run without its wait: the
+	// key stays free.
+	if msg := rs[4].GetError().GetMessage(); !strings.Contains(msg, "wait_ms") {
+		t.Errorf("wait_ms item's error %q does not name the field", msg)
+	}
+	if r, err := h.grpc.Get(ctx, &idemv1.GetRequest{Namespace: "ns", Key: "c"}); err == nil {
+		t.Errorf("the refused item reserved its key: %v", r)
 	}
 	owner := rs[0].GetReserve()
 	if owner.GetOutcome() != idemv1.Outcome_ACQUIRED {
