@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/internal/flagdoc"
 	"github.com/idem-dev/idem/security/pki"
 )
 
@@ -112,7 +112,7 @@ func certUsage(w io.Writer, fs *flag.FlagSet) {
 		fmt.Fprintf(w, "  %-72s\n      %s\n", syn, s.summary)
 	}
 	fmt.Fprintf(w, "\n%s\n\nFlags:\n", certAbout)
-	cli.PrintFlags(w, fs)
+	flagdoc.PrintFlags(w, fs)
 }
 
 // runCert runs "idemctl cert SUBCOMMAND ...".

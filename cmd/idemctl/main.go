@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/internal/cli"
+	"github.com/idem-dev/idem/internal/flagdoc"
 	"github.com/idem-dev/idem/security/pki"
 	"github.com/idem-dev/idem/topology"
 )
@@ -251,13 +252,13 @@ func printUsage(w io.Writer, fs *flag.FlagSet) {
 		fmt.Fprintf(w, "  %-37s %s\n", c.synopsis(), c.summary)
 	}
 	fmt.Fprint(w, "\nFlags (also accepted after the command):\n")
-	cli.PrintFlags(w, fs)
+	flagdoc.PrintFlags(w, fs)
 	fmt.Fprint(w, "\nRun \"idemctl COMMAND --help\" for a command's help. Tables are aligned for people;\n--json prints one JSON document for scripts. Any failure exits 1 with one line on stderr.\n")
 }
 
 func printCommandUsage(w io.Writer, c *command, fs *flag.FlagSet) {
 	fmt.Fprintf(w, "Usage:\n  idemctl %s [--config FILE] [--json] [--timeout D]\n\n%s\n\nFlags:\n", c.synopsis(), c.about)
-	cli.PrintFlags(w, fs)
+	flagdoc.PrintFlags(w, fs)
 }
 
 // env is what a command runs with.

@@ -1,9 +1,9 @@
 // Package cli holds what idem's commands (cmd/*) share, and only they
 // import it:
 //
-//   - flags and errors: GNU-style flag help (PrintFlags, Parse), errors on
-//     one line (OneLine), and Main, the body of every command's main
-//     (signals cancel its context; an error exits 1);
+//   - errors on one line (OneLine), and Main, the body of every command's
+//     main (signals cancel its context; an error exits 1); flags and their
+//     help are internal/flagdoc's;
 //   - logging: the slog logger set up from --log-level and --log-format
 //     (NewLogger);
 //   - memory: the garbage collector's pacing (PaceGC, over internal/gctune)
@@ -17,7 +17,6 @@ package cli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,42 +25,6 @@ import (
 	"strings"
 	"syscall"
 )
-
-// PrintFlags writes fs's flags as "--name VALUE" with their usage and
-// default, the way the README and the contract spell them.
-func PrintFlags(w io.Writer, fs *flag.FlagSet) {
-	fs.VisitAll(func(f *flag.Flag) {
-		name, usage := flag.UnquoteUsage(f)
-		line := "  --" + f.Name
-		if name != "" {
-			line += " " + name
-		}
-		fmt.Fprintln(w, line)
-		fmt.Fprintf(w, "        %s", strings.ReplaceAll(usage, "\n", "\n        "))
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
-			fmt.Fprintf(w, " (default %s)", f.DefValue)
-		}
-		fmt.Fprintln(w)
-	})
-}
-
-// Parse parses args with fs (whose output is discarded). On --help it
-// prints header and the flags to stdout and returns flag.ErrHelp. A stray
-// positional argument is an error.
-func Parse(fs *flag.FlagSet, args []string, stdout io.Writer, header string) error {
-	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, header)
-			PrintFlags(stdout, fs)
-		}
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (flags start with --; see --help)", fs.Arg(0))
-	}
-	return nil
-}
 
 // OneLine joins errors into one line, as the contract asks of a bad flag or
 // config.

@@ -217,6 +217,14 @@ func (s *Set) aliasesOf(name string) []string {
 	return nil
 }
 
+// PrintFlags writes every flag of fs, in name order, as --help prints a
+// table's: "--name VALUE", then the usage and the default, the way the
+// README and the contract spell flags. It is for flag sets that are not
+// built from a Table.
+func PrintFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) { printFlag(w, f, nil) })
+}
+
 func printFlag(w io.Writer, f *flag.Flag, aliases []string) {
 	name, usage := flag.UnquoteUsage(f)
 	line := "  --" + f.Name
