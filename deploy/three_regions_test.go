@@ -7,10 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
 )
 
@@ -22,6 +26,15 @@ func TestThreeRegionsScriptFailsOnATakenPort(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("the script needs curl")
 	}
+	// The script's fixed ports are also the documentation's (docs'
+	// transcripts run a region of deploy/examples on them): take turns.
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
+	defer cancel()
+	release, err := launch.HoldPorts(ctx, threeRegionsPorts(t)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
 	ln, err := net.Listen("tcp", "127.0.0.1:8092")
 	if err != nil {
 		t.Skipf("cannot take 127.0.0.1:8092 for the test (in use?): %v", err)
@@ -36,7 +49,7 @@ func TestThreeRegionsScriptFailsOnATakenPort(t *testing.T) {
 			defer c.Close()
 		}
 	}()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	ctx, cancel = context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join("examples", "three-regions.sh"))
 	cmd.Env = append(os.Environ(), "INSECURE=1", "IDEM_DEMO_DIR="+t.TempDir())
@@ -51,4 +64,21 @@ func TestThreeRegionsScriptFailsOnATakenPort(t *testing.T) {
 	if strings.Contains(string(out), "Three regions are up") {
 		t.Errorf("the script claims the regions are up:\n%s", out)
 	}
+}
+
+// threeRegionsPorts lists the loopback ports examples/three-regions.sh uses:
+// its topology's and its routers' (7090-7092, 8090-8092).
+func threeRegionsPorts(t *testing.T) []int {
+	t.Helper()
+	topo, err := os.ReadFile(filepath.Join("examples", "three-region.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := []int{7090, 7091, 7092, 8090, 8091, 8092}
+	for _, m := range regexp.MustCompile(`127\.0\.0\.1:(\d+)`).FindAllStringSubmatch(string(topo), -1) {
+		p, _ := strconv.Atoi(m[1])
+		ports = append(ports, p)
+	}
+	slices.Sort(ports)
+	return slices.Compact(ports)
 }

@@ -35,12 +35,15 @@
 // file. A command that exits non-zero and prints nothing fails the file
 // (a page may show a failing command together with its error message).
 //
-// Before a file runs, every loopback port it names (127.0.0.1:N,
-// localhost:N, [::1]:N, 0.0.0.0:N in a command), and a dev node's default
-// ports when it starts idemnode --dev (read from idemnode --help), must be
-// free: a taken port fails the file with the port and the command that
-// needs it, since a transcript talking to someone else's process would
-// fail in confusing ways.
+// Before a file runs, every loopback port it uses must be free: the ports
+// named in its commands (127.0.0.1:N, localhost:N, [::1]:N, 0.0.0.0:N) or in
+// the repository files they name (a topology file), and a dev node's default
+// ports when it starts idemnode --dev (read from idemnode --help). The file
+// first reserves them against the other test processes of the run that start
+// examples on fixed ports (deploy's scripts), waiting its turn; then a port
+// it cannot listen on fails the file, naming the port and the command that
+// needs it, since a transcript talking to someone else's process would fail
+// in confusing ways.
 //
 // Expected and actual output are compared line by line after these rules,
 // applied to both:

@@ -33,6 +33,9 @@ const (
 	// stopGrace is how long a background process has to exit after SIGTERM
 	// before its process group gets SIGKILL.
 	stopGrace = 10 * time.Second
+	// holdPortsTimeout bounds the wait for another test process of the
+	// same run to let go of the fixed ports a file needs.
+	holdPortsTimeout = 6 * time.Minute
 )
 
 // TestTranscripts runs the console blocks of README.md and docs/*.md, one
@@ -60,7 +63,17 @@ func TestTranscripts(t *testing.T) {
 	devAddrs := devDefaults(string(help))
 	for _, d := range docs {
 		t.Run(d.path, func(t *testing.T) {
-			if err := checkPorts(d, devAddrs, ".."); err != nil {
+			// Other test processes that start examples on these fixed
+			// ports (deploy's scripts) take turns with this one.
+			need := neededPorts(d, devAddrs, "..")
+			ctx, cancel := context.WithTimeout(t.Context(), holdPortsTimeout)
+			defer cancel()
+			release, err := launch.HoldPorts(ctx, slices.Sorted(maps.Keys(need))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer release()
+			if err := listenCheck(need); err != nil {
 				t.Fatal(err)
 			}
 			r, err := newRunner(binDir, t.TempDir(), "..")
@@ -188,6 +201,13 @@ func devDefaults(help string) map[string]string {
 // they name, and a dev node's default ones. A transcript
 // that talked to someone else's process would fail in confusing ways.
 func checkPorts(d *doc, devAddrs map[string]string, root string) error {
+	return listenCheck(neededPorts(d, devAddrs, root))
+}
+
+// neededPorts returns the loopback ports a document uses, each with the
+// command that needs it: the ports named in its commands or in the files of
+// the repository at root that they name, and a dev node's default ones.
+func neededPorts(d *doc, devAddrs map[string]string, root string) map[int]string {
 	need := map[int]string{} // port -> the command that names it
 	for _, c := range d.cmds {
 		text := c.shellText()
@@ -227,6 +247,11 @@ func checkPorts(d *doc, devAddrs map[string]string, root string) error {
 			}
 		}
 	}
+	return need
+}
+
+// listenCheck fails for each port it cannot listen on.
+func listenCheck(need map[int]string) error {
 	var errs []error
 	for _, p := range slices.Sorted(maps.Keys(need)) {
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))

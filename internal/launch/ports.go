@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Ports handed out by FreePorts stay reserved for the life of the process
@@ -162,4 +164,41 @@ func FreePorts(n int) ([]int, error) {
 		return nil, fmt.Errorf("cluster: found only %d of %d free ports", len(out), n)
 	}
 	return out, nil
+}
+
+// HoldPorts reserves fixed ports (the 127.0.0.1:8080 of a documented example)
+// for this process, as FreePorts reserves its own, waiting while another
+// process holds any of them, until ctx ends. Tests that start the
+// repository's examples on their fixed ports (the documentation's
+// transcripts, deploy's example scripts) call it first, so that two packages
+// of one go test run take turns instead of failing each other. It reserves
+// all of the ports or none; release gives them back.
+func HoldPorts(ctx context.Context, ports ...int) (release func(), err error) {
+	wait := 20 * time.Millisecond
+	for {
+		var held []int
+		ok := true
+		for _, p := range ports {
+			got, err := reserve(p)
+			if err != nil {
+				releaseAll(held)
+				return nil, err
+			}
+			if !got {
+				ok = false
+				break
+			}
+			held = append(held, p)
+		}
+		if ok {
+			return func() { releaseAll(held) }, nil
+		}
+		releaseAll(held)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("launch: ports %v: another test process held one of them until %w", ports, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }

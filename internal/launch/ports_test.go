@@ -2,6 +2,7 @@ package launch
 
 import (
 	"bufio"
+	"context"
 	"os"
 	"os/exec"
 	"strconv"
@@ -110,6 +111,65 @@ func TestEphemeralPortsAreReservedToo(t *testing.T) {
 			if p == q {
 				t.Fatalf("ephemeral port %d handed out twice", p)
 			}
+		}
+	}
+}
+
+// TestHoldPortsWaitsForAnotherProcess: fixed ports another test process
+// holds are taken once it lets go, all of them or none before.
+func TestHoldPortsWaitsForAnotherProcess(t *testing.T) {
+	ports, err := FreePorts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ports {
+		release(p)
+	}
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), holdPortsEnv+"="+strconv.Itoa(ports[2]))
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "held\n" {
+		t.Fatalf("the holding process said %q", line)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // one attempt only
+	if _, err := HoldPorts(ctx, ports...); err == nil || !strings.Contains(err.Error(), "another test process") {
+		t.Fatalf("HoldPorts while port %d is held elsewhere: %v", ports[2], err)
+	}
+	for _, p := range ports[:2] {
+		if ok, err := reserve(p); !ok || err != nil {
+			t.Fatalf("port %d stayed reserved after HoldPorts gave up (err %v)", p, err)
+		}
+		release(p)
+	}
+	held := make(chan error, 1)
+	var releaseHeld func()
+	go func() {
+		var err error
+		releaseHeld, err = HoldPorts(t.Context(), ports...)
+		held <- err
+	}()
+	stdin.Close() // the other process exits and its lock goes
+	if err := child.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-held; err != nil {
+		t.Fatalf("HoldPorts after the other process exited: %v", err)
+	}
+	releaseHeld()
+	for _, p := range ports {
+		if ok, err := reserve(p); !ok || err != nil {
+			t.Fatalf("port %d still held after release (err %v)", p, err)
 		}
 	}
 }
