@@ -18,7 +18,7 @@ import (
 // committed and applied becomes the next one. An idle group proposes each
 // command at once and alone (no added latency).
 //
-// Measured (README "Performance", bench/peers' per-cycle Raft figures): with
+// Measured (docs/lab/2026-12-01-raft-groups-and-levers.md, bench/peers' per-cycle Raft figures): with
 // one entry in flight the region did as many or slightly more cycles per
 // second than without packing, at less CPU per cycle; two entries in flight
 // (the first design) and handing the next entry over as soon as the leader

@@ -61,7 +61,7 @@ type Scenario struct {
 	Name string
 	// FailureMode is the failure mode it targets, in a few words.
 	FailureMode string
-	// Description says what it does (README and report).
+	// Description says what it does (docs/regionsim.md and the report).
 	Description string
 	// plan builds the fault schedule for a scenario that generates load for
 	// d, drawing every choice from rng.

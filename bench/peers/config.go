@@ -24,7 +24,7 @@ const (
 	sysIdem3PackJSON = "idem3pack-json"
 	sysIdem1PackGRPC = "idem1pack-grpc"
 	// A three-node region with one shard (one Raft group) instead of four:
-	// fewer, fuller groups (README "Performance").
+	// fewer, fuller groups (docs/lab/2026-12-01-raft-groups-and-levers.md).
 	sysIdem3S1GRPC     = "idem3s1-grpc"
 	sysIdem3S1PackGRPC = "idem3s1pack-grpc"
 	sysIdem3S1PackJSON = "idem3s1pack-json"

@@ -95,8 +95,8 @@ const redisReplicas = 2
 
 // startRedisWait starts a Redis primary and two replicas, each with its
 // own AOF (appendfsync always), and waits until both replicas are in sync.
-// Every script the clients run is followed by WAIT 2 (README
-// "Performance" says what WAIT does and does not promise).
+// Every script the clients run is followed by WAIT 2 (docs/performance.md
+// says what WAIT does and does not promise).
 func (l *lab) startRedisWait(ctx context.Context) (*system, error) {
 	bin, err := lookBin("redis-server")
 	if err != nil {
