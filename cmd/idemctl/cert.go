@@ -84,16 +84,19 @@ func init() {
 		name: certCommandName, args: "create-ca|create-node|create-router|create-client", extra: "--certs-dir DIR",
 		summary: "make the CA, node, router and client certificates of a secure cluster",
 		about:   certAbout,
-		flags:   func(fs *flag.FlagSet, _ *cmdOptions) { (&certOptions{}).register(fs) },
+		flags:   func(*cmdOptions) []flagdoc.Flag { return (&certOptions{}).flags() },
 		run:     func(ctx context.Context, e *env, args []string) error { return runCert(ctx, args, e.stdout) },
 	})
 }
 
-func (o *certOptions) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.dir, "certs-dir", o.dir, "the certs `DIR` to write into (created if missing); required")
-	fs.StringVar(&o.id, "id", o.id, "create-node: the node `ID` of the topology the certificate is for; create-router: the router's name; required")
-	fs.StringVar(&o.caKey, "ca-key", o.caKey, "the CA key `FILE` that signs (default: DIR/ca.key)")
-	fs.DurationVar(&o.lifetime, "lifetime", o.lifetime, "validity `D` from now (default: 87600h for a CA, 17520h for a node, router or client; never past the CA's)")
+// flags are the flags of idemctl cert, their defaults what o holds.
+func (o *certOptions) flags() []flagdoc.Flag {
+	return []flagdoc.Flag{
+		{Name: "certs-dir", Value: &o.dir, Usage: "the certs `DIR` to write into (created if missing); required"},
+		{Name: "id", Value: &o.id, Usage: "create-node: the node `ID` of the topology the certificate is for; create-router: the router's name; required"},
+		{Name: "ca-key", Value: &o.caKey, Usage: "the CA key `FILE` that signs (default: DIR/ca.key)"},
+		{Name: "lifetime", Value: &o.lifetime, Usage: "validity `D` from now (default: 87600h for a CA, 17520h for a node, router or client; never past the CA's)"},
+	}
 }
 
 func findCertSub(name string) *certSub {
@@ -120,7 +123,7 @@ func runCert(_ context.Context, args []string, stdout io.Writer) error {
 	var o certOptions
 	fs := flag.NewFlagSet("idemctl cert", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	o.register(fs)
+	flagdoc.Register(fs, o.flags())
 	// The global flags are accepted after the command name as for every
 	// command (--config and --timeout have nothing to do here); --json
 	// prints the files written as JSON.

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/internal/flagdoc"
 )
 
 // keysOptions are the flags of "idemctl keys".
@@ -27,13 +27,16 @@ type keysOptions struct {
 	reason    string
 }
 
-func registerKeysFlags(fs *flag.FlagSet, o *cmdOptions) {
-	fs.StringVar(&o.addr, "addr", "", "gRPC `HOST:PORT` of the node or router to ask (default: the topology's nodes, first that answers)")
-	fs.StringVar(&o.keys.state, "state", "", "list: only keys in state `S` (IN_PROGRESS or COMPLETED)")
-	fs.DurationVar(&o.keys.olderThan, "older-than", 0, "list: only keys whose current owner reserved them at least `D` ago (e.g. 10m)")
-	fs.IntVar(&o.keys.limit, "limit", 100, "list: print at most `N` keys (following pages as needed)")
-	fs.StringVar(&o.keys.pageToken, "page-token", "", "list: continue a listing from the `TOKEN` a previous one printed")
-	fs.StringVar(&o.keys.reason, "reason", "", "force-release, delete: why (required; logged with the principal and the key)")
+// keysFlags are the flags of idemctl keys.
+func keysFlags(o *cmdOptions) []flagdoc.Flag {
+	return []flagdoc.Flag{
+		{Name: "addr", Value: &o.addr, Usage: "gRPC `HOST:PORT` of the node or router to ask (default: the topology's nodes, first that answers)"},
+		{Name: "state", Value: &o.keys.state, Usage: "list: only keys in state `S` (IN_PROGRESS or COMPLETED)"},
+		{Name: "older-than", Value: &o.keys.olderThan, Usage: "list: only keys whose current owner reserved them at least `D` ago (e.g. 10m)"},
+		{Name: "limit", Value: &o.keys.limit, Usage: "list: print at most `N` keys (following pages as needed)"},
+		{Name: "page-token", Value: &o.keys.pageToken, Usage: "list: continue a listing from the `TOKEN` a previous one printed"},
+		{Name: "reason", Value: &o.keys.reason, Usage: "force-release, delete: why (required; logged with the principal and the key)"},
+	}
 }
 
 // keyView is one listed key as printed.

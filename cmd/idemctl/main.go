@@ -31,15 +31,22 @@ type globals struct {
 	token    string
 }
 
+// defaultGlobals are the global flags' defaults.
+func defaultGlobals() globals { return globals{timeout: 5 * time.Second, user: "root"} }
+
+// register registers the global flags on fs, their defaults what g holds.
 func (g *globals) register(fs *flag.FlagSet) {
-	fs.StringVar(&g.config, "config", g.config, "cluster topology `FILE` (YAML or JSON), the same file as the nodes'")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON for scripts instead of tables")
-	fs.DurationVar(&g.timeout, "timeout", g.timeout, "deadline `D` for each call to a node")
-	if fs.Lookup("certs-dir") == nil { // idemctl cert has its own (the dir it writes)
-		fs.StringVar(&g.certsDir, "certs-dir", g.certsDir, "secure cluster: `DIR` with ca.crt and client.NAME.crt/.key of --user (idemctl cert create-client)")
+	flags := []flagdoc.Flag{
+		{Name: "config", Value: &g.config, Usage: "cluster topology `FILE` (YAML or JSON), the same file as the nodes'"},
+		{Name: "json", Value: &g.json, Usage: "print JSON for scripts instead of tables"},
+		{Name: "timeout", Value: &g.timeout, Usage: "deadline `D` for each call to a node"},
+		{Name: "user", Value: &g.user, Usage: "secure cluster: the principal `NAME` whose client certificate to present (with --certs-dir; not with --token)"},
+		{Name: "token", Value: &g.token, Usage: "secure cluster: authenticate with bearer `TOKEN` instead of a client certificate (the server is verified against --certs-dir's ca.crt, else the system's CAs)"},
 	}
-	fs.StringVar(&g.user, "user", g.user, "secure cluster: the principal `NAME` whose client certificate to present (with --certs-dir; not with --token)")
-	fs.StringVar(&g.token, "token", g.token, "secure cluster: authenticate with bearer `TOKEN` instead of a client certificate (the server is verified against --certs-dir's ca.crt, else the system's CAs)")
+	if fs.Lookup("certs-dir") == nil { // idemctl cert has its own (the dir it writes)
+		flags = append(flags, flagdoc.Flag{Name: "certs-dir", Value: &g.certsDir, Usage: "secure cluster: `DIR` with ca.crt and client.NAME.crt/.key of --user (idemctl cert create-client)"})
+	}
+	flagdoc.Register(fs, flags)
 }
 
 // command is one subcommand.
@@ -48,9 +55,9 @@ type command struct {
 	args    string // usage of the positional arguments
 	extra   string // usage of the command's own flags
 	summary string
-	about   string // longer help
-	nargs   [2]int // min and max positional arguments
-	flags   func(fs *flag.FlagSet, o *cmdOptions)
+	about   string                             // longer help
+	nargs   [2]int                             // min and max positional arguments
+	flags   func(o *cmdOptions) []flagdoc.Flag // the command's own flags
 	run     func(ctx context.Context, env *env, args []string) error
 }
 
@@ -65,6 +72,9 @@ type cmdOptions struct {
 	noWait  bool       // topology apply
 	policy  policyOptions
 }
+
+// defaultCmdOptions are the command flags' defaults.
+func defaultCmdOptions() cmdOptions { return cmdOptions{keys: keysOptions{limit: 100}} }
 
 // stringList is a repeatable flag.
 type stringList []string
@@ -96,8 +106,8 @@ node and router does, and asks the shard's voters which one leads it.`,
 		about: `Reads the key over the gRPC API: from --addr (a node's or a router's gRPC
 address) when given, else from the nodes of the topology, the key's voters
 first. Reads are linearizable. A key with no record is an error (exit 1).`,
-		flags: func(fs *flag.FlagSet, o *cmdOptions) {
-			fs.StringVar(&o.addr, "addr", "", "gRPC `HOST:PORT` of the node or router to ask (default: the topology's nodes)")
+		flags: func(o *cmdOptions) []flagdoc.Flag {
+			return []flagdoc.Flag{{Name: "addr", Value: &o.addr, Usage: "gRPC `HOST:PORT` of the node or router to ask (default: the topology's nodes)"}}
 		},
 		run: runGet,
 	},
@@ -115,8 +125,8 @@ follower), then waits until a new leader is known.`,
 		summary: "force a Raft snapshot of a shard (on its leader, or on --node)",
 		about: `Makes one replica of the shard take a Raft snapshot now, which also lets it
 truncate its log: the current leader by default, or the voter --node.`,
-		flags: func(fs *flag.FlagSet, o *cmdOptions) {
-			fs.StringVar(&o.node, "node", "", "the voter `ID` that takes the snapshot (default: the shard's leader)")
+		flags: func(o *cmdOptions) []flagdoc.Flag {
+			return []flagdoc.Flag{{Name: "node", Value: &o.node, Usage: "the voter `ID` that takes the snapshot (default: the shard's leader)"}}
 		},
 		run: runSnapshot,
 	},
@@ -140,7 +150,7 @@ or router) or else of the first node of the topology that answers:
 
 Fencing tokens stay strictly increasing through both. Each action is logged by
 the node with the principal, the key and the reason.`,
-		flags: registerKeysFlags,
+		flags: keysFlags,
 		run:   runKeys,
 	},
 	{
@@ -160,7 +170,7 @@ router) or else of the first node of the topology that answers:
       INVALID_ARGUMENT naming the limit. Prints the policy in force.
   namespaces get-policy NAMESPACE
       the policy in force (role reader), every field filled in.`,
-		flags: registerNamespacesFlags,
+		flags: namespacesFlags,
 		run:   runNamespaces,
 	},
 	{
@@ -189,10 +199,12 @@ to ask are those of --config, else those of FILE, else --addr.
   topology status
       the active and target versions, shards done and left, and which
       removed nodes may be stopped.`,
-		flags: func(fs *flag.FlagSet, o *cmdOptions) {
-			fs.Var(&o.dead, "dead", "a leaving `NODE` that is down for good (repeatable)")
-			fs.BoolVar(&o.noWait, "no-wait", false, "return once the target is stored")
-			fs.StringVar(&o.addr, "addr", "", "gRPC `HOST:PORT` of the node to ask (default: the topology's nodes)")
+		flags: func(o *cmdOptions) []flagdoc.Flag {
+			return []flagdoc.Flag{
+				{Name: "dead", Value: &o.dead, Usage: "a leaving `NODE` that is down for good (repeatable)"},
+				{Name: "no-wait", Value: &o.noWait, Usage: "return once the target is stored"},
+				{Name: "addr", Value: &o.addr, Usage: "gRPC `HOST:PORT` of the node to ask (default: the topology's nodes)"},
+			}
 		},
 		run: runTopology,
 	},
@@ -209,9 +221,11 @@ catches up from its peers (by snapshot when the leaders compacted their log)
 and becomes ready. Every shard of the node needs a live leader among the
 other voters; if one has none, nothing is changed. Safe to run again after a
 failure half-way.`,
-		flags: func(fs *flag.FlagSet, o *cmdOptions) {
-			fs.StringVar(&o.id, "id", "", "the `NODE` id to bring back (required)")
-			fs.StringVar(&o.dataDir, "data-dir", "", "the node's data `DIR` (default ./idem-data/<id>, as idemnode's)")
+		flags: func(o *cmdOptions) []flagdoc.Flag {
+			return []flagdoc.Flag{
+				{Name: "id", Value: &o.id, Usage: "the `NODE` id to bring back (required)"},
+				{Name: "data-dir", Value: &o.dataDir, Usage: "the node's data `DIR` (default ./idem-data/<id>, as idemnode's)"},
+			}
 		},
 		run: runReplaceNode,
 	},
@@ -271,7 +285,7 @@ type env struct {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	g := globals{timeout: 5 * time.Second, user: "root"}
+	g := defaultGlobals()
 	fs := flag.NewFlagSet("idemctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	g.register(fs)
@@ -294,7 +308,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if name == "help" {
 		if len(rest) > 0 {
 			if c := findCommand(rest[0]); c != nil {
-				cfs := commandFlags(c, &g, &cmdOptions{})
+				opts := defaultCmdOptions()
+				cfs := commandFlags(c, &g, &opts)
 				printCommandUsage(stdout, c, cfs)
 				return nil
 			}
@@ -312,7 +327,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if c == nil {
 		return fmt.Errorf("unknown command %q (commands: %s; see --help)", name, commandNames())
 	}
-	e := &env{stdout: stdout}
+	e := &env{stdout: stdout, o: defaultCmdOptions()}
 	cfs := commandFlags(c, &g, &e.o)
 	positional, err := parseInterleaved(cfs, rest)
 	if errors.Is(err, flag.ErrHelp) {
@@ -348,7 +363,7 @@ func commandFlags(c *command, g *globals, o *cmdOptions) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	g.register(fs)
 	if c.flags != nil {
-		c.flags(fs, o)
+		flagdoc.Register(fs, c.flags(o))
 	}
 	return fs
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"strconv"
 
@@ -10,6 +9,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/internal/flagdoc"
 )
 
 // policyOptions are the flags of "idemctl namespaces set-policy"; a nil
@@ -37,14 +37,17 @@ func (o optionalInt) Set(v string) error {
 	return nil
 }
 
-func registerNamespacesFlags(fs *flag.FlagSet, o *cmdOptions) {
-	fs.StringVar(&o.addr, "addr", "", "gRPC `HOST:PORT` of the node or router to ask (default: the topology's nodes, first that answers)")
+// namespacesFlags are the flags of idemctl namespaces.
+func namespacesFlags(o *cmdOptions) []flagdoc.Flag {
 	p := &o.policy
-	fs.Var(optionalInt{&p.defaultLeaseMs}, "default-lease-ms", "set-policy: lease `N` ms of a reserve that names none")
-	fs.Var(optionalInt{&p.maxLeaseMs}, "max-lease-ms", "set-policy: the longest lease `N` ms a reserve or heartbeat may ask for")
-	fs.Var(optionalInt{&p.defaultRetentionS}, "default-retention-s", "set-policy: retention `N` s of a complete that names none")
-	fs.Var(optionalInt{&p.maxRetentionS}, "max-retention-s", "set-policy: the longest retention `N` s a complete may ask for")
-	fs.Var(optionalInt{&p.tombstoneS}, "tombstone-s", "set-policy: how long `N` s a tombstone outlives the response (0 keeps none)")
+	return []flagdoc.Flag{
+		{Name: "addr", Value: &o.addr, Usage: "gRPC `HOST:PORT` of the node or router to ask (default: the topology's nodes, first that answers)"},
+		{Name: "default-lease-ms", Value: optionalInt{&p.defaultLeaseMs}, Usage: "set-policy: lease `N` ms of a reserve that names none"},
+		{Name: "max-lease-ms", Value: optionalInt{&p.maxLeaseMs}, Usage: "set-policy: the longest lease `N` ms a reserve or heartbeat may ask for"},
+		{Name: "default-retention-s", Value: optionalInt{&p.defaultRetentionS}, Usage: "set-policy: retention `N` s of a complete that names none"},
+		{Name: "max-retention-s", Value: optionalInt{&p.maxRetentionS}, Usage: "set-policy: the longest retention `N` s a complete may ask for"},
+		{Name: "tombstone-s", Value: optionalInt{&p.tombstoneS}, Usage: "set-policy: how long `N` s a tombstone outlives the response (0 keeps none)"},
+	}
 }
 
 // policyView is what set-policy and get-policy print: the policy in force.

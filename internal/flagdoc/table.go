@@ -65,17 +65,27 @@ func NewSet(t Table) *Set {
 	s := &Set{fs: flag.NewFlagSet(t.Command, flag.ContinueOnError), tab: t, aliases: map[string]string{}}
 	s.fs.SetOutput(io.Discard)
 	for _, f := range t.Flags {
-		s.register(f.Name, f)
 		for _, a := range f.Aliases {
-			s.register(a, f)
 			s.aliases[a] = f.Name
 		}
 	}
+	Register(s.fs, t.Flags)
 	return s
 }
 
-func (s *Set) register(name string, f Flag) {
-	fs := s.fs
+// Register registers flags, and their former names, on fs: for a command
+// whose flag sets are built per subcommand rather than parsed by a Set.
+// Like NewSet it panics on an unsupported Value or a duplicate name.
+func Register(fs *flag.FlagSet, flags []Flag) {
+	for _, f := range flags {
+		register(fs, f.Name, f)
+		for _, a := range f.Aliases {
+			register(fs, a, f)
+		}
+	}
+}
+
+func register(fs *flag.FlagSet, name string, f Flag) {
 	switch p := f.Value.(type) {
 	case *string:
 		fs.StringVar(p, name, *p, f.Usage)
