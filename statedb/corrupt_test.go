@@ -258,7 +258,10 @@ func TestCorruptSnapshotIsNeverInstalled(t *testing.T) {
 				rec := &logRecorder{}
 				rs[i] = &replica{id: fmt.Sprintf("n%d", i), dir: t.TempDir(), addr: "127.0.0.1:0", rec: rec,
 					log:  slog.New(slog.NewTextHandler(rec, &slog.HandlerOptions{Level: slog.LevelWarn})),
-					wrap: func(sm *StateMachine) raftstore.StateMachine { return corruptingSM{sm, corrupt} }}
+					wrap: func(sm *StateMachine) raftstore.StateMachine { return corruptingSM{sm, corrupt} },
+					// The damaged snapshot is the first leader's: it must
+					// stay leader while one of its two followers is down.
+					steady: true}
 				rs[i].open(t, nil)
 				voters = append(voters, raftstore.Peer{ID: rs[i].id, Addr: rs[i].addr})
 				rs[i].host.Close()

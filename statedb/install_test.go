@@ -23,6 +23,10 @@ type replica struct {
 	rec           *logRecorder // what log wrote, when set
 	// wrap, when set, stands between the shard's state machine and raft.
 	wrap func(*StateMachine) raftstore.StateMachine
+	// steady, when set, gives the group timeouts long enough that a
+	// loaded machine's stalls do not move leadership: for tests whose
+	// subject is not an election and that need one leader throughout.
+	steady bool
 }
 
 func (r *replica) open(t *testing.T, voters []raftstore.Peer) {
@@ -39,6 +43,9 @@ func (r *replica) tryOpen(t *testing.T, voters []raftstore.Peer) error {
 	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir, cfg.NoFsync = r.id, r.addr, filepath.Join(r.dir, "raft"), true
 	cfg.CommitTimeout, cfg.TrailingLogs, cfg.SnapshotThreshold = 10*time.Millisecond, 5, 1<<40
 	cfg.Logger = r.log
+	if r.steady {
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 3*time.Second, 3*time.Second, 3*time.Second
+	}
 	h, err := raftstore.NewHost(cfg)
 	if err != nil {
 		t.Fatal(err)
