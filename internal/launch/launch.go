@@ -158,7 +158,14 @@ func (p *Process) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
-		return fmt.Errorf("launch: %s already running", p.Name)
+		select {
+		case <-p.exited:
+			// It exited on its own and nobody waited for it: it can
+			// start again.
+			p.cmd = nil
+		default:
+			return fmt.Errorf("launch: %s already running", p.Name)
+		}
 	}
 	logf, err := os.OpenFile(p.Log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
