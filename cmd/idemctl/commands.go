@@ -286,14 +286,23 @@ func runTransferLeader(ctx context.Context, e *env, args []string) error {
 			return fmt.Errorf("%q is not a voter of shard %s (voters: %s)", target, shard.ID, strings.Join(shard.Voters, ", "))
 		}
 	}
-	before := findLeader(ctx, e, shard)
-	if before.Leader == "" {
-		return fmt.Errorf("shard %s has no leader to hand over from (see idemctl status)", shard.ID)
-	}
-	v := transferView{Shard: shard.ID, PreviousLeader: before.Leader}
-	if target == before.Leader {
-		v.Leader, v.Term = before.Leader, before.Term
-	} else {
+	// The leader seen may lose its lead before the request reaches it (an
+	// election after a membership change): ask again whoever leads then,
+	// within the timeout.
+	deadline := time.Now().Add(e.g.timeout)
+	var before shardView
+	for {
+		before = findLeader(ctx, e, shard)
+		if before.Leader == "" {
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("shard %s has no leader to hand over from (see idemctl status)", shard.ID)
+			}
+			time.Sleep(100 * time.Millisecond) // between status polls
+			continue
+		}
+		if target == before.Leader {
+			break
+		}
 		client, closeConn, err := adminClient(e, topo, before.Leader)
 		if err != nil {
 			return err
@@ -302,9 +311,19 @@ func runTransferLeader(ctx context.Context, e *env, args []string) error {
 		_, err = client.TransferLeader(cctx, &idemv1.TransferLeaderRequest{Shard: shard.ID, TargetNodeId: target})
 		cancel()
 		closeConn()
-		if err != nil {
-			return fmt.Errorf("transfer of shard %s on %s: %s", shard.ID, before.Leader, reason(err))
+		if err == nil {
+			break
 		}
+		if c := status.Code(err); (c == codes.FailedPrecondition || c == codes.Unavailable) && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(100 * time.Millisecond) // the lead is moving: look again
+			continue
+		}
+		return fmt.Errorf("transfer of shard %s on %s: %s", shard.ID, before.Leader, reason(err))
+	}
+	v := transferView{Shard: shard.ID, PreviousLeader: before.Leader}
+	if target == before.Leader {
+		v.Leader, v.Term = before.Leader, before.Term
+	} else {
 		// Wait until the voters agree on a new leader.
 		deadline := time.Now().Add(e.g.timeout)
 		for {
