@@ -41,13 +41,37 @@ func BackendError(err error) error {
 	return &backend.Error{Code: code, Message: msg, RetryAfter: retry}
 }
 
+// pairs is a two-way conversion table: each row pairs a value of one type
+// with its counterpart of the other. A conversion looks it up, so that the
+// two directions cannot disagree.
+type pairs[A, B comparable] []struct {
+	a A
+	b B
+}
+
+// to is the counterpart of a, or none when no row holds a.
+func (p pairs[A, B]) to(a A, none B) B {
+	for _, row := range p {
+		if row.a == a {
+			return row.b
+		}
+	}
+	return none
+}
+
+// from is the counterpart of b, or none when no row holds b.
+func (p pairs[A, B]) from(b B, none A) A {
+	for _, row := range p {
+		if row.b == b {
+			return row.a
+		}
+	}
+	return none
+}
+
 // outcomes pairs each reserve outcome of the state machine with the
-// contract's (api/idem/v1 pairs the contract's with the wire's). The
-// conversions below look it up, so that no two can disagree.
-var outcomes = [...]struct {
-	fsm fsm.Outcome
-	pub contract.Outcome
-}{
+// contract's (api/idem/v1 pairs the contract's with the wire's).
+var outcomes = pairs[fsm.Outcome, contract.Outcome]{
 	{fsm.OutcomeAcquired, contract.OutcomeAcquired},
 	{fsm.OutcomeReclaimed, contract.OutcomeReclaimed},
 	{fsm.OutcomeInProgress, contract.OutcomeInProgress},
@@ -56,53 +80,34 @@ var outcomes = [...]struct {
 	{fsm.OutcomeExpired, contract.OutcomeExpired},
 }
 
+// states pairs each record state with its wire form.
+var states = pairs[fsm.State, idemv1.State]{
+	{fsm.StateInProgress, idemv1.State_STATE_IN_PROGRESS},
+	{fsm.StateCompleted, idemv1.State_STATE_COMPLETED},
+	{fsm.StateExpired, idemv1.State_STATE_EXPIRED},
+}
+
 // FSMOutcomeToContract is the public outcome of a state-machine reserve
 // outcome; OutcomeUnknown for the outcomes that are not a reserve's (OK,
 // NOT_OWNER, INVALID).
 func FSMOutcomeToContract(o fsm.Outcome) contract.Outcome {
-	for _, row := range outcomes {
-		if row.fsm == o {
-			return row.pub
-		}
-	}
-	return contract.OutcomeUnknown
+	return outcomes.to(o, contract.OutcomeUnknown)
 }
 
 // FSMOutcomeFromContract is the state-machine outcome of a public reserve
 // outcome; fsm.OutcomeInvalid for OutcomeUnknown.
 func FSMOutcomeFromContract(o contract.Outcome) fsm.Outcome {
-	for _, row := range outcomes {
-		if row.pub == o {
-			return row.fsm
-		}
-	}
-	return fsm.OutcomeInvalid
+	return outcomes.from(o, fsm.OutcomeInvalid)
 }
 
 // StateToProto is the wire state of a record state.
 func StateToProto(s fsm.State) idemv1.State {
-	switch s {
-	case fsm.StateInProgress:
-		return idemv1.State_STATE_IN_PROGRESS
-	case fsm.StateCompleted:
-		return idemv1.State_STATE_COMPLETED
-	case fsm.StateExpired:
-		return idemv1.State_STATE_EXPIRED
-	}
-	return idemv1.State_STATE_UNSPECIFIED
+	return states.to(s, idemv1.State_STATE_UNSPECIFIED)
 }
 
 // StateFromProto is the record state of a wire state (0 for unspecified).
 func StateFromProto(s idemv1.State) fsm.State {
-	switch s {
-	case idemv1.State_STATE_IN_PROGRESS:
-		return fsm.StateInProgress
-	case idemv1.State_STATE_COMPLETED:
-		return fsm.StateCompleted
-	case idemv1.State_STATE_EXPIRED:
-		return fsm.StateExpired
-	}
-	return 0
+	return states.from(s, 0)
 }
 
 // ResponseToProto is the wire form of a stored response; nil for nil.
