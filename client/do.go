@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/internal/leasekeep"
 )
 
 // Defaults of Do's options.
@@ -362,36 +363,17 @@ func (c *Client) runOwned(ctx context.Context, namespace, key string, res Reserv
 // cancels fn's context with ErrLeaseLost when a renewal answers NOT_OWNER, or
 // when renewals keep failing until localEnd, the lease's end by our clock.
 func (c *Client) keepLease(ctx context.Context, lost context.CancelCauseFunc, namespace, key, token string, lease time.Duration, localEnd time.Time) {
-	interval := lease / 3
-	t := time.NewTimer(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		sentAt := time.Now()
-		callCtx, cancel := context.WithDeadline(ctx, localEnd)
-		_, err := c.Heartbeat(callCtx, HeartbeatRequest{Namespace: namespace, Key: key, OwnerToken: token, Lease: lease})
-		cancel()
-		switch {
-		case err == nil:
-			localEnd = sentAt.Add(lease)
-			t.Reset(interval)
-		case ctx.Err() != nil:
-			return
-		case errors.Is(err, ErrNotOwner):
-			c.log.Warn("lease lost: another owner holds the key", "namespace", namespace, "key", key, "err", err)
-			lost(fmt.Errorf("%w: heartbeat: %w", ErrLeaseLost, err))
-			return
-		case !time.Now().Before(localEnd):
-			c.log.Warn("lease lost: heartbeats failed until the lease ran out", "namespace", namespace, "key", key, "err", err)
-			lost(fmt.Errorf("%w: heartbeats failed until the lease ran out: %w", ErrLeaseLost, err))
-			return
-		default:
-			c.log.Warn("heartbeat failed; retrying", "namespace", namespace, "key", key, "err", err)
-			t.Reset(min(interval/4, time.Until(localEnd)))
-		}
-	}
+	leasekeep.Keep(ctx, lost, leasekeep.Lease{
+		Length:   lease,
+		Interval: lease / 3,
+		End:      localEnd,
+		Renew: func(ctx context.Context) error {
+			_, err := c.Heartbeat(ctx, HeartbeatRequest{Namespace: namespace, Key: key, OwnerToken: token, Lease: lease})
+			return err
+		},
+		ErrNotOwner:  ErrNotOwner,
+		ErrLeaseLost: ErrLeaseLost,
+		Taken:        "lease lost: another owner holds the key",
+		Log:          c.log.With("namespace", namespace, "key", key),
+	})
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/internal/leasekeep"
 )
 
 // Result is what became of one request; the proxy's
@@ -480,40 +481,15 @@ func (e *Engine) releaseKey(parent context.Context, log *slog.Logger, ref Ref) {
 // cancels the run with ErrLeaseLost when a renewal answers NOT_OWNER, or
 // when renewals keep failing until localEnd, the lease's end by our clock.
 func (e *Engine) keepLease(ctx context.Context, lost context.CancelCauseFunc, log *slog.Logger, ref Ref, lease time.Duration, localEnd time.Time) {
-	interval := min(e.cfg.HeartbeatInterval, lease/3)
-	t := time.NewTimer(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		sentAt := time.Now()
-		deadline := sentAt.Add(e.cfg.StoreTimeout)
-		if localEnd.Before(deadline) {
-			deadline = localEnd
-		}
-		callCtx, cancel := context.WithDeadline(ctx, deadline)
-		err := e.cfg.Store.Heartbeat(callCtx, ref, lease)
-		cancel()
-		switch {
-		case err == nil:
-			localEnd = sentAt.Add(lease)
-			t.Reset(interval)
-		case ctx.Err() != nil:
-			return
-		case errors.Is(err, ErrNotOwner):
-			log.Warn("lease lost: another request holds the key", "err", err)
-			lost(fmt.Errorf("%w: heartbeat: %w", ErrLeaseLost, err))
-			return
-		case !time.Now().Before(localEnd):
-			log.Warn("lease lost: heartbeats failed until the lease ran out", "err", err)
-			lost(fmt.Errorf("%w: heartbeats failed until the lease ran out: %w", ErrLeaseLost, err))
-			return
-		default:
-			log.Warn("heartbeat failed; retrying", "err", err)
-			t.Reset(max(min(interval/4, time.Until(localEnd)), time.Millisecond))
-		}
-	}
+	leasekeep.Keep(ctx, lost, leasekeep.Lease{
+		Length:       lease,
+		Interval:     min(e.cfg.HeartbeatInterval, lease/3),
+		End:          localEnd,
+		Timeout:      e.cfg.StoreTimeout,
+		Renew:        func(ctx context.Context) error { return e.cfg.Store.Heartbeat(ctx, ref, lease) },
+		ErrNotOwner:  ErrNotOwner,
+		ErrLeaseLost: ErrLeaseLost,
+		Taken:        "lease lost: another request holds the key",
+		Log:          log,
+	})
 }
