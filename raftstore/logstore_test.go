@@ -40,14 +40,7 @@ func TestPebbleLogStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := sl.group("a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := sl.group("b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := groupsAB(t, sl)
 	for _, g := range []groupStore{a, b} {
 		if first, last := mustIndexes(t, g); first != 0 || last != 0 {
 			t.Fatalf("empty group: first %d last %d, want 0 0", first, last)
@@ -84,14 +77,7 @@ func TestPebbleLogStore(t *testing.T) {
 
 	check := func(sl *pebbleLog) {
 		t.Helper()
-		a, err := sl.group("a")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := sl.group("b")
-		if err != nil {
-			t.Fatal(err)
-		}
+		a, b := groupsAB(t, sl)
 		if first, last := mustIndexes(t, a); first != 3 || last != 8 {
 			t.Fatalf("group a: first %d last %d, want 3 8", first, last)
 		}
@@ -167,6 +153,19 @@ func TestPebbleLogStore(t *testing.T) {
 	if first, last := mustIndexes(t, a2); first != 0 || last != 0 {
 		t.Fatalf("group a emptied: first %d last %d, want 0 0", first, last)
 	}
+}
+
+// groupsAB is groups "a" and "b" of sl.
+func groupsAB(t *testing.T, sl *pebbleLog) (a, b *pebbleGroupStore) {
+	t.Helper()
+	var err error
+	if a, err = sl.group("a"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = sl.group("b"); err != nil {
+		t.Fatal(err)
+	}
+	return a, b
 }
 
 func mustIndexes(t *testing.T, g raft.LogStore) (first, last uint64) {

@@ -46,6 +46,36 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// holdElsewhere re-executes the test binary to reserve ports, another test
+// process, and returns once it holds them. letGo closes its stdin and waits
+// for it to exit, which drops its locks.
+func holdElsewhere(t *testing.T, ports ...string) (letGo func()) {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), holdPortsEnv+"="+strings.Join(ports, ","))
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "held\n" {
+		t.Fatalf("the holding process said %q", line)
+	}
+	return func() {
+		t.Helper()
+		stdin.Close()
+		if err := child.Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestFreePortsSkipPortsAnotherProcessHolds(t *testing.T) {
 	// Ports this process has not reserved yet, found by asking for them and
 	// giving them back.
@@ -58,32 +88,13 @@ func TestFreePortsSkipPortsAnotherProcessHolds(t *testing.T) {
 		release(p)
 		list = append(list, strconv.Itoa(p))
 	}
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), holdPortsEnv+"="+strings.Join(list, ","))
-	stdin, err := child.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := child.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, _ := bufio.NewReader(stdout).ReadString('\n')
-	if line != "held\n" {
-		t.Fatalf("the holding process said %q", line)
-	}
+	letGo := holdElsewhere(t, list...)
 	for _, p := range ports {
 		if ok, err := reserve(p); ok || err != nil {
 			t.Fatalf("reserved port %d that another process holds (err %v)", p, err)
 		}
 	}
-	stdin.Close()
-	if err := child.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	letGo()
 	// The kernel dropped the child's locks when it exited.
 	for _, p := range ports {
 		if ok, err := reserve(p); !ok || err != nil {
@@ -125,22 +136,7 @@ func TestHoldPortsWaitsForAnotherProcess(t *testing.T) {
 	for _, p := range ports {
 		release(p)
 	}
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), holdPortsEnv+"="+strconv.Itoa(ports[2]))
-	stdin, err := child.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := child.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "held\n" {
-		t.Fatalf("the holding process said %q", line)
-	}
+	letGo := holdElsewhere(t, strconv.Itoa(ports[2]))
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel() // one attempt only
 	if _, err := HoldPorts(ctx, ports...); err == nil || !strings.Contains(err.Error(), "another test process") {
@@ -159,10 +155,7 @@ func TestHoldPortsWaitsForAnotherProcess(t *testing.T) {
 		releaseHeld, err = HoldPorts(t.Context(), ports...)
 		held <- err
 	}()
-	stdin.Close() // the other process exits and its lock goes
-	if err := child.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	letGo() // the other process exits and its lock goes
 	if err := <-held; err != nil {
 		t.Fatalf("HoldPorts after the other process exited: %v", err)
 	}

@@ -74,6 +74,13 @@ type node struct {
 
 func newNode(t *testing.T) *node { return &node{t: t, rpcs: make(chan *rpc, 1024)} }
 
+// newBatcher is a Batcher that sends to a new node and counts in stats.
+func newBatcher(t *testing.T) (n *node, b *Batcher, stats *Stats) {
+	n = newNode(t)
+	stats = &Stats{}
+	return n, New(Config{Send: n.send, Stats: stats}), stats
+}
+
 func (n *node) send(ctx context.Context, ops []context.Context, req *idemv1.BatchRequest) (*idemv1.BatchResponse, error) {
 	r := &rpc{batch: req, ctx: ctx, ops: ops, answer: make(chan answer, 1)}
 	n.rpcs <- r
@@ -218,9 +225,7 @@ func (n *node) fill(b *Batcher) ([]*rpc, []<-chan result) {
 // A call with nothing ahead of it goes at once as its unary RPC, with no
 // Batch RPC and nothing queued.
 func TestLoneCallGoesUnaryAtOnce(t *testing.T) {
-	n := newNode(t)
-	stats := &Stats{}
-	b := New(Config{Send: n.send, Stats: stats})
+	n, b, stats := newBatcher(t)
 	ch := n.call(t.Context(), b, "k")
 	n.nextUnary("k").answer <- answer{}
 	if r := get(t, ch); r.res != nil || r.err != nil {
@@ -243,9 +248,7 @@ func TestLoneCallGoesUnaryAtOnce(t *testing.T) {
 // results go to their calls (results, error results as status errors, the
 // leader hint in the grpc.Header option).
 func TestInflightLimitQueuesThenBatches(t *testing.T) {
-	n := newNode(t)
-	stats := &Stats{}
-	b := New(Config{Send: n.send, Stats: stats})
+	n, b, stats := newBatcher(t)
 	held, slotCalls := n.fill(b)
 
 	var calls []<-chan result
@@ -446,9 +449,7 @@ func TestBatchDeadlineIsTheLatest(t *testing.T) {
 // RPCs (never applied by the batch, so sent once more) and every later call
 // unary, at once, slots or not.
 func TestUnimplementedTurnsBatchingOff(t *testing.T) {
-	n := newNode(t)
-	stats := &Stats{}
-	b := New(Config{Send: n.send, Stats: stats})
+	n, b, stats := newBatcher(t)
 	held, _ := n.fill(b)
 	a := n.call(t.Context(), b, "a")
 	queued(t, b, 1)
@@ -492,9 +493,7 @@ func TestUnimplementedTurnsBatchingOff(t *testing.T) {
 // alone; a batch answered with the wrong number of results fails every call
 // of it with Internal; a failed Batch RPC fails every call with its error.
 func TestBatchAnswers(t *testing.T) {
-	n := newNode(t)
-	stats := &Stats{}
-	b := New(Config{Send: n.send, Stats: stats})
+	n, b, stats := newBatcher(t)
 	held, _ := n.fill(b)
 	queue := func(keys ...string) []<-chan result {
 		var calls []<-chan result
