@@ -1,6 +1,7 @@
 package httpidem
 
 import (
+	"cmp"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -202,36 +203,16 @@ func (c Config) withDefaults() Config {
 	if c.Methods == nil {
 		c.Methods = slices.Clone(DefaultMethods)
 	}
-	if c.DefaultNamespace == "" {
-		c.DefaultNamespace = DefaultNamespace
-	}
-	if c.MaxRequestBytes == 0 {
-		c.MaxRequestBytes = DefaultMaxRequestBytes
-	}
-	if c.SpoolThresholdBytes == 0 {
-		c.SpoolThresholdBytes = DefaultSpoolThresholdBytes
-	}
-	if c.MaxStoredBodyBytes == 0 {
-		c.MaxStoredBodyBytes = DefaultMaxStoredBodyBytes
-	}
-	if c.Lease == 0 {
-		c.Lease = DefaultLease
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = c.Lease / 3
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.StoreTimeout == 0 {
-		c.StoreTimeout = DefaultStoreTimeout
-	}
-	if c.MaxWait == 0 {
-		c.MaxWait = DefaultMaxWait
-	}
-	if c.ReleaseStatuses == "" {
-		c.ReleaseStatuses = DefaultReleaseStatuses
-	}
+	c.DefaultNamespace = cmp.Or(c.DefaultNamespace, DefaultNamespace)
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
+	c.SpoolThresholdBytes = cmp.Or(c.SpoolThresholdBytes, DefaultSpoolThresholdBytes)
+	c.MaxStoredBodyBytes = cmp.Or(c.MaxStoredBodyBytes, DefaultMaxStoredBodyBytes)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, c.Lease/3)
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.StoreTimeout = cmp.Or(c.StoreTimeout, DefaultStoreTimeout)
+	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
+	c.ReleaseStatuses = cmp.Or(c.ReleaseStatuses, DefaultReleaseStatuses)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

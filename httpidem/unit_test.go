@@ -2,9 +2,6 @@ package httpidem
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -19,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/internal/testutil"
 )
 
 func TestParseKey(t *testing.T) {
@@ -101,20 +99,9 @@ type nopStore struct{ Store }
 
 func TestNamespaceFromCert(t *testing.T) {
 	cert := func(cn string) *x509.Certificate {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
 		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
 			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := x509.ParseCertificate(der)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, c, _ := testutil.Certificate(t, tmpl, nil, nil)
 		return c
 	}
 	ns, err := NamespaceFromCert(cert("billing-svc"))

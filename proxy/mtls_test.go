@@ -2,8 +2,6 @@ package proxy_test
 
 import (
 	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -30,10 +28,6 @@ type testCA struct {
 }
 
 func newTestCA(t *testing.T) *testCA {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
 		Subject:               pkix.Name{CommonName: "idem test CA"},
@@ -43,14 +37,7 @@ func newTestCA(t *testing.T) *testCA {
 		BasicConstraintsValid: true,
 		KeyUsage:              x509.KeyUsageCertSign,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cert, key := testutil.Certificate(t, tmpl, nil, nil)
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
 	return &testCA{cert: cert, key: key, pool: pool}
@@ -58,10 +45,6 @@ func newTestCA(t *testing.T) *testCA {
 
 // client returns a TLS client certificate for cn and its leaf.
 func (ca *testCA) client(t *testing.T, cn string, serial int64) (tls.Certificate, *x509.Certificate) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(serial),
 		Subject:      pkix.Name{CommonName: cn},
@@ -70,14 +53,7 @@ func (ca *testCA) client(t *testing.T, cn string, serial int64) (tls.Certificate
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
+	der, leaf, key := testutil.Certificate(t, tmpl, ca.cert, ca.key)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, leaf
 }
 

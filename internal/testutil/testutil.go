@@ -1,6 +1,6 @@
 // Package testutil holds what idem's tests share: polling a condition with a
-// deadline, and loggers that write to the test's log. It is imported by
-// _test.go files only.
+// deadline, loggers that write to the test's log, and test certificates. It
+// is imported by _test.go files only.
 //
 // Tests never sleep to wait for a condition; they poll it:
 //
