@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -147,13 +148,18 @@ func TestJSONForwardingBatches(t *testing.T) {
 			defer wg.Done()
 			for i := range perCaller {
 				k := fmt.Sprintf("json-%d-%d", g, i)
-				r, err := apis[(g+i)%3].Do(ctx, "POST", cluster.KeyPath("payments", k)+":reserve", map[string]any{})
+				owner := "owner-token-" + k
+				r, err := untilDecided(ctx, func() (cluster.Reply, error) {
+					return apis[(g+i)%3].Do(ctx, "POST", cluster.KeyPath("payments", k)+":reserve", map[string]any{"owner_token": owner})
+				})
 				if err != nil || r.Str("outcome") != "ACQUIRED" {
 					errs <- fmt.Errorf("reserve %s: %v %v", k, r, err)
 					return
 				}
-				r, err = apis[(g+i+1)%3].Do(ctx, "POST", cluster.KeyPath("payments", k)+":complete",
-					map[string]any{"owner_token": r.Str("owner_token"), "response": map[string]any{"status": 201}})
+				r, err = untilDecided(ctx, func() (cluster.Reply, error) {
+					return apis[(g+i+1)%3].Do(ctx, "POST", cluster.KeyPath("payments", k)+":complete",
+						map[string]any{"owner_token": owner, "response": map[string]any{"status": 201}})
+				})
 				if err != nil || r.Status != 200 {
 					errs <- fmt.Errorf("complete %s: %v %v", k, r, err)
 					return
@@ -181,7 +187,10 @@ func TestJSONForwardingBatches(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r, err := apis[i%3].Do(ctx, "POST", cluster.KeyPath("payments", key)+":reserve", map[string]any{})
+				owner := fmt.Sprintf("owner-token-%s-%d", key, i)
+				r, err := untilDecided(ctx, func() (cluster.Reply, error) {
+					return apis[i%3].Do(ctx, "POST", cluster.KeyPath("payments", key)+":reserve", map[string]any{"owner_token": owner})
+				})
 				if err != nil {
 					outcomes[i] = err.Error()
 					return
@@ -202,6 +211,24 @@ func TestJSONForwardingBatches(t *testing.T) {
 		}
 		if winners != 1 {
 			t.Fatalf("%s: %d winners among %v", key, winners, outcomes)
+		}
+	}
+}
+
+// untilDecided repeats call while it answers 503 UNAVAILABLE, until ctx
+// ends. An election on a loaded box leaves a command's outcome unknown; the
+// contract's answer is to retry with the same owner token, which gives the
+// same owner ACQUIRED again (or COMPLETED), never a second owner.
+func untilDecided(ctx context.Context, call func() (cluster.Reply, error)) (cluster.Reply, error) {
+	for {
+		r, err := call()
+		if err != nil || r.Status != http.StatusServiceUnavailable {
+			return r, err
+		}
+		select {
+		case <-ctx.Done():
+			return r, err
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
