@@ -42,12 +42,7 @@ func Keep(ctx context.Context, lost context.CancelCauseFunc, l Lease) {
 	localEnd := l.End
 	t := time.NewTimer(l.Interval)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	for fired(ctx, t) {
 		sentAt := time.Now()
 		deadline := localEnd
 		if l.Timeout > 0 && sentAt.Add(l.Timeout).Before(deadline) {
@@ -74,5 +69,15 @@ func Keep(ctx context.Context, lost context.CancelCauseFunc, l Lease) {
 			l.Log.Warn("heartbeat failed; retrying", "err", err)
 			t.Reset(max(min(l.Interval/4, time.Until(localEnd)), time.Millisecond))
 		}
+	}
+}
+
+// fired waits for t and is false when ctx ends first.
+func fired(ctx context.Context, t *time.Timer) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
