@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -156,30 +156,12 @@ type harness struct {
 	grpcAddr string
 	grpc     idemv1.IdempotencyClient
 	admin    idemv1.AdminClient
-	logs     *syncBuffer
-}
-
-// syncBuffer collects log output for assertions.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	logs     *testutil.Buffer
 }
 
 func newHarness(t *testing.T, backend Backend, mod func(*Config)) *harness {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testutil.Buffer{}
 	cfg := DefaultConfig()
 	cfg.Backend = backend
 	cfg.Registry = prometheus.NewRegistry()

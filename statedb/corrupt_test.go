@@ -13,12 +13,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/raftstore"
 )
 
@@ -181,22 +181,9 @@ func TestCorruptSnapshotAtUpgradeFailsSafe(t *testing.T) {
 }
 
 // logRecorder is a slog destination a test can search.
-type logRecorder struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+type logRecorder struct{ testutil.Buffer }
 
-func (l *logRecorder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logRecorder) has(s string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return bytes.Contains(l.b.Bytes(), []byte(s))
-}
+func (l *logRecorder) has(s string) bool { return strings.Contains(l.String(), s) }
 
 // corruptingSM is a shard's state machine whose live snapshots (what a
 // leader streams to a follower that needs one) have one byte flipped while
@@ -277,9 +264,7 @@ func TestCorruptSnapshotIsNeverInstalled(t *testing.T) {
 			t.Cleanup(func() {
 				if t.Failed() {
 					for _, r := range rs {
-						r.rec.mu.Lock()
-						t.Logf("log of %s:\n%s", r.id, r.rec.b.String())
-						r.rec.mu.Unlock()
+						t.Logf("log of %s:\n%s", r.id, r.rec.String())
 					}
 				}
 			})
