@@ -89,7 +89,9 @@ func TestFollowerCatchesUpBySnapshotInstall(t *testing.T) {
 	rs := make([]*replica, 3)
 	var voters []raftstore.Peer
 	for i := range rs {
-		rs[i] = &replica{id: fmt.Sprintf("n%d", i), dir: t.TempDir(), addr: "127.0.0.1:0"}
+		// The writes go to the first leader while one of its two followers
+		// is down: it must stay leader (steady).
+		rs[i] = &replica{id: fmt.Sprintf("n%d", i), dir: t.TempDir(), addr: "127.0.0.1:0", steady: true}
 		rs[i].open(t, nil) // bind first: the voters need every address
 		voters = append(voters, raftstore.Peer{ID: rs[i].id, Addr: rs[i].addr})
 		rs[i].host.Close()
