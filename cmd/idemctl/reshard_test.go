@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -45,11 +46,15 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 	var held []heldKey
 	for i := range 40 {
 		k := heldKey{key: fmt.Sprintf("held-%d", i), owner: fmt.Sprintf("holder-token-%06d", i)}
-		r := check(t, 200)(node.Reserve(ctx, "payments", k.key, map[string]any{"owner_token": k.owner, "lease_ms": 600000}))
+		r := check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+			return node.Reserve(ctx, "payments", k.key, map[string]any{"owner_token": k.owner, "lease_ms": 600000})
+		}))
 		k.token = r.Str("fencing_token")
 		held = append(held, k)
 	}
-	short := check(t, 200)(node.Reserve(ctx, "payments", "short-lease", map[string]any{"owner_token": "short-owner-token-1", "lease_ms": 1000}))
+	short := check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+		return node.Reserve(ctx, "payments", "short-lease", map[string]any{"owner_token": "short-owner-token-1", "lease_ms": 1000})
+	}))
 
 	// A Go client that keeps the first version's routing throughout (it
 	// routes to the leaders of the shards it knows; the nodes take each
@@ -77,7 +82,7 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 	once("before the change", 0, 50, true)
 
 	l := startLoad(ctx, []string{c.HTTPAddr("r1-1"), rt.HTTPAddr}, 8)
-	testutil.Until(t, 30*time.Second, "writes before the change", func() bool { return l.count() >= 200 })
+	l.await(t, 200, "writes before the change")
 
 	// Version 2: four shards per region.
 	grown := topo.Clone()
@@ -89,7 +94,7 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 		t.Fatalf("plan does not show the new shards and about half the keys moving:\n%s", plan)
 	}
 	start := time.Now()
-	mustCtl(t, "--config", v1, "topology", "apply", v2, "--no-wait")
+	mustCtl(t, "--config", v1, "--timeout", "30s", "topology", "apply", v2, "--no-wait")
 	leader := metaLeader(t, c, topo)
 	testutil.Until(t, 60*time.Second, "the first partitions moved", func() bool {
 		data, _ := os.ReadFile(c.Nodes[leader].Log)
@@ -106,7 +111,7 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 	grow := time.Since(start)
 	t.Logf("apply v2 (resumed) after %v:\n%s", grow, out)
 	n := l.count()
-	testutil.Until(t, 30*time.Second, "writes after growing", func() bool { return l.count() >= n+100 })
+	l.await(t, n+100, "writes after growing")
 
 	checkHeld := func(stage string) {
 		t.Helper()
@@ -115,7 +120,9 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 			if err != nil || r.Status != 200 || r.Str("outcome") != "IN_PROGRESS" {
 				t.Fatalf("%s: %s held by its owner, another reserve answered %v %v", stage, k.key, r, err)
 			}
-			r = check(t, 200)(node.Heartbeat(ctx, "payments", k.key, map[string]any{"owner_token": k.owner, "lease_ms": 600000}))
+			r = check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+				return node.Heartbeat(ctx, "payments", k.key, map[string]any{"owner_token": k.owner, "lease_ms": 600000})
+			}))
 			if r.Str("fencing_token") != "" && r.Str("fencing_token") != k.token {
 				t.Fatalf("%s: heartbeat of %s changed its token: %s", stage, k.key, r)
 			}
@@ -140,7 +147,7 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 	shrink := time.Since(start)
 	t.Logf("apply v3 took %v:\n%s", shrink, out)
 	n = l.count()
-	testutil.Until(t, 30*time.Second, "writes after shrinking", func() bool { return l.count() >= n+100 })
+	l.await(t, n+100, "writes after shrinking")
 	l.finish()
 	if len(l.failures) > 0 {
 		t.Fatalf("%d calls failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
@@ -148,8 +155,10 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 	checkHeld("after shrinking")
 	once("after shrinking", 0, 100, false)
 	for _, k := range held {
-		check(t, 200)(node.Complete(ctx, "payments", k.key, map[string]any{"owner_token": k.owner, "response": map[string]any{"status": 201, "body": ""}}))
-		if r := check(t, 200)(router.Reserve(ctx, "payments", k.key, map[string]any{})); r.Str("outcome") != "COMPLETED" || r.Str("fencing_token") != k.token {
+		check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+			return node.Complete(ctx, "payments", k.key, map[string]any{"owner_token": k.owner, "response": map[string]any{"status": 201, "body": ""}})
+		}))
+		if r := check(t, 200)(decided(ctx, func() (cluster.Reply, error) { return router.Reserve(ctx, "payments", k.key, map[string]any{}) })); r.Str("outcome") != "COMPLETED" || r.Str("fencing_token") != k.token {
 			t.Fatalf("%s completed by its owner after two moves: %s (token %s)", k.key, r, k.token)
 		}
 	}
@@ -200,6 +209,23 @@ func handoffStats(t *testing.T, c *cluster.Cluster) string {
 }
 
 // check fails the test unless a call answered with status want.
+// decided repeats call while it answers 503 UNAVAILABLE, until ctx ends:
+// under load a shard may not decide in time, and the contract's answer is
+// to retry with the same owner token.
+func decided(ctx context.Context, call func() (cluster.Reply, error)) (cluster.Reply, error) {
+	for {
+		r, err := call()
+		if err != nil || r.Status != http.StatusServiceUnavailable {
+			return r, err
+		}
+		select {
+		case <-ctx.Done():
+			return r, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 func check(t *testing.T, want int) func(cluster.Reply, error) cluster.Reply {
 	return func(r cluster.Reply, err error) cluster.Reply {
 		t.Helper()
@@ -223,7 +249,7 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 	topo := c.Topology.Clone()
 	v1 := c.TopologyPath
 	l := startLoad(ctx, []string{c.HTTPAddr("r2-1"), rt.HTTPAddr}, 8)
-	testutil.Until(t, 30*time.Second, "writes before the change", func() bool { return l.count() >= 200 })
+	l.await(t, 200, "writes before the change")
 
 	// Version 2: region r3 with three nodes, which start with the new file.
 	ports, err := launch.FreePorts(9)
@@ -251,7 +277,7 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 		t.Fatalf("plan does not show the new region:\n%s", plan)
 	}
 	start := time.Now()
-	mustCtl(t, "--config", v1, "topology", "apply", v2, "--no-wait")
+	mustCtl(t, "--config", v1, "--timeout", "30s", "topology", "apply", v2, "--no-wait")
 	leader := metaLeader(t, c, topo)
 	victim := "r1-1"
 	if leader == victim {
@@ -277,10 +303,12 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 		}
 	}
 	n := l.count()
-	testutil.Until(t, 30*time.Second, "writes after adding a region", func() bool { return l.count() >= n+100 })
+	l.await(t, n+100, "writes after adding a region")
 	// The new region serves keys it is now home to.
 	via3 := cluster.NewAPI(r3.Nodes[0].HTTPAddr)
-	r := check(t, 200)(via3.Reserve(ctx, "payments", "after-the-move", map[string]any{"owner_token": "late-owner-token-01"}))
+	r := check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+		return via3.Reserve(ctx, "payments", "after-the-move", map[string]any{"owner_token": "late-owner-token-01"})
+	}))
 	if r.Str("outcome") != "ACQUIRED" {
 		t.Fatalf("a fresh key through the new region: %s", r)
 	}
@@ -300,7 +328,7 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 		}
 	}
 	n = l.count()
-	testutil.Until(t, 30*time.Second, "writes after removing the region", func() bool { return l.count() >= n+100 })
+	l.await(t, n+100, "writes after removing the region")
 	l.finish()
 	if len(l.failures) > 0 {
 		t.Fatalf("%d calls failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
@@ -316,7 +344,9 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 			t.Fatalf("acknowledged completion of %s (token %s) after the changes: %s", key, a.token, r)
 		}
 	}
-	if r := check(t, 200)(router.Reserve(ctx, "payments", "after-the-move", map[string]any{"owner_token": "late-owner-token-01"})); r.Str("outcome") != "ACQUIRED" {
+	if r := check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+		return router.Reserve(ctx, "payments", "after-the-move", map[string]any{"owner_token": "late-owner-token-01"})
+	})); r.Str("outcome") != "ACQUIRED" {
 		t.Fatalf("the key reserved in the removed region, by its owner, after the region left: %s", r)
 	}
 	hs := handoffStats(t, c)

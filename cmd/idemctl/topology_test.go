@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -131,17 +130,63 @@ func (l *load) count() int { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acke
 
 func (l *load) finish() { close(l.stop); l.wg.Wait() }
 
-// mustCtlWithin is mustCtl with a deadline: apply follows a change until
-// it is done.
+// writesStall is how long await lets the writers go without an
+// acknowledged completion before it fails: on a loaded box writes through
+// a change are slow, and only writes that stopped are a failure.
+const writesStall = time.Minute
+
+// await waits until l acknowledged n completions, and fails the test once
+// none was acknowledged for writesStall.
+func (l *load) await(t *testing.T, n int, what string) {
+	t.Helper()
+	seen, since := l.count(), time.Now()
+	for {
+		got := l.count()
+		if got >= n {
+			return
+		}
+		if got != seen {
+			seen, since = got, time.Now()
+		} else if time.Since(since) > writesStall {
+			t.Fatalf("waiting for %s: %d of %d completions acknowledged, none for %s", what, got, n, writesStall)
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatalf("waiting for %s: %d of %d completions acknowledged when the test ended", what, got, n)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// mustCtlWithin is mustCtl for apply, which follows a change until it is
+// done and prints a line at each step: it fails once the command printed
+// nothing new for d (a change that is stuck), not at a fixed total, since
+// on a loaded box a change takes as long as its steps take.
 func mustCtlWithin(t *testing.T, d time.Duration, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), d)
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	var stdout, stderr bytes.Buffer
-	if err := run(ctx, args, &stdout, &stderr); err != nil {
-		t.Fatalf("idemctl %s: %v\n%s", strings.Join(args, " "), err, stdout.String())
+	var stdout, stderr testutil.Buffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, &stdout, &stderr) }()
+	printed, since := 0, time.Now()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("idemctl %s: %v\n%s", strings.Join(args, " "), err, stdout.String())
+			}
+			return stdout.String()
+		case <-time.After(500 * time.Millisecond):
+		}
+		if n := stdout.Len(); n != printed {
+			printed, since = n, time.Now()
+		} else if time.Since(since) > d {
+			cancel()
+			err := <-done
+			t.Fatalf("idemctl %s: nothing new printed for %s (%v); so far:\n%s", strings.Join(args, " "), d, err, stdout.String())
+		}
 	}
-	return stdout.String()
 }
 
 // nextVersion writes t at version v to dir/topology-vN.yaml.
@@ -215,7 +260,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 
 	// The load goes through r1-2 and r1-3, which stay throughout.
 	l := startLoad(ctx, []string{c.HTTPAddr("r1-2"), c.HTTPAddr("r1-3")}, 8)
-	testutil.Until(t, 30*time.Second, "writes before the change", func() bool { return l.count() >= 100 })
+	l.await(t, 100, "writes before the change")
 
 	// Version 2: r1-4 joins. It starts with the new file before the apply
 	// and waits to be added (not ready until then).
@@ -245,8 +290,8 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 	// Apply without waiting, interrupt by killing the meta leader, restart
 	// it, and resume with the same apply.
 	start := time.Now()
-	mustCtl(t, "--config", v1, "topology", "apply", v2, "--no-wait")
-	if out, err := ctl(t, "--config", v1, "topology", "apply", nextVersion(t, topo.Clone(), 2, t.TempDir()), "--no-wait"); err == nil ||
+	mustCtl(t, "--config", v1, "--timeout", "30s", "topology", "apply", v2, "--no-wait")
+	if out, err := ctl(t, "--config", v1, "--timeout", "30s", "topology", "apply", nextVersion(t, topo.Clone(), 2, t.TempDir()), "--no-wait"); err == nil ||
 		!(strings.Contains(err.Error(), "FAILED_PRECONDITION") && strings.Contains(err.Error(), "version 2") ||
 			// the first change may already be done: refused as stale
 			strings.Contains(err.Error(), "INVALID_ARGUMENT") && strings.Contains(err.Error(), "the active version is 2")) {
@@ -280,7 +325,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 		mustCtl(t, "--config", v2, "--timeout", "15s", "transfer-leader", s.ID, "r1-4")
 	}
 	n := l.count()
-	testutil.Until(t, 30*time.Second, "writes after growing", func() bool { return l.count() >= n+100 })
+	l.await(t, n+100, "writes after growing")
 
 	// Version 3: r1-1 leaves (it may lead shards and the meta group).
 	shrunk := grown.Clone()
@@ -297,7 +342,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	n = l.count()
-	testutil.Until(t, 30*time.Second, "writes after shrinking", func() bool { return l.count() >= n+100 })
+	l.await(t, n+100, "writes after shrinking")
 	l.finish()
 	if len(l.failures) > 0 {
 		t.Fatalf("%d calls failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
@@ -368,7 +413,7 @@ func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
 		}
 	}
 	l := startLoad(ctx, []string{rt.HTTPAddr}, 8)
-	testutil.Until(t, 30*time.Second, "writes before the changes", func() bool { return l.count() >= 100 })
+	l.await(t, 100, "writes before the changes")
 
 	active := c.TopologyPath
 	step := func(next *topology.Topology, v int, extra ...string) {
@@ -472,7 +517,7 @@ func TestTopologySurvivalZoneToRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := startLoad(ctx, []string{c.HTTPAddr("r1-1"), c.HTTPAddr("r2-1")}, 6)
-	testutil.Until(t, 30*time.Second, "writes before the change", func() bool { return l.count() >= 100 })
+	l.await(t, 100, "writes before the change")
 
 	region := topo.Clone()
 	region.Replicas, region.Survival = 3, topology.SurvivalRegion
@@ -480,7 +525,7 @@ func TestTopologySurvivalZoneToRegion(t *testing.T) {
 	out := mustCtlWithin(t, 2*time.Minute, "--config", c.TopologyPath, "--timeout", "10s", "topology", "apply", path)
 	t.Logf("apply:\n%s", out)
 	n := l.count()
-	testutil.Until(t, 30*time.Second, "writes after the change", func() bool { return l.count() >= n+50 })
+	l.await(t, n+50, "writes after the change")
 	l.finish()
 	if len(l.failures) > 0 {
 		t.Fatalf("%d calls failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
