@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -46,13 +45,13 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 	var held []heldKey
 	for i := range 40 {
 		k := heldKey{key: fmt.Sprintf("held-%d", i), owner: fmt.Sprintf("holder-token-%06d", i)}
-		r := check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+		r := check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) {
 			return node.Reserve(ctx, "payments", k.key, map[string]any{"owner_token": k.owner, "lease_ms": 600000})
 		}))
 		k.token = r.Str("fencing_token")
 		held = append(held, k)
 	}
-	short := check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+	short := check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) {
 		return node.Reserve(ctx, "payments", "short-lease", map[string]any{"owner_token": "short-owner-token-1", "lease_ms": 1000})
 	}))
 
@@ -120,7 +119,7 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 			if err != nil || r.Status != 200 || r.Str("outcome") != "IN_PROGRESS" {
 				t.Fatalf("%s: %s held by its owner, another reserve answered %v %v", stage, k.key, r, err)
 			}
-			r = check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+			r = check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) {
 				return node.Heartbeat(ctx, "payments", k.key, map[string]any{"owner_token": k.owner, "lease_ms": 600000})
 			}))
 			if r.Str("fencing_token") != "" && r.Str("fencing_token") != k.token {
@@ -155,10 +154,10 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 	checkHeld("after shrinking")
 	once("after shrinking", 0, 100, false)
 	for _, k := range held {
-		check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+		check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) {
 			return node.Complete(ctx, "payments", k.key, map[string]any{"owner_token": k.owner, "response": map[string]any{"status": 201, "body": ""}})
 		}))
-		if r := check(t, 200)(decided(ctx, func() (cluster.Reply, error) { return router.Reserve(ctx, "payments", k.key, map[string]any{}) })); r.Str("outcome") != "COMPLETED" || r.Str("fencing_token") != k.token {
+		if r := check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) { return router.Reserve(ctx, "payments", k.key, map[string]any{}) })); r.Str("outcome") != "COMPLETED" || r.Str("fencing_token") != k.token {
 			t.Fatalf("%s completed by its owner after two moves: %s (token %s)", k.key, r, k.token)
 		}
 	}
@@ -209,23 +208,6 @@ func handoffStats(t *testing.T, c *cluster.Cluster) string {
 }
 
 // check fails the test unless a call answered with status want.
-// decided repeats call while it answers 503 UNAVAILABLE, until ctx ends:
-// under load a shard may not decide in time, and the contract's answer is
-// to retry with the same owner token.
-func decided(ctx context.Context, call func() (cluster.Reply, error)) (cluster.Reply, error) {
-	for {
-		r, err := call()
-		if err != nil || r.Status != http.StatusServiceUnavailable {
-			return r, err
-		}
-		select {
-		case <-ctx.Done():
-			return r, err
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 func check(t *testing.T, want int) func(cluster.Reply, error) cluster.Reply {
 	return func(r cluster.Reply, err error) cluster.Reply {
 		t.Helper()
@@ -306,7 +288,7 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 	l.await(t, n+100, "writes after adding a region")
 	// The new region serves keys it is now home to.
 	via3 := cluster.NewAPI(r3.Nodes[0].HTTPAddr)
-	r := check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+	r := check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) {
 		return via3.Reserve(ctx, "payments", "after-the-move", map[string]any{"owner_token": "late-owner-token-01"})
 	}))
 	if r.Str("outcome") != "ACQUIRED" {
@@ -344,7 +326,7 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 			t.Fatalf("acknowledged completion of %s (token %s) after the changes: %s", key, a.token, r)
 		}
 	}
-	if r := check(t, 200)(decided(ctx, func() (cluster.Reply, error) {
+	if r := check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) {
 		return router.Reserve(ctx, "payments", "after-the-move", map[string]any{"owner_token": "late-owner-token-01"})
 	})); r.Str("outcome") != "ACQUIRED" {
 		t.Fatalf("the key reserved in the removed region, by its owner, after the region left: %s", r)

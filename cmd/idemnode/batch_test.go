@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -149,14 +148,14 @@ func TestJSONForwardingBatches(t *testing.T) {
 			for i := range perCaller {
 				k := fmt.Sprintf("json-%d-%d", g, i)
 				owner := "owner-token-" + k
-				r, err := untilDecided(ctx, func() (cluster.Reply, error) {
+				r, err := cluster.Decided(ctx, func() (cluster.Reply, error) {
 					return apis[(g+i)%3].Do(ctx, "POST", cluster.KeyPath("payments", k)+":reserve", map[string]any{"owner_token": owner})
 				})
 				if err != nil || r.Str("outcome") != "ACQUIRED" {
 					errs <- fmt.Errorf("reserve %s: %v %v", k, r, err)
 					return
 				}
-				r, err = untilDecided(ctx, func() (cluster.Reply, error) {
+				r, err = cluster.Decided(ctx, func() (cluster.Reply, error) {
 					return apis[(g+i+1)%3].Do(ctx, "POST", cluster.KeyPath("payments", k)+":complete",
 						map[string]any{"owner_token": owner, "response": map[string]any{"status": 201}})
 				})
@@ -188,7 +187,7 @@ func TestJSONForwardingBatches(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				owner := fmt.Sprintf("owner-token-%s-%d", key, i)
-				r, err := untilDecided(ctx, func() (cluster.Reply, error) {
+				r, err := cluster.Decided(ctx, func() (cluster.Reply, error) {
 					return apis[i%3].Do(ctx, "POST", cluster.KeyPath("payments", key)+":reserve", map[string]any{"owner_token": owner})
 				})
 				if err != nil {
@@ -211,24 +210,6 @@ func TestJSONForwardingBatches(t *testing.T) {
 		}
 		if winners != 1 {
 			t.Fatalf("%s: %d winners among %v", key, winners, outcomes)
-		}
-	}
-}
-
-// untilDecided repeats call while it answers 503 UNAVAILABLE, until ctx
-// ends. An election on a loaded box leaves a command's outcome unknown; the
-// contract's answer is to retry with the same owner token, which gives the
-// same owner ACQUIRED again (or COMPLETED), never a second owner.
-func untilDecided(ctx context.Context, call func() (cluster.Reply, error)) (cluster.Reply, error) {
-	for {
-		r, err := call()
-		if err != nil || r.Status != http.StatusServiceUnavailable {
-			return r, err
-		}
-		select {
-		case <-ctx.Done():
-			return r, err
-		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

@@ -140,3 +140,22 @@ func (a *API) Release(ctx context.Context, namespace, key string, body any) (Rep
 func (a *API) Get(ctx context.Context, namespace, key string) (Reply, error) {
 	return a.Do(ctx, http.MethodGet, KeyPath(namespace, key), nil)
 }
+
+// Decided repeats call while it answers 503 UNAVAILABLE, until ctx ends,
+// and returns the last answer. Under load a shard may not decide in time
+// (an election, an outcome unknown); the contract's answer is to retry with
+// the same owner token, which gives the same owner ACQUIRED again (or
+// COMPLETED), never a second owner.
+func Decided(ctx context.Context, call func() (Reply, error)) (Reply, error) {
+	for {
+		r, err := call()
+		if err != nil || r.Status != http.StatusServiceUnavailable {
+			return r, err
+		}
+		select {
+		case <-ctx.Done():
+			return r, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
