@@ -41,12 +41,14 @@ func (a *admin) ListShard(ctx context.Context, req *idemv1.ListShardRequest) (*i
 func (a *admin) Status(ctx context.Context, _ *idemv1.StatusRequest) (*idemv1.StatusResponse, error) {
 	n := a.n
 	resp := &idemv1.StatusResponse{
-		Cluster:         n.cfg.Topology.Cluster,
-		NodeId:          n.cfg.NodeID,
-		Region:          n.self.Region,
-		Ready:           n.Ready(ctx) == nil,
-		Version:         n.cfg.Version,
-		RingFingerprint: n.layout, // what a peer or router must share: the key layout
+		Cluster:           n.cfg.Topology.Cluster,
+		NodeId:            n.cfg.NodeID,
+		Region:            n.self.Region,
+		Ready:             n.Ready(ctx) == nil,
+		Version:           n.cfg.Version,
+		RingFingerprint:   n.layout, // what a peer or router must share: the key layout
+		ClusterVersion:    uint32(n.clusterVersion()),
+		AdvertisedVersion: uint32(n.advertisedVersion()),
 	}
 	for _, id := range n.shardIDs() {
 		s := n.shard(id)
@@ -141,13 +143,14 @@ func (a *admin) replaceMetaMember(ctx context.Context, id string) (*idemv1.Repla
 // Clock answers a peer's clock probe with this node's clock (the one it
 // would stamp commands with, before any correction), whether its disk is
 // below its reserve (the peer's admission control reads it) and the
-// features it advertises (the peer's packGate reads them).
+// cluster version it advertises (the meta group's leader reads it).
 func (a *admin) Clock(context.Context, *idemv1.ClockRequest) (*idemv1.ClockResponse, error) {
 	low := false
 	if d := a.n.disk; d != nil {
 		low, _ = d.low()
 	}
-	return &idemv1.ClockResponse{UnixNanos: a.n.localNow(), BelowDiskReserve: low, Features: a.n.features()}, nil
+	return &idemv1.ClockResponse{UnixNanos: a.n.localNow(), BelowDiskReserve: low,
+		AdvertisedVersion: uint32(a.n.advertisedVersion()), Features: clockFeatures(a.n.advertisedVersion())}, nil
 }
 
 func adminError(err error) error {

@@ -40,8 +40,6 @@ type peerClock struct {
 	offset   time.Duration // peer's clock minus this node's, at the reading
 	// lowDisk: the peer reported its disk below its reserve.
 	lowDisk bool
-	// packedEntries: the peer advertised FeaturePackedEntries.
-	packedEntries bool
 }
 
 // clocks measures this node's clock against its peers' (the voters of the
@@ -49,9 +47,9 @@ type peerClock struct {
 // forwarding uses, and answers what the node needs: whether its own clock is
 // past the bound, the clock readings a command is stamped with, and the
 // offset metric. The same answers carry each peer's disk-reserve state and
-// features, so the probes run even with the clock check off: every voter of
-// a shard probes every other voter of it, which is what the packing gate
-// (features.go) needs from its leader.
+// advertised cluster version, so the probes run even with the clock check
+// off; the meta group's leader also asks the nodes it shares no shard with
+// for their version (askVersions, version.go).
 type clocks struct {
 	n     *Node
 	bound time.Duration // < 0: the leadership/readiness check is off
@@ -69,10 +67,20 @@ type clocks struct {
 	// during a rolling upgrade): commands of shards they vote in are
 	// stamped the old way, which their state machine can decode.
 	legacy map[string]bool
+	// advertised is the cluster version each node last advertised, and
+	// when (any answer to Admin.Clock; a release without it counts as
+	// VersionBaseline).
+	advertised map[string]advertisedVersion
 
 	offsetGauge  *prometheus.GaugeVec
 	skewedGauge  prometheus.Gauge
-	featureGauge *prometheus.GaugeVec
+	versionGauge *prometheus.GaugeVec
+}
+
+// advertisedVersion is one node's answer about its version.
+type advertisedVersion struct {
+	version int
+	at      time.Time
 }
 
 func newClocks(n *Node) *clocks {
@@ -81,12 +89,13 @@ func newClocks(n *Node) *clocks {
 		stampBound = DefaultMaxClockOffset
 	}
 	c := &clocks{n: n, bound: n.cfg.MaxClockOffset, stampBound: stampBound, readings: map[string]peerClock{}, legacy: map[string]bool{},
+		advertised: map[string]advertisedVersion{},
 		offsetGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_clock_offset_seconds",
 			Help: "Each peer's clock minus this node's, measured on the Admin.Clock RPC (accurate to half the round trip)."}, []string{"peer"}),
 		skewedGauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_node_clock_skewed",
 			Help: "1 while this node's clock is off from its peers' by more than --max-clock-offset: it leads no shard and is not ready."}),
-		featureGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_peer_feature",
-			Help: "1 if the peer's last Admin.Clock answer advertised the feature (packed-entries: it reads packed Raft entries), 0 if it did not or its release has no Admin.Clock; absent until it answered."}, []string{"peer", "feature"}),
+		versionGauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_peer_version",
+			Help: "The cluster version the peer's last Admin.Clock answer advertised (1 for a release before the cluster version without packing); absent until it answered."}, []string{"peer"}),
 	}
 	c.setPeers(n.view())
 	return c
@@ -121,7 +130,7 @@ func (c *clocks) setPeers(v *view) {
 func (c *clocks) peers() []string { return *c.peersp.Load() }
 
 func (c *clocks) register(r *prometheus.Registry) error {
-	for _, m := range []prometheus.Collector{c.offsetGauge, c.skewedGauge, c.featureGauge} {
+	for _, m := range []prometheus.Collector{c.offsetGauge, c.skewedGauge, c.versionGauge} {
 		if err := r.Register(m); err != nil {
 			return fmt.Errorf("node: register clock metrics: %w", err)
 		}
@@ -136,39 +145,88 @@ func (c *clocks) probe(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, p := range c.peers() {
 		wg.Go(func() {
-			conn, err := c.n.fwd.Conn(p)
-			if err != nil {
-				return
-			}
-			cctx, cancel := context.WithTimeout(ctx, clockProbeInterval)
-			defer cancel()
 			start := time.Now()
 			local0 := c.n.localNow()
-			resp, err := idemv1.NewAdminClient(conn).Clock(cctx, &idemv1.ClockRequest{})
+			resp, err := c.ask(ctx, p)
 			if err != nil {
 				if status.Code(err) == codes.Unimplemented {
 					c.mu.Lock()
 					c.legacy[p] = true
 					c.mu.Unlock()
-					c.featureGauge.WithLabelValues(p, FeaturePackedEntries).Set(0)
 				}
 				return
 			}
 			rtt := time.Since(start)
-			pc := peerClock{peerTime: resp.GetUnixNanos(), mid: start.Add(rtt / 2), rtt: rtt, lowDisk: resp.GetBelowDiskReserve(),
-				packedEntries: slices.Contains(resp.GetFeatures(), FeaturePackedEntries)}
+			pc := peerClock{peerTime: resp.GetUnixNanos(), mid: start.Add(rtt / 2), rtt: rtt, lowDisk: resp.GetBelowDiskReserve()}
 			pc.offset = time.Duration(pc.peerTime - (local0 + int64(rtt/2)))
 			c.mu.Lock()
 			c.readings[p] = pc
 			delete(c.legacy, p)
 			c.mu.Unlock()
 			c.offsetGauge.WithLabelValues(p).Set(pc.offset.Seconds())
-			feature := 0.0
-			if pc.packedEntries {
-				feature = 1
-			}
-			c.featureGauge.WithLabelValues(p, FeaturePackedEntries).Set(feature)
 		})
+	}
+	wg.Wait()
+}
+
+// ask calls peer's Admin.Clock and records the version it advertises (a
+// release without Admin.Clock: VersionBaseline).
+func (c *clocks) ask(ctx context.Context, peer string) (*idemv1.ClockResponse, error) {
+	conn, err := c.n.fwd.Conn(peer)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, clockProbeInterval)
+	defer cancel()
+	resp, err := idemv1.NewAdminClient(conn).Clock(cctx, &idemv1.ClockRequest{})
+	switch {
+	case err == nil:
+		c.noteVersion(peer, peerVersion(resp))
+	case status.Code(err) == codes.Unimplemented:
+		c.noteVersion(peer, VersionBaseline)
+	}
+	return resp, err
+}
+
+func (c *clocks) noteVersion(peer string, v int) {
+	c.mu.Lock()
+	c.advertised[peer] = advertisedVersion{version: v, at: time.Now()}
+	c.mu.Unlock()
+	c.versionGauge.WithLabelValues(peer).Set(float64(v))
+}
+
+// versions returns the version each node advertised in a fresh answer
+// (younger than clockEstimateTTL): a node silent for longer counts as not
+// upgraded, as one never heard from.
+func (c *clocks) versions() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return young(c.advertised, func(a advertisedVersion) (time.Time, int) { return a.at, a.version })
+}
+
+// young returns what of m was read less than clockEstimateTTL ago: read
+// gives an entry's time and the value kept.
+func young[V, W any](m map[string]V, read func(V) (time.Time, W)) map[string]W {
+	out := make(map[string]W, len(m))
+	for p, v := range m {
+		if at, w := read(v); time.Since(at) < clockEstimateTTL {
+			out[p] = w
+		}
+	}
+	return out
+}
+
+// askVersions asks each of nodes (this node aside) without a fresh answer
+// for its version, concurrently: the meta group's leader counts nodes it
+// shares no shard with.
+func (c *clocks) askVersions(ctx context.Context, nodes []string) {
+	have := c.versions()
+	var wg sync.WaitGroup
+	for _, p := range nodes {
+		if _, ok := have[p]; ok || p == c.n.cfg.NodeID {
+			continue
+		}
+		wg.Go(func() { _, _ = c.ask(ctx, p) })
 	}
 	wg.Wait()
 }
@@ -190,13 +248,7 @@ func (c *clocks) reading(peer string) (peerClock, bool) {
 func (c *clocks) fresh() map[string]peerClock {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[string]peerClock, len(c.readings))
-	for p, r := range c.readings {
-		if time.Since(r.mid) < clockEstimateTTL {
-			out[p] = r
-		}
-	}
-	return out
+	return young(c.readings, func(r peerClock) (time.Time, peerClock) { return r.mid, r })
 }
 
 // offset is how far this node's clock is from its peers': the median of
@@ -344,18 +396,17 @@ func (c *clocks) now() int64 {
 	return local + int64(off)
 }
 
-// run probes the peers every clockProbeInterval (then runs the packing
-// gate) and, with the clock check on and while this node's clock is past
+// run probes the peers every clockProbeInterval (then follows the
+// cluster version: followClusterVersion) and, with the clock check on and while this node's clock is past
 // the bound, hands over every leadership it holds (again whenever it is
 // elected).
 func (c *clocks) run(ctx context.Context) {
-	c.n.gatePacking() // one-voter shards need no peer's answer
 	// Peers come and go with topology changes (setPeers): a node with none
 	// now keeps the loop, and probes whoever it shares a shard with later.
 	if len(c.peers()) > 0 {
 		c.probe(ctx)
-		c.n.gatePacking()
 	}
+	c.n.followClusterVersion(ctx)
 	probe := time.NewTicker(clockProbeInterval)
 	defer probe.Stop()
 	var guardC <-chan time.Time // nil, never fires, with the check off
@@ -371,7 +422,7 @@ func (c *clocks) run(ctx context.Context) {
 			return
 		case <-probe.C:
 			c.probe(ctx)
-			c.n.gatePacking()
+			c.n.followClusterVersion(ctx)
 		case <-guardC:
 		}
 		if !c.enabled() {

@@ -74,8 +74,9 @@ type Config struct {
 	Raft raftstore.Config
 	// PackCommands is --raft-pack-commands: whether a shard this node leads
 	// packs commands queued behind in-flight Raft entries into one entry.
-	// The zero value, PackAuto, packs once every voter of the shard was
-	// seen advertising FeaturePackedEntries (features.go).
+	// The zero value, PackAuto, packs once the cluster version reached
+	// VersionPackedEntries (version.go); PackOff also holds the cluster
+	// version below it.
 	PackCommands PackMode
 	// MaxClockOffset bounds how far this node's clock may be from its
 	// peers' (measured on the Admin.Clock RPC): past it the node leads no

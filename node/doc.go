@@ -43,9 +43,13 @@
 //     voters' clock readings (fsm.QuorumTime).
 //   - admission.go: 429 for data-adding writes below the disk reserve; the
 //     admission type takes further checks (a state-size limit).
-//   - features.go: what the node advertises on Admin.Clock (packed-entries)
-//     and the gate of --raft-pack-commands=auto: a shard packs once every
-//     voter advertised it (raftstore/DESIGN.md, "Switching packing on").
+//   - version.go: the cluster version (as etcd's): each node advertises its
+//     release's on Admin.Clock, the meta group's leader raises the stored
+//     cluster version to the minimum over the topology's nodes, and features
+//     switch on when it reaches the version that brought them (packing with
+//     --raft-pack-commands=auto, partition handoff); a release below the
+//     data dir's cluster version refuses to start (raftstore/DESIGN.md,
+//     "Switching packing on").
 //
 // # Guarantees
 //

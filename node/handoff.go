@@ -28,12 +28,6 @@ import (
 // place keys with a blend of the active and the target ring (view.placer):
 // a moved partition by the target's.
 
-// FeaturePartitionHandoff is what a node's ShardState answer lists when its
-// release applies the partition commands: the mover moves no partition of
-// a shard until every voter of it lists it (a replica of an older release
-// would refuse the commands its peers apply, and diverge).
-const FeaturePartitionHandoff = "partition-handoff"
-
 const (
 	// handoffBatch is the most partitions one handoff step moves: the
 	// batch's keys pause (answered 503 with Retry-After) from its freeze to
@@ -197,6 +191,12 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView) (moveStep, bool, err
 	if len(moves) == 0 {
 		return moveStep{}, false, nil
 	}
+	// A replica of a release without the partition commands would refuse
+	// what its peers apply, and diverge: no partition moves before every
+	// node supports them.
+	if err := n.needVersion(mv, VersionPartitionHandoff, "moving keys between shards"); err != nil {
+		return moveStep{}, false, err
+	}
 	involved := map[string]bool{}
 	for _, m := range moves {
 		involved[m.From], involved[m.To] = true, true
@@ -214,15 +214,6 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView) (moveStep, bool, err
 		}
 		if ls.partitionCount != 0 {
 			continue
-		}
-		for _, m := range ls.members {
-			st, err := n.shardStateOf(ctx, m.ID, id)
-			if err != nil {
-				return moveStep{}, false, fmt.Errorf("asking %s whether it can take part in moving %s's partitions: %w", m.ID, id, err)
-			}
-			if !slices.Contains(st.features, FeaturePartitionHandoff) {
-				return moveStep{}, false, fmt.Errorf("node %s (a member of %s) runs a release that cannot move partitions: upgrade it first", m.ID, id)
-			}
 		}
 		return moveStep{shard: id, op: "adopt"}, true, nil
 	}

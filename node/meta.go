@@ -34,6 +34,9 @@ type metaCommand struct {
 	At       int64           `json:"at,omitempty"` // unix nanos, the proposer's clock
 	// Partitions (moved) are ring partitions, ascending.
 	Partitions []uint32 `json:"partitions,omitempty"`
+	// ClusterVersion ("cluster-version") raises the cluster version to it;
+	// one at or below the stored version changes nothing.
+	ClusterVersion int `json:"cluster_version,omitempty"`
 }
 
 // metaRecord is the meta state as stored in snapshots.
@@ -49,6 +52,9 @@ type metaRecord struct {
 	// their target shard, ascending; the others are still where the
 	// active topology puts them.
 	Moved []uint32 `json:"moved,omitempty"`
+	// ClusterVersion is the cluster version (version.go); 0 until the
+	// meta group's leader first raised it (VersionBaseline).
+	ClusterVersion int `json:"cluster_version,omitempty"`
 }
 
 // metaView is a consistent read of the meta state. active is nil until
@@ -61,6 +67,9 @@ type metaView struct {
 	// moved is the set of partitions the running change moved (shared,
 	// read-only).
 	moved map[uint32]bool
+	// clusterVersion is the stored cluster version (0: none yet, read as
+	// VersionBaseline by effectiveVersion).
+	clusterVersion int
 }
 
 // voters returns shard id's voters in the active topology, then those
@@ -175,6 +184,11 @@ func (m *metaSM) Apply(index uint64, data []byte) any {
 		}
 		slices.Sort(moved)
 		rec.Moved = moved
+	case "cluster-version":
+		if cmd.ClusterVersion <= rec.ClusterVersion {
+			return nil // never lower; a repeated raise
+		}
+		rec.ClusterVersion = cmd.ClusterVersion
 	case "progress":
 		if m.view.target != nil && cmd.At > rec.LastProgress {
 			rec.LastProgress = cmd.At
@@ -201,7 +215,7 @@ func (m *metaSM) set(rec metaRecord, applied uint64) error {
 		moved[p] = true
 	}
 	m.view = metaView{active: active, target: target, dead: rec.Dead, left: rec.Left, changeStarted: rec.ChangeStarted, lastProgress: rec.LastProgress,
-		applied: applied, moved: moved}
+		applied: applied, moved: moved, clusterVersion: rec.ClusterVersion}
 	close(m.changed)
 	m.changed = make(chan struct{})
 	return nil

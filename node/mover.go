@@ -97,10 +97,8 @@ type shardState struct {
 	applied uint64
 	commit  uint64
 	members []raftstore.Member
-	// partitionCount is the group's partition table's (0: none adopted);
-	// features what the node's release can do.
+	// partitionCount is the group's partition table's (0: none adopted).
 	partitionCount uint32
-	features       []string
 }
 
 // localShardState is this node's ShardState for shard id.
@@ -118,7 +116,6 @@ func (n *Node) localShardState(id string) shardState {
 	stats := g.Stats()
 	st.hosted, st.leader, st.applied, st.commit = true, g.IsLeader(), stats.AppliedIndex, stats.CommitIndex
 	st.members, _ = g.Members()
-	st.features = []string{FeaturePartitionHandoff}
 	if s := n.shard(id); s != nil {
 		st.partitionCount = s.fsm.PartitionCount()
 	}
@@ -141,7 +138,7 @@ func (n *Node) shardStateOf(ctx context.Context, id, shard string) (shardState, 
 		return shardState{}, err
 	}
 	st := shardState{node: id, hosted: resp.GetHosted(), leader: resp.GetLeader(), applied: resp.GetAppliedIndex(), commit: resp.GetCommitIndex(),
-		partitionCount: resp.GetPartitionCount(), features: resp.GetFeatures()}
+		partitionCount: resp.GetPartitionCount()}
 	for _, m := range resp.GetMembers() {
 		st.members = append(st.members, raftstore.Member{ID: m.GetId(), Addr: m.GetAddr(), Voter: m.GetVoter()})
 	}

@@ -107,10 +107,13 @@ type Node struct {
 	// node's topology file is not the one the cluster was created with.
 	ringErr  atomic.Pointer[error]
 	clocks   *clocks
-	packGate *packGate        // PackAuto's feature gate
 	admit    *admission       // set by Start
 	disk     *diskSpace       // set by Start
 	identity datadir.Identity // as read (or written) by Start
+	// seenVersion is the highest cluster version this node's meta replica
+	// showed (noteClusterVersion), clusterVersionGauge its metric.
+	seenVersion         atomic.Int64
+	clusterVersionGauge prometheus.Gauge
 	// failure is set once the Raft log failed stop; failed is then closed
 	// and Serve returns the error.
 	failure   atomic.Pointer[error]

@@ -67,7 +67,8 @@ func New(cfg Config) (*Node, error) {
 		Help: "Reserves with a wait answered at once because --max-waiters reserves were already waiting on this node."})
 	n.unsafeGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_unsafe_settings",
 		Help: "1 for each setting in force that turns a safety check off (insecure: --insecure; clock_check_off: --max-clock-offset 0; fault_injection: a --testing-* flag); absent otherwise."}, []string{"setting"})
-	n.packGate = newPackGate(cfg.NodeID)
+	n.clusterVersionGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_cluster_version",
+		Help: "The cluster version as this node's replica of the meta group holds it: 1 baseline, 2 packed entries, 3 partition handoff (docs/operations.md, \"Upgrades and the cluster version\")."})
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
 		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings, Topology: n.topologyHTTP(), LeaderAddr: n.httpAddrOf,
@@ -121,6 +122,9 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	if existed {
 		n.markSeatsOfOlderRelease()
 	}
+	if err := checkClusterVersion(cfg.DataDir, 0); err != nil {
+		return err
+	}
 	n.warnFaultInjection()
 	n.warnUnsafeSettings()
 	rcfg := cfg.Raft
@@ -129,7 +133,7 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 		rcfg.Packer, rcfg.PackingGated = nil, false
 	case PackOn:
 		rcfg.Packer, rcfg.PackingGated = fsm.Packer{}, false
-	default: // PackAuto: gatePacking switches each group on
+	default: // PackAuto: gatePacking switches each group on with the cluster version
 		rcfg.Packer, rcfg.PackingGated = fsm.Packer{}, true
 	}
 	rcfg.OnStorageFailure = n.storageFailed
@@ -163,6 +167,11 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	}
 	if err := n.openMeta(!existed); err != nil {
 		return err
+	}
+	// The meta state restored from its snapshot may hold a cluster version
+	// the data dir's record missed (a crash before it was written).
+	if mv, _ := n.meta.read(); mv.clusterVersion > ReleaseVersion {
+		return checkClusterVersion(cfg.DataDir, mv.clusterVersion)
 	}
 	// The node's seats: those its own file gives it, and those of the
 	// cluster's active topology (and running change) when the meta group
@@ -201,6 +210,9 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	if err := n.clocks.register(cfg.Registry); err != nil {
 		return err
 	}
+	if err := cfg.Registry.Register(n.clusterVersionGauge); err != nil {
+		return fmt.Errorf("node: register metrics: %w", err)
+	}
 	if err := cfg.Registry.Register(n.unsafeGauge); err != nil {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
@@ -238,7 +250,7 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 		}
 	}
 	n.log.Info("admission control", "disk_reserve_bytes", disk.reserve)
-	n.log.Info("command packing", "raft_pack_commands", cfg.PackCommands.String(), "advertises", n.features())
+	n.log.Info("command packing", "raft_pack_commands", cfg.PackCommands.String(), "release_version", ReleaseVersion, "advertised_version", n.advertisedVersion())
 
 	if n.httpLn, err = cfg.Security.ListenAPI(cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
 		return fmt.Errorf("node: http listener: %w", err)

@@ -278,7 +278,10 @@ func (t *topologyService) ShardState(ctx context.Context, req *idemv1.ShardState
 	}
 	st := t.n.localShardState(req.GetShard())
 	resp := &idemv1.ShardStateResponse{Hosted: st.hosted, Leader: st.leader, AppliedIndex: st.applied, CommitIndex: st.commit,
-		PartitionCount: st.partitionCount, Features: []string{FeaturePartitionHandoff}}
+		PartitionCount: st.partitionCount}
+	if t.n.advertisedVersion() >= VersionPartitionHandoff {
+		resp.Features = []string{featurePartitionHandoff} // for a mover of a release before the cluster version
+	}
 	if st.hosted {
 		if id := req.GetShard(); id == MetaGroupID {
 			resp.LeaderId, _ = t.n.metaGroup.Leader()

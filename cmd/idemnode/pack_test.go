@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/internal/launch"
+	"github.com/idem-dev/idem/node"
 )
 
 // With --raft-pack-commands (many commands per Raft entry) the promises
@@ -88,8 +91,8 @@ func packingShards(t *testing.T, c *cluster.Cluster, id string) float64 {
 }
 
 // A region started with the defaults (--raft-pack-commands=auto) switches
-// packing on in every shard once the nodes have seen each other advertise
-// packed-entries, and packs under concurrent load.
+// packing on in every shard once the cluster version reached packed
+// entries, and packs under concurrent load.
 func TestDefaultRegionPacks(t *testing.T) {
 	c := startCluster(t, launch.Spec{})
 	shards := float64(c.Topology.ShardsPerRegion) // every node votes in every shard
@@ -117,11 +120,14 @@ func TestDefaultRegionPacks(t *testing.T) {
 	}
 }
 
-// One node runs with --raft-pack-commands=off, whose Clock answer is on the
-// wire that of a release without packing (no features field): this is the
-// simulated old release of a rolling upgrade. While it is a voter no shard
-// packs, though the other two see each other advertise; once it restarts
-// with the defaults (upgraded), every shard packs.
+// One node runs with --raft-pack-commands=off, which advertises cluster
+// version 1 (no packed entries) and, on the wire, the Clock answer of a
+// release without packing: the simulated old release of a rolling upgrade.
+// While it is in the cluster the cluster version stays 1 and no shard
+// packs, though the other two advertise this release's; once it restarts
+// with the defaults (upgraded), the cluster version rises and every shard
+// packs. A data dir whose cluster version is above the release's is then
+// refused (going back below the cluster version is not supported).
 func TestOldVoterHoldsPackingBack(t *testing.T) {
 	topo, err := launch.Topology(launch.Spec{})
 	if err != nil {
@@ -143,23 +149,34 @@ func TestOldVoterHoldsPackingBack(t *testing.T) {
 	if err := c.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	feature := func(at, peer string) (float64, bool) {
-		return metricWhere(t, c, at, "idem_node_peer_feature", `peer="`+peer+`"`, `feature="packed-entries"`)
+	peerVersion := func(at, peer string) (float64, bool) {
+		return metricWhere(t, c, at, "idem_node_peer_version", `peer="`+peer+`"`)
 	}
-	// The gate had its chance: each new node has answers from both peers,
-	// the other new one advertising, the old one not.
+	clusterVersion := func(at string) float64 {
+		v, _ := metricWhere(t, c, at, "idem_cluster_version")
+		return v
+	}
+	// The version had its chance: each new node has answers from both
+	// peers, the other new one advertising this release's, the old one 1;
+	// and every node holds cluster version 1.
 	for _, id := range ids[:2] {
 		other := ids[1-slices.Index(ids, id)]
 		waitFor(t, id+" heard both peers", func() bool {
-			o, ok1 := feature(id, old)
-			n, ok2 := feature(id, other)
-			return ok1 && ok2 && o == 0 && n == 1
+			o, ok1 := peerVersion(id, old)
+			n, ok2 := peerVersion(id, other)
+			return ok1 && ok2 && o == node.VersionBaseline && n == node.ReleaseVersion
 		})
+	}
+	for _, id := range ids {
+		waitFor(t, id+" holds cluster version 1", func() bool { return clusterVersion(id) == node.VersionBaseline })
 	}
 	testConcurrentReservesOneOwner(t, c)
 	for _, id := range ids {
 		if p := packingShards(t, c, id); p != 0 {
-			t.Errorf("%s packs in %v shards while %s (no packed-entries) votes in all of them", id, p, old)
+			t.Errorf("%s packs in %v shards while %s (advertising 1) votes in all of them", id, p, old)
+		}
+		if v := clusterVersion(id); v != node.VersionBaseline {
+			t.Errorf("%s: cluster version %v while %s advertises 1", id, v, old)
 		}
 	}
 	if n := packedEntries(t, c); n != 0 {
@@ -186,12 +203,37 @@ func TestOldVoterHoldsPackingBack(t *testing.T) {
 	}
 	shards := float64(c.Topology.ShardsPerRegion)
 	for _, id := range ids {
+		waitFor(t, id+" holds this release's cluster version", func() bool { return clusterVersion(id) == node.ReleaseVersion })
 		waitFor(t, id+" packs in every shard after the upgrade", func() bool { return packingShards(t, c, id) == shards })
+	}
+	if rose := grepLines(mustRead(t, c.Nodes[ids[0]].Log), "cluster version rose"); rose == "" {
+		t.Errorf("%s logged no rise of the cluster version", ids[0])
 	}
 	testConcurrentReservesOneOwner(t, c)
 	if n := packedEntries(t, c); n == 0 {
 		t.Fatal("after the upgrade: no entry carried more than one command")
 	}
+
+	// A release below the data dir's cluster version refuses to start. The
+	// record stands in for a later release's cluster version.
+	p := c.Nodes[old]
+	if err := p.Stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	record := filepath.Join(c.Dir, "data", old, "cluster_version.json")
+	if b, err := os.ReadFile(record); err != nil || !strings.Contains(string(b), fmt.Sprint(node.ReleaseVersion)) {
+		t.Fatalf("the data dir's record of the cluster version: %q, %v", b, err)
+	}
+	if err := os.WriteFile(record, []byte(fmt.Sprintf(`{"cluster_version": %d}`, node.ReleaseVersion+1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	line := lastLine(mustRefuse(t, p))
+	for _, part := range []string{"cluster version", "not supported", fmt.Sprint(node.ReleaseVersion + 1)} {
+		if !strings.Contains(line, part) {
+			t.Fatalf("refusal line lacks %q: %s", part, line)
+		}
+	}
+	t.Logf("refusal: %s", line)
 }
 
 func mustRead(t *testing.T, path string) []byte {

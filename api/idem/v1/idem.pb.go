@@ -1892,8 +1892,14 @@ type StatusResponse struct {
 	// The fingerprint of the ring this node was created with (topology.Ring):
 	// routers and peers refuse to work with a node whose ring differs.
 	RingFingerprint string `protobuf:"bytes,7,opt,name=ring_fingerprint,json=ringFingerprint,proto3" json:"ring_fingerprint,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// cluster_version is the cluster version as this node's replica of the
+	// meta group holds it (0 before the meta group recorded one: the
+	// baseline, 1); it never goes down. advertised_version is what this node
+	// advertises to the meta group's leader (ClockResponse).
+	ClusterVersion    uint32 `protobuf:"varint,8,opt,name=cluster_version,json=clusterVersion,proto3" json:"cluster_version,omitempty"`
+	AdvertisedVersion uint32 `protobuf:"varint,9,opt,name=advertised_version,json=advertisedVersion,proto3" json:"advertised_version,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1973,6 +1979,20 @@ func (x *StatusResponse) GetRingFingerprint() string {
 		return x.RingFingerprint
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetClusterVersion() uint32 {
+	if x != nil {
+		return x.ClusterVersion
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetAdvertisedVersion() uint32 {
+	if x != nil {
+		return x.AdvertisedVersion
+	}
+	return 0
 }
 
 type TransferLeaderRequest struct {
@@ -2309,14 +2329,20 @@ type ClockResponse struct {
 	// than its --disk-reserve-bytes; leaders of the shards it votes in refuse
 	// writes that add data until it has room again.
 	BelowDiskReserve bool `protobuf:"varint,2,opt,name=below_disk_reserve,json=belowDiskReserve,proto3" json:"below_disk_reserve,omitempty"`
-	// features are what the answering node's release understands and agrees
-	// to have in the logs of the shards it votes in, e.g. "packed-entries"
-	// (many commands in one Raft entry). A release without the field answers
-	// without it: it supports none of them. A leader uses a feature in a
-	// shard only once every voter of the shard advertised it.
-	Features      []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// features is what releases before the cluster version advertised
+	// ("packed-entries": it reads many commands in one Raft entry). Still
+	// sent ("packed-entries" when advertised_version is 2 or more) for the
+	// leaders of such a release during a rolling upgrade; read only from a
+	// peer that sends no advertised_version.
+	Features []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
+	// advertised_version is the cluster version the answering node's release
+	// supports (node.ReleaseVersion), or a lower one it holds the cluster at
+	// (--raft-pack-commands=off advertises 1). 0 (absent): a release before
+	// the cluster version. The meta group's leader raises the cluster version
+	// to the minimum over every node of the topology.
+	AdvertisedVersion uint32 `protobuf:"varint,4,opt,name=advertised_version,json=advertisedVersion,proto3" json:"advertised_version,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ClockResponse) Reset() {
@@ -2368,6 +2394,13 @@ func (x *ClockResponse) GetFeatures() []string {
 		return x.Features
 	}
 	return nil
+}
+
+func (x *ClockResponse) GetAdvertisedVersion() uint32 {
+	if x != nil {
+		return x.AdvertisedVersion
+	}
+	return 0
 }
 
 // KeyInfo is one listed key.
@@ -4005,7 +4038,7 @@ const file_idem_proto_rawDesc = "" +
 	"\arecords\x18\n" +
 	" \x01(\x04R\arecords\x12!\n" +
 	"\frecord_bytes\x18\v \x01(\x04R\vrecordBytes\x12\x18\n" +
-	"\apacking\x18\f \x01(\bR\apacking\"\xe4\x01\n" +
+	"\apacking\x18\f \x01(\bR\apacking\"\xbc\x02\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -4013,7 +4046,9 @@ const file_idem_proto_rawDesc = "" +
 	"\x05ready\x18\x04 \x01(\bR\x05ready\x12,\n" +
 	"\x06shards\x18\x05 \x03(\v2\x14.idem.v1.ShardStatusR\x06shards\x12\x18\n" +
 	"\aversion\x18\x06 \x01(\tR\aversion\x12)\n" +
-	"\x10ring_fingerprint\x18\a \x01(\tR\x0fringFingerprint\"S\n" +
+	"\x10ring_fingerprint\x18\a \x01(\tR\x0fringFingerprint\x12'\n" +
+	"\x0fcluster_version\x18\b \x01(\rR\x0eclusterVersion\x12-\n" +
+	"\x12advertised_version\x18\t \x01(\rR\x11advertisedVersion\"S\n" +
 	"\x15TransferLeaderRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\x12$\n" +
 	"\x0etarget_node_id\x18\x02 \x01(\tR\ftargetNodeId\"5\n" +
@@ -4029,12 +4064,13 @@ const file_idem_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"3\n" +
 	"\x14ReplaceVoterResponse\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\x0e\n" +
-	"\fClockRequest\"x\n" +
+	"\fClockRequest\"\xa7\x01\n" +
 	"\rClockResponse\x12\x1d\n" +
 	"\n" +
 	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\x12,\n" +
 	"\x12below_disk_reserve\x18\x02 \x01(\bR\x10belowDiskReserve\x12\x1a\n" +
-	"\bfeatures\x18\x03 \x03(\tR\bfeatures\"\xe1\x02\n" +
+	"\bfeatures\x18\x03 \x03(\tR\bfeatures\x12-\n" +
+	"\x12advertised_version\x18\x04 \x01(\rR\x11advertisedVersion\"\xe1\x02\n" +
 	"\aKeyInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12$\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x0e.idem.v1.StateR\x05state\x12#\n" +

@@ -279,8 +279,10 @@ type ShardStateResponse struct {
 	// The ring's partition count in the group's partition table; 0 while the
 	// group has none (it serves every key routed to it).
 	PartitionCount uint32 `protobuf:"varint,7,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
-	// What the answering node's release can do ("partition-handoff": it
-	// applies the partition commands, so a shard it votes in may move keys).
+	// What releases before the cluster version checked before moving keys
+	// ("partition-handoff": the node applies the partition commands). Still
+	// sent for the movers of such a release during a rolling upgrade; no
+	// longer read (the cluster version gates handoff).
 	Features      []string `protobuf:"bytes,8,rep,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
