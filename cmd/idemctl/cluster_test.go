@@ -15,6 +15,7 @@ import (
 	"github.com/idem-dev/idem/internal/cluster"
 	"github.com/idem-dev/idem/internal/launch"
 	"github.com/idem-dev/idem/internal/testutil"
+	"github.com/idem-dev/idem/node"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -174,9 +175,12 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 		}
 		leaders = map[string]string{}
 		for _, n := range v.Nodes {
-			if n.Health != healthReady || n.Version == "" || n.Shards != 1 {
-				t.Fatalf("node %+v: want ready, with a version, hosting 1 shard", n)
+			if n.Health != healthReady || n.Version == "" || n.Shards != 1 || n.AdvertisedVersion != node.ReleaseVersion || n.ClusterVersion == 0 {
+				t.Fatalf("node %+v: want ready, with a version, advertising %d, with a cluster version, hosting 1 shard", n, node.ReleaseVersion)
 			}
+		}
+		if v.ClusterVersion == 0 {
+			t.Fatalf("status --json: no cluster version: %+v", v)
 		}
 		for _, s := range v.Shards {
 			if s.Leader == "" || s.Term == 0 || len(s.Replicas) != 3 {
@@ -191,7 +195,7 @@ func TestIdemctlAgainstCluster(t *testing.T) {
 		}
 		text := mustCtl(t, "status", "--config", cfg)
 		for _, want := range []string{"cluster ctl: 2 regions, 6 nodes (6 reachable, 6 ready), 2 shards (2 with a leader)",
-			"REGION", "HEALTH", "east-0", "west-0", "leader", "follower", "APPLIED", "PACKING"} {
+			"cluster version ", "ADVERTISES", "REGION", "HEALTH", "east-0", "west-0", "leader", "follower", "APPLIED", "PACKING"} {
 			if !strings.Contains(text, want) {
 				t.Fatalf("status table lacks %q:\n%s", want, text)
 			}

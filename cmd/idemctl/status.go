@@ -35,6 +35,11 @@ type nodeView struct {
 	Health  string `json:"health"`
 	Error   string `json:"error,omitempty"`
 	Version string `json:"version,omitempty"`
+	// ClusterVersion is the cluster version as the node's replica of the
+	// meta group holds it; AdvertisedVersion the one the node advertises
+	// (its release's, or 1 with --raft-pack-commands=off).
+	ClusterVersion    uint32 `json:"cluster_version,omitempty"`
+	AdvertisedVersion uint32 `json:"advertised_version,omitempty"`
 	// Shards and Leads count the shards the node hosts and leads.
 	Shards int `json:"shards"`
 	Leads  int `json:"leads"`
@@ -78,10 +83,13 @@ type regionView struct {
 
 // clusterView is what status prints.
 type clusterView struct {
-	Cluster string       `json:"cluster"`
-	Regions []regionView `json:"regions"`
-	Nodes   []nodeView   `json:"nodes"`
-	Shards  []shardView  `json:"shards"`
+	Cluster string `json:"cluster"`
+	// ClusterVersion is the highest cluster version a node answered with
+	// (it never goes down; a node whose meta replica lags answers lower).
+	ClusterVersion uint32       `json:"cluster_version"`
+	Regions        []regionView `json:"regions"`
+	Nodes          []nodeView   `json:"nodes"`
+	Shards         []shardView  `json:"shards"`
 }
 
 // dial returns a gRPC connection to addr, secured by --certs-dir or
@@ -123,6 +131,7 @@ func askNodes(ctx context.Context, e *env, nodes []topology.Node) []nodeView {
 				return
 			}
 			v.status, v.Version, v.Shards = st, st.GetVersion(), len(st.GetShards())
+			v.ClusterVersion, v.AdvertisedVersion = st.GetClusterVersion(), st.GetAdvertisedVersion()
 			v.Health = healthNotReady
 			if st.GetReady() {
 				v.Health = healthReady
@@ -200,6 +209,7 @@ func runStatus(ctx context.Context, e *env, _ []string) error {
 		if n.Health != healthUnreachable {
 			reachable++
 		}
+		view.ClusterVersion = max(view.ClusterVersion, n.ClusterVersion)
 	}
 	if reachable == 0 {
 		return fmt.Errorf("no node of cluster %q answered (first: %s at %s: %s)", topo.Cluster, view.Nodes[0].ID, view.Nodes[0].GRPCAddr, view.Nodes[0].Error)
@@ -226,11 +236,12 @@ func printStatus(w io.Writer, v clusterView) {
 			led++
 		}
 	}
-	fmt.Fprintf(w, "cluster %s: %d regions, %d nodes (%d reachable, %d ready), %d shards (%d with a leader)\n\n",
+	fmt.Fprintf(w, "cluster %s: %d regions, %d nodes (%d reachable, %d ready), %d shards (%d with a leader)\n",
 		v.Cluster, len(v.Regions), len(v.Nodes), reachable, ready, len(v.Shards), led)
+	fmt.Fprintf(w, "cluster version %d\n\n", v.ClusterVersion)
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "REGION\tNODE\tGRPC\tHEALTH\tVERSION\tSHARDS\tLEADS")
+	fmt.Fprintln(tw, "REGION\tNODE\tGRPC\tHEALTH\tVERSION\tADVERTISES\tSHARDS\tLEADS")
 	nodes := append([]nodeView(nil), v.Nodes...)
 	sort.SliceStable(nodes, func(i, j int) bool { return nodes[i].Region < nodes[j].Region })
 	for _, n := range nodes {
@@ -239,10 +250,10 @@ func printStatus(w io.Writer, v clusterView) {
 			health += " (" + shorten(n.Error, 48) + ")"
 		}
 		if n.Health == healthUnreachable {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t-\t-\n", n.Region, n.ID, n.GRPCAddr, health)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t-\t-\t-\n", n.Region, n.ID, n.GRPCAddr, health)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", n.Region, n.ID, n.GRPCAddr, health, n.Version, n.Shards, n.Leads)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", n.Region, n.ID, n.GRPCAddr, health, n.Version, n.AdvertisedVersion, n.Shards, n.Leads)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

@@ -498,24 +498,8 @@ func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
 // in each other region, online, under load. Afterwards any one region can
 // die and every key stays writable.
 func TestTopologySurvivalZoneToRegion(t *testing.T) {
-	topo, err := launch.Topology(launch.Spec{Cluster: "survive", Regions: []string{"r1", "r2", "r3"}, NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	c, err := cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.StopOnCleanup(t)
-	if err := c.StartAll(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	if err := c.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, dir, ctx := startNodes(t, launch.Spec{Cluster: "survive", Regions: []string{"r1", "r2", "r3"}, NodesPerRegion: 1, ShardsPerRegion: 1, Replicas: 1}, "", 3*time.Minute, nil)
+	topo := c.Topology
 	l := startLoad(ctx, []string{c.HTTPAddr("r1-1"), c.HTTPAddr("r2-1")}, 6)
 	l.await(t, 100, "writes before the change")
 
@@ -536,6 +520,7 @@ func TestTopologySurvivalZoneToRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	api := cluster.NewAPI(c.HTTPAddr("r1-1"))
+	var err error
 	for key, a := range l.acked {
 		var r cluster.Reply
 		ok := retry(ctx, func() bool {
@@ -560,35 +545,13 @@ func TestTopologySurvivalZoneToRegion(t *testing.T) {
 	t.Logf("zone -> region survival online: %d acknowledged completions replay with a region down; 30 new keys of every shard reserved", len(l.acked))
 }
 
-// routedCluster starts spec's nodes in a temporary dir (copied to
-// /tmp/<debug> when the test fails) and a router for region r1 started with
-// the same (first) file, and waits until all are ready. ctx bounds the
-// test (timeout).
+// routedCluster starts spec's nodes (startNodes) and a router for region
+// r1 started with the same (first) file, and waits until all are ready.
 func routedCluster(t *testing.T, spec launch.Spec, debug string, timeout time.Duration) (c *cluster.Cluster, rt *cluster.Router, dir string, ctx context.Context) {
 	t.Helper()
-	topo, err := launch.Topology(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir = t.TempDir()
-	t.Cleanup(func() {
-		if t.Failed() {
-			exec.Command("cp", "-r", dir, "/tmp/"+debug).Run()
-		}
-	})
-	if c, err = cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode")); err != nil {
-		t.Fatal(err)
-	}
-	c.StopOnCleanup(t)
+	c, dir, ctx = startNodes(t, spec, debug, timeout, nil)
+	var err error
 	if rt, err = c.NewRouter(binaries.Path(t, "idemrouter"), "router", "r1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.StartAll(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), timeout)
-	t.Cleanup(cancel)
-	if err := c.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := rt.Start(); err != nil {
@@ -598,4 +561,40 @@ func routedCluster(t *testing.T, spec launch.Spec, debug string, timeout time.Du
 		t.Fatal(err)
 	}
 	return c, rt, dir, ctx
+}
+
+// startNodes starts spec's nodes in a temporary dir (copied to /tmp/<debug>
+// when the test fails; no copy with debug ""), each with the flags args
+// gives its id besides the usual ones, and waits until they are ready. ctx
+// bounds the test (timeout).
+func startNodes(t *testing.T, spec launch.Spec, debug string, timeout time.Duration, args map[string][]string) (c *cluster.Cluster, dir string, ctx context.Context) {
+	t.Helper()
+	topo, err := launch.Topology(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	if debug != "" {
+		t.Cleanup(func() {
+			if t.Failed() {
+				exec.Command("cp", "-r", dir, "/tmp/"+debug).Run()
+			}
+		})
+	}
+	if c, err = cluster.NewNodes(topo, dir, binaries.Path(t, "idemnode")); err != nil {
+		t.Fatal(err)
+	}
+	c.StopOnCleanup(t)
+	for id, extra := range args {
+		c.Nodes[id].Args = append(c.Nodes[id].Args, extra...)
+	}
+	if err := c.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	t.Cleanup(cancel)
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c, dir, ctx
 }
