@@ -52,9 +52,15 @@ func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", ";
 // (the pebble log's synced WAL, or bbolt's last committed transaction),
 // never the pages a failed fsync may have dropped.
 func (n *Node) storageFailed(err error) {
+	n.failStop("raft log storage failed: this node acknowledges no more writes and exits (restart it once the disk is fixed)", err)
+}
+
+// failStop logs msg with err once, turns the node unready and ends Serve
+// with err: the process exits non-zero.
+func (n *Node) failStop(msg string, err error) {
 	n.failOnce.Do(func() {
 		n.failure.Store(&err)
-		n.log.Error("raft log storage failed: this node acknowledges no more writes and exits (restart it once the disk is fixed)", "error", err)
+		n.log.Error(msg, "error", err)
 		close(n.failed)
 	})
 }

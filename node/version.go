@@ -264,10 +264,22 @@ func (n *Node) needVersion(mv metaView, want int, what string) error {
 // noteClusterVersion follows the cluster version of this node's meta
 // replica: the gauge, a log line when it rises, and the data dir's record
 // (checkClusterVersion reads it at start).
+//
+// A replica showing a cluster version above this release's (a node of an
+// older release that joined, or caught up with, a newer cluster) stops the
+// node: its release cannot read what the cluster's logs may hold.
 func (n *Node) noteClusterVersion() {
 	cv := n.clusterVersion()
 	prev := int(n.seenVersion.Swap(int64(cv)))
 	if cv <= prev {
+		return
+	}
+	if cv > ReleaseVersion {
+		if err := writeClusterVersion(n.cfg.DataDir, cv); err != nil {
+			n.log.Warn("recording the cluster version in the data dir failed", "error", err)
+		}
+		n.failStop("the cluster version is above this release's: this node exits (run a release that supports it)",
+			fmt.Errorf("%w %s is above this release's %s: going back below the cluster version is not supported", ErrClusterVersion, versionName(cv), versionName(ReleaseVersion)))
 		return
 	}
 	n.clusterVersionGauge.Set(float64(cv))

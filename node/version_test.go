@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 )
@@ -182,5 +185,36 @@ func TestParsePackMode(t *testing.T) {
 	fs.Var(&m, "pack", "")
 	if err := fs.Parse([]string{"--pack=sometimes"}); err == nil {
 		t.Error("--pack=sometimes accepted")
+	}
+}
+
+// A node whose meta replica shows a cluster version above its release's
+// (an older release that joined a newer cluster) records it and stops; at
+// or below, it records it and goes on.
+func TestNoteClusterVersionAboveRelease(t *testing.T) {
+	n := &Node{cfg: Config{DataDir: t.TempDir()}, meta: newMetaSM(), failed: make(chan struct{}),
+		clusterVersionGauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"}), log: slog.New(slog.DiscardHandler)}
+	raise := func(index uint64, v int) {
+		data, _ := json.Marshal(metaCommand{Op: "cluster-version", ClusterVersion: v})
+		if res := n.meta.Apply(index, data); res != nil {
+			t.Fatal(res)
+		}
+		n.noteClusterVersion()
+	}
+	raise(1, ReleaseVersion)
+	if rec, _ := readClusterVersion(n.cfg.DataDir); rec != ReleaseVersion || n.failure.Load() != nil {
+		t.Fatalf("at this release's version: record %d, failure %v", rec, n.failure.Load())
+	}
+	raise(2, ReleaseVersion+1)
+	select {
+	case <-n.failed:
+	default:
+		t.Fatal("a cluster version above the release did not stop the node")
+	}
+	if err := *n.failure.Load(); !errors.Is(err, ErrClusterVersion) {
+		t.Fatalf("failure %v, want ErrClusterVersion", err)
+	}
+	if err := checkClusterVersion(n.cfg.DataDir, 0); !errors.Is(err, ErrClusterVersion) {
+		t.Fatalf("restart on the data dir: %v, want a refusal", err)
 	}
 }
