@@ -396,8 +396,7 @@ func (c *clocks) now() int64 {
 	return local + int64(off)
 }
 
-// run probes the peers every clockProbeInterval (then follows the
-// cluster version: followClusterVersion) and, with the clock check on and while this node's clock is past
+// run probes the peers every clockProbeInterval and, with the clock check on and while this node's clock is past
 // the bound, hands over every leadership it holds (again whenever it is
 // elected).
 func (c *clocks) run(ctx context.Context) {
@@ -406,7 +405,6 @@ func (c *clocks) run(ctx context.Context) {
 	if len(c.peers()) > 0 {
 		c.probe(ctx)
 	}
-	c.n.followClusterVersion(ctx)
 	probe := time.NewTicker(clockProbeInterval)
 	defer probe.Stop()
 	var guardC <-chan time.Time // nil, never fires, with the check off
@@ -422,7 +420,6 @@ func (c *clocks) run(ctx context.Context) {
 			return
 		case <-probe.C:
 			c.probe(ctx)
-			c.n.followClusterVersion(ctx)
 		case <-guardC:
 		}
 		if !c.enabled() {

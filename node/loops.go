@@ -50,13 +50,18 @@ func every(ctx context.Context, interval time.Duration, fn func(ctx context.Cont
 }
 
 // startLoops starts the node's background work: sweeping, the ring check,
-// and leader balancing unless disabled.
+// the clock probes, the cluster version, and leader balancing unless
+// disabled.
 func (n *Node) startLoops() {
 	n.loops = append(n.loops,
 		startLoop("sweep", func(ctx context.Context) { every(ctx, n.cfg.SweepInterval, n.sweep) }),
 		startLoop("ring check", n.checkRing),
 		startLoop("rejoin", n.watchRejoin),
 		startLoop("clock", n.clocks.run),
+		startLoop("cluster version", func(ctx context.Context) {
+			n.followClusterVersion(ctx)
+			every(ctx, clockProbeInterval, n.followClusterVersion)
+		}),
 		startLoop("topology", n.watchTopology),
 		startLoop("topology change", n.runMover))
 	if n.cfg.LeaderBalanceInterval > 0 {

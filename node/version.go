@@ -223,8 +223,8 @@ func minVersion(nodes []string, self string, own int, versions map[string]int, w
 	return low, behind
 }
 
-// raiseClusterVersion runs on the meta group's leader (after each round of
-// clock probes): it asks every node it must count and has no fresh answer
+// raiseClusterVersion runs on the meta group's leader (every
+// clockProbeInterval): it asks every node it must count and has no fresh answer
 // from, and when the minimum of what they advertise is above the stored
 // cluster version, proposes it. Never lower: the meta state machine
 // ignores a version at or below the stored one.
@@ -342,7 +342,7 @@ func checkClusterVersion(dir string, stored int) error {
 
 // gatePacking is --raft-pack-commands=auto's gate: once the cluster
 // version reached VersionPackedEntries, it switches on the proposal buffer
-// of every hosted shard (run after each round of clock probes, so shards
+// of every hosted shard (run every clockProbeInterval, so shards
 // opened later switch too). The cluster version never goes down, so
 // neither does a shard's packing.
 func (n *Node) gatePacking() {
@@ -360,9 +360,10 @@ func (n *Node) gatePacking() {
 	}
 }
 
-// followClusterVersion is the cluster version's round, after each round
-// of clock probes: the meta group's leader raises it, every node notes
-// what its replica holds and switches packing on when it allows.
+// followClusterVersion is the cluster version's round (its own loop, every
+// clockProbeInterval, so that a slow meta proposal never delays the clock
+// probes): the meta group's leader raises it, every node notes what its
+// replica holds and switches packing on when it allows.
 func (n *Node) followClusterVersion(ctx context.Context) {
 	n.raiseClusterVersion(ctx)
 	n.noteClusterVersion()
