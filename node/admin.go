@@ -50,8 +50,8 @@ func (a *admin) Status(ctx context.Context, _ *idemv1.StatusRequest) (*idemv1.St
 		ClusterVersion:    uint32(n.clusterVersion()),
 		AdvertisedVersion: uint32(n.advertisedVersion()),
 	}
-	for _, id := range n.shardIDs() {
-		s := n.shard(id)
+	for _, s := range n.hosted() {
+		id := s.id
 		st := s.group.Stats()
 		fs := s.fsm.Stats()
 		resp.Shards = append(resp.Shards, &idemv1.ShardStatus{

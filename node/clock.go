@@ -438,8 +438,8 @@ func (c *clocks) run(ctx context.Context) {
 		if err == nil {
 			continue
 		}
-		for _, id := range c.n.shardIDs() {
-			s := c.n.shard(id)
+		for _, s := range c.n.hosted() {
+			id := s.id
 			if s.group.IsLeader() {
 				if terr := s.group.TransferLeadership(""); terr != nil {
 					c.n.log.Debug("hand-over of a skewed leader failed", "shard", id, "error", terr)

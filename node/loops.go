@@ -83,8 +83,8 @@ func (n *Node) stopLoops() {
 // sweep has the leader of each shard propose a sweep, so records past
 // retention free their memory on every replica.
 func (n *Node) sweep(ctx context.Context) {
-	for _, id := range n.shardIDs() {
-		s := n.shard(id)
+	for _, s := range n.hosted() {
+		id := s.id
 		if !s.group.IsLeader() {
 			continue
 		}
@@ -124,11 +124,15 @@ func (n *Node) balance(b *balancer) {
 	if n.view().target != nil {
 		return // a topology change moves leaderships itself
 	}
-	ids := n.shardIDs()
-	facts := make([]balanceFacts, len(ids))
-	for i, id := range ids {
-		s := n.shard(id)
+	hosted := n.hosted()
+	facts := make([]balanceFacts, 0, len(hosted))
+	shards := make([]hostedShard, 0, len(hosted))
+	for _, s := range hosted {
+		id := s.id
 		voters := n.voters(id, false)
+		if len(voters) == 0 {
+			continue // removed by a topology change since hosted() read it
+		}
 		f := balanceFacts{Shard: id, Self: n.cfg.NodeID, Voters: voters, Preferred: voters[0]}
 		if s.group.IsLeader() {
 			f.Leader = n.cfg.NodeID
@@ -140,14 +144,15 @@ func (n *Node) balance(b *balancer) {
 			// hand the shard back again.
 			f.PreferredDown = n.peerDown(f.Preferred) || n.clocks.peerSkewed(f.Preferred)
 		}
-		facts[i] = f
+		facts = append(facts, f)
+		shards = append(shards, s)
 	}
 	for i, d := range b.next(facts) {
 		if !d.Transfer {
 			continue
 		}
 		id := facts[i].Shard
-		if err := n.shard(id).group.TransferLeadership(d.To); err != nil {
+		if err := shards[i].group.TransferLeadership(d.To); err != nil {
 			n.log.Debug("leadership hand-back failed", "shard", id, "to", d.To, "error", err)
 			continue
 		}

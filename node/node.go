@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sort"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -394,12 +395,22 @@ func (n *Node) WaitReady(ctx context.Context) error {
 	}
 }
 
-func (n *Node) shardIDs() []string {
+// hostedShard is one hosted replica and its shard id.
+type hostedShard struct {
+	id string
+	*shard
+}
+
+// hosted returns the hosted replicas sorted by shard id, from one read of
+// the shard map. A loop over them never meets a nil replica: one that a
+// topology change removes meanwhile stays safe to use (its group answers as
+// closed), where n.shard(id) looked up again after the change is nil.
+func (n *Node) hosted() []hostedShard {
 	m := n.shardMap()
-	ids := make([]string, 0, len(m))
-	for id := range m {
-		ids = append(ids, id)
+	out := make([]hostedShard, 0, len(m))
+	for id, s := range m {
+		out = append(out, hostedShard{id: id, shard: s})
 	}
-	sort.Strings(ids)
-	return ids
+	slices.SortFunc(out, func(a, b hostedShard) int { return strings.Compare(a.id, b.id) })
+	return out
 }

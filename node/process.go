@@ -338,8 +338,8 @@ func (n *Node) closeAll(ctx context.Context) error {
 			errs = append(errs, n.host.Shutdown(ctx))
 		}
 		if n.state != nil { // after every Raft group has stopped applying
-			for _, id := range n.shardIDs() {
-				logShardState(n.log, "shard state closed", id, n.shard(id).sm.Store(), false)
+			for _, s := range n.hosted() {
+				logShardState(n.log, "shard state closed", s.id, s.sm.Store(), false)
 			}
 			errs = append(errs, n.state.Close())
 		}

@@ -353,9 +353,9 @@ func (n *Node) gatePacking() {
 	if cv < VersionPackedEntries {
 		return
 	}
-	for _, id := range n.shardIDs() {
-		if s := n.shard(id); s != nil && !s.group.Packing() && s.group.EnablePacking() {
-			n.log.Info("shard packs commands into Raft entries from now on (--raft-pack-commands=auto)", "shard", id, "cluster_version", cv)
+	for _, s := range n.hosted() {
+		if !s.group.Packing() && s.group.EnablePacking() {
+			n.log.Info("shard packs commands into Raft entries from now on (--raft-pack-commands=auto)", "shard", s.id, "cluster_version", cv)
 		}
 	}
 }
