@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -576,7 +575,7 @@ func (c *simCluster) heal(ctx context.Context) error {
 			errs = append(errs, c.resume(id))
 		}
 		if !n.proc.Running() && !killed {
-			errs = append(errs, fmt.Errorf("node %s exited on its own (a crash nobody injected); see %s, which ends:\n%s", id, n.proc.Log, logTail(n.proc.Log, 40)))
+			errs = append(errs, fmt.Errorf("node %s exited on its own (a crash nobody injected); see %s, which ends:\n%s", id, n.proc.Log, n.proc.LogTail(40)))
 		}
 		switch {
 		case offset != 0:
@@ -661,16 +660,4 @@ func (c *simCluster) close() error {
 	}
 	c.net.Close()
 	return errors.Join(errs...)
-}
-
-// logTail is the last n lines of the log at path (a panic's stack, when a
-// node crashed), or why it could not be read: a run's work dir may be
-// gone by the time someone reads the report.
-func logTail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(log unreadable: %v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

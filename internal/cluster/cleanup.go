@@ -1,15 +1,14 @@
 package cluster
 
 import (
-	"os"
 	"sort"
 	"testing"
 
 	"github.com/idem-dev/idem/internal/launch"
 )
 
-// logTail is how much of each process log a failed test shows.
-const logTail = 6000
+// logTailLines is how much of each process log a failed test shows.
+const logTailLines = 40
 
 // StopOnCleanup stops every process of c (routers, then nodes) when the test
 // ends, failing it if one did not drain cleanly or reported a data race, and
@@ -42,10 +41,6 @@ func (c *Cluster) LogTails(t testing.TB) {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		data, _ := os.ReadFile(procs[name].Log)
-		if len(data) > logTail {
-			data = data[len(data)-logTail:]
-		}
-		t.Logf("---- tail of %s log ----\n%s", name, data)
+		t.Logf("---- tail of %s log ----\n%s", name, procs[name].LogTail(logTailLines))
 	}
 }

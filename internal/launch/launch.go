@@ -376,3 +376,15 @@ func (p *Process) RaceReport() error {
 	}
 	return fmt.Errorf("launch: %s reported a data race (log %s):\n%s", p.Name, p.Log, report)
 }
+
+// LogTail is the last lines of the process's log (a panic's stack, when it
+// crashed), or why the log could not be read: a run's work dir may be gone
+// by the time someone reads the report.
+func (p *Process) LogTail(lines int) string {
+	data, err := os.ReadFile(p.Log)
+	if err != nil {
+		return fmt.Sprintf("(log unreadable: %v)", err)
+	}
+	ls := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
+	return string(bytes.Join(ls[max(0, len(ls)-lines):], []byte("\n")))
+}
