@@ -324,7 +324,16 @@ func DecodeCommand(data []byte) (*Command, error) {
 	cmd.AbandonAfter = d.varint()
 	cmd.MaxSweep = int(d.uvarint())
 	if d.err == nil && (len(d.buf) != 0 || ext) {
-		cmd.ClockQuorum = int(d.uvarint())
+		q := d.uvarint()
+		if q > maxClockReadings {
+			// A quorum of more voters than a command has readings for is
+			// not one EncodeCommand wrote, and int(q) could turn negative
+			// (found by FuzzDecodeCommand,
+			// testdata/fuzz/FuzzDecodeCommand/a6043642367423bb).
+			d.fail("clock quorum out of range")
+			q = 0
+		}
+		cmd.ClockQuorum = int(q)
 		if d.err == nil && cmd.ClockQuorum == 0 && !ext {
 			// EncodeCommand writes the tail only with a quorum: one with
 			// none is not a command it wrote (found by FuzzDecodeCommand,
