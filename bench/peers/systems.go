@@ -493,7 +493,7 @@ func (l *lab) startIdem1(ctx context.Context, name, bin string, extra ...string)
 	if err != nil {
 		return nil, err
 	}
-	n := &idemNodes{shards: 4, grpc: []string{loopback(ports[1])}, http: []string{loopback(ports[2])}, description: "idem, one-node dev node (4 shards, 1 replica, fsync)" + variant(extra)}
+	n := &idemNodes{shards: 1, grpc: []string{loopback(ports[1])}, http: []string{loopback(ports[2])}, description: "idem, one-node dev node (1 replica, fsync)" + variant(extra)}
 	args := append([]string{"--dev", "--data-dir", dir, "--raft-addr", loopback(ports[0]), "--grpc-addr", n.grpc[0], "--http-addr", n.http[0], "--log-level", "warn"}, extra...)
 	if l.cfg.ProfileDir != "" {
 		n.pprof = []string{loopback(ports[3])}

@@ -286,12 +286,19 @@ func nodeConfig(o *options) (node.Config, error) {
 	return cfg, nil
 }
 
-// devTopology is the embedded default: one region, one node, four shards,
-// no replication.
+// devTopology is the embedded default: one region, one node, one shard,
+// no replication. One shard, because on one node more shards buy nothing:
+// that node leads every shard anyway, and each shard is a Raft group of
+// its own whose rounds (log write, sync, apply) are paid separately, so a
+// four-shard dev node did ~0.8x the cycles/s of a one-shard one at 1.25x
+// the CPU per cycle (docs/performance.md). A data dir made with another
+// shard count keeps the shape its metadata group stored; the shard count
+// of a running dev node changes online like any cluster's (idemctl
+// topology apply).
 func devTopology(raftAddr, grpcAddr, httpAddr string) *topology.Topology {
 	return &topology.Topology{
 		Cluster:         "dev",
-		ShardsPerRegion: 4,
+		ShardsPerRegion: 1,
 		Replicas:        1,
 		Survival:        topology.SurvivalZone,
 		Regions: []topology.Region{{

@@ -349,7 +349,7 @@ func TestDevNodeStartLog(t *testing.T) {
 		}
 	}
 	// Before it serves, a dev node logs its data, its Raft listener, each
-	// shard's state and bootstrap (the meta group and 4 shards), admission
+	// shard's state and bootstrap (the meta group and its shard), admission
 	// and packing: 13 lines. A few more is a drift to look at, not a failure
 	// of idem, but the test holds the line.
 	// Leadership lines interleave by timing, so what is bounded is the
