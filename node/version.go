@@ -2,11 +2,8 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -274,10 +271,10 @@ func (n *Node) noteClusterVersion() {
 	if cv <= prev {
 		return
 	}
+	if err := writeClusterVersion(n.cfg.DataDir, cv); err != nil {
+		n.log.Warn("recording the cluster version in the data dir failed", "error", err)
+	}
 	if cv > ReleaseVersion {
-		if err := writeClusterVersion(n.cfg.DataDir, cv); err != nil {
-			n.log.Warn("recording the cluster version in the data dir failed", "error", err)
-		}
 		n.failStop("the cluster version is above this release's: this node exits (run a release that supports it)",
 			fmt.Errorf("%w %s is above this release's %s: going back below the cluster version is not supported", ErrClusterVersion, versionName(cv), versionName(ReleaseVersion)))
 		return
@@ -287,9 +284,6 @@ func (n *Node) noteClusterVersion() {
 		n.log.Info("cluster version rose", "cluster_version", cv, "from", prev, "brings", versionNames[cv])
 	} else {
 		n.log.Info("cluster version", "cluster_version", cv, "release_version", ReleaseVersion, "advertised_version", n.advertisedVersion())
-	}
-	if err := writeClusterVersion(n.cfg.DataDir, cv); err != nil {
-		n.log.Warn("recording the cluster version in the data dir failed", "error", err)
 	}
 }
 
@@ -311,19 +305,9 @@ func writeClusterVersion(dir string, v int) error {
 
 // readClusterVersion is the recorded cluster version, 0 without a record.
 func readClusterVersion(dir string) (int, error) {
-	path := filepath.Join(dir, clusterVersionFile)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("node: %w", err)
-	}
 	var rec clusterVersionRecord
-	if err := json.Unmarshal(b, &rec); err != nil {
-		return 0, fmt.Errorf("node: %s: %w", path, err)
-	}
-	return rec.ClusterVersion, nil
+	_, err := datadir.ReadFile(filepath.Join(dir, clusterVersionFile), &rec)
+	return rec.ClusterVersion, err
 }
 
 // checkClusterVersion refuses a data dir whose cluster version (recorded,

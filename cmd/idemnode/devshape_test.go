@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -44,16 +43,8 @@ func TestDevDataDirKeepsItsShape(t *testing.T) {
 	start := func(name, data string, args ...string) *launch.Process {
 		t.Helper()
 		p := &launch.Process{Name: name, Bin: bin, Log: filepath.Join(dir, name+".log"), Args: append(args, "--data-dir", data)}
-		if err := p.Start(); err != nil {
-			t.Fatal(err)
-		}
 		t.Cleanup(func() { p.Kill() })
-		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-		defer cancel()
-		if err := launch.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
-			log, _ := os.ReadFile(p.Log)
-			t.Fatalf("%s: %v\n%s", name, err, log)
-		}
+		startReady(t, p, httpAddr)
 		return p
 	}
 	// groups waits until the node leads want Raft groups (its shards and

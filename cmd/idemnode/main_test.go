@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -104,15 +103,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 	start := func() {
 		t.Helper()
 		started := time.Now()
-		if err := p.Start(); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-		defer cancel()
-		if err := launch.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
-			data, _ := os.ReadFile(p.Log)
-			t.Fatalf("%v\n%s", err, data)
-		}
+		startReady(t, p, httpAddr)
 		t.Logf("dev node ready in %s", time.Since(started))
 	}
 	start()
@@ -265,16 +256,8 @@ func startDevVia(t *testing.T, launcher []string, env []string, extra ...string)
 		"--dev", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
 		"--grpc-addr", "127.0.0.1:"+strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:"+strconv.Itoa(ports[2])),
 		extra...)}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { p.Kill() })
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	if err := launch.WaitHTTP(ctx, "http://"+httpAddr+"/readyz"); err != nil {
-		data, _ := os.ReadFile(p.Log)
-		t.Fatalf("%v\n%s", err, data)
-	}
+	startReady(t, p, httpAddr)
 	return httpAddr, p
 }
 

@@ -97,6 +97,22 @@ func Check(dir string, want Identity, formerRings ...string) (Identity, bool, er
 	return have, true, nil
 }
 
+// ReadFile reads the JSON file at path into v, as WriteFile wrote it;
+// false without error when there is no such file (v is then untouched).
+func ReadFile(path string, v any) (bool, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("datadir: %w", err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return true, fmt.Errorf("datadir: %s: %w", path, err)
+	}
+	return true, nil
+}
+
 // WriteFile writes v as JSON to path through a temporary file, fsyncs
 // it, renames it into place and fsyncs the directory, so the file is either
 // the old or the new one after a crash, and its entry is durable.
