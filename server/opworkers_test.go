@@ -35,15 +35,39 @@ func TestOpWorkersReuseAndExit(t *testing.T) {
 	p := &opWorkers{work: make(chan func()), idle: 300 * time.Millisecond}
 	base := runtime.NumGoroutine()
 	var wg sync.WaitGroup
+	wg.Add(1)
+	p.run(wg.Done) // no worker is idle yet: this starts one
+	wg.Wait()
+	// A worker that finished goes back to waiting for work: each send
+	// below is taken by the one worker, however slowly it gets there (a
+	// send that no worker takes within 10 s fails the test).
 	const runs = 100
 	for range runs {
 		wg.Add(1)
+		select {
+		case p.work <- wg.Done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no idle worker took work within 10s after %d workers started", p.started.Load())
+		}
+		wg.Wait()
+	}
+	if n := p.started.Load(); n != 1 {
+		t.Errorf("%d workers started for %d runs one after another; want the first reused", n, runs+1)
+	}
+	// run hands work to an idle worker instead of starting one. Whether the
+	// worker is back at its receive when run sends is up to the scheduler,
+	// so this only needs one run within 10 s that starts nobody.
+	reused := false
+	for deadline := time.Now().Add(10 * time.Second); !reused && time.Now().Before(deadline); {
+		before := p.started.Load()
+		wg.Add(1)
 		p.run(wg.Done)
 		wg.Wait()
-		time.Sleep(5 * time.Millisecond) // the worker that ran it is idle again
+		reused = p.started.Load() == before
+		time.Sleep(time.Millisecond)
 	}
-	if n := p.started.Load(); n > runs/10 {
-		t.Errorf("%d workers started for %d runs one after another; want idle ones reused", n, runs)
+	if !reused {
+		t.Errorf("run started a new worker every time for 10s (%d started); want an idle one reused", p.started.Load())
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for runtime.NumGoroutine() > base && time.Now().Before(deadline) {
