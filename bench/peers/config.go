@@ -128,7 +128,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.Install, "install", true, "apt-get install redis-server, postgresql, etcd-server and etcd-client when missing")
 	fs.StringVar(&cfg.IdemNode, "idemnode", "", "prebuilt idemnode `BINARY` (default: go build ./cmd/idemnode of this repository)")
 	fs.StringVar(&cfg.IdemNodeB, "idemnode-b", "", "a second idemnode `BINARY` to compare: every idem system also runs as SYSTEM@b with it, in the same interleaved rounds, and a table gives b / a")
-	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "write CPU and allocation profiles of the idem nodes under load to `DIR` (taken in round 1 of --profile-system at --profile-clients)")
+	fs.StringVar(&cfg.ProfileDir, "profile-dir", "", "write CPU and allocation profiles of the idem nodes under load to `DIR` (taken in round 1 of --profile-system at --profile-clients; allocations as two heap profiles, read with pprof -base: see DIR/cell.txt)")
 	fs.StringVar(&cfg.TimelineDir, "timeline-dir", "", "write every cell's cycles and latency per 100 ms of its measured window to `DIR` (one file per cell), to tell stalls from steady latency")
 	fs.StringVar(&cfg.ProfileSystem, "profile-system", sysIdem3GRPC, "the idem `SYSTEM` whose nodes --profile-dir profiles")
 	fs.IntVar(&cfg.ProfileClients, "profile-clients", 64, "client count of the profiled cell")

@@ -204,19 +204,41 @@ func startProfiles(ctx context.Context, cfg config, s *system, logf func(string,
 	logf("profiling %d idem nodes for %ds", len(s.pprof), p.secs)
 	os.MkdirAll(p.dir, 0o755)
 	for i, addr := range s.pprof {
-		for _, kind := range []string{"profile", "allocs"} {
-			p.wg.Go(func() {
-				url := fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, kind, p.secs)
-				path := filepath.Join(p.dir, fmt.Sprintf("node%d-%s.pprof", i+1, map[string]string{"profile": "cpu", "allocs": "allocs"}[kind]))
-				if err := fetchTo(ctx, url, path); err != nil {
-					p.mu.Lock()
-					p.errs = append(p.errs, err)
-					p.mu.Unlock()
-				}
-			})
-		}
+		path := func(kind string) string { return filepath.Join(p.dir, fmt.Sprintf("node%d-%s.pprof", i+1, kind)) }
+		p.wg.Go(func() {
+			p.record(fetchTo(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, p.secs), path("cpu")))
+		})
+		// Allocations: the heap profile, after a forced collection, at the
+		// start and at the end of the window; read the difference with
+		// pprof's -base. allocs?seconds=N does not force one, and the
+		// runtime publishes allocation samples only when a collection
+		// ends: a node whose heap headroom outlasts the window (a region's
+		// node at a few thousand cycles/s) gave an empty profile.
+		p.wg.Go(func() {
+			url := fmt.Sprintf("http://%s/debug/pprof/heap?gc=1", addr)
+			if err := fetchTo(ctx, url, path("allocs-base")); err != nil {
+				p.record(err)
+				return
+			}
+			select {
+			case <-time.After(time.Duration(p.secs) * time.Second):
+			case <-ctx.Done():
+				p.record(ctx.Err())
+				return
+			}
+			p.record(fetchTo(ctx, url, path("allocs")))
+		})
 	}
 	return p
+}
+
+func (p *profiler) record(err error) {
+	if err == nil {
+		return
+	}
+	p.mu.Lock()
+	p.errs = append(p.errs, err)
+	p.mu.Unlock()
 }
 
 // finish waits for the profiles and writes what the cell did next to them,
@@ -226,7 +248,8 @@ func (p *profiler) finish(c cell) error {
 	if err := errors.Join(p.errs...); err != nil {
 		return fmt.Errorf("profiling: %w", err)
 	}
-	note := fmt.Sprintf("system %s, clients %d: %d cycles in %.2fs measured (%.0f cycles/s); profiles cover %ds of warmup+measure, i.e. about %.0f cycles\n",
+	note := fmt.Sprintf("system %s, clients %d: %d cycles in %.2fs measured (%.0f cycles/s); profiles cover %ds of warmup+measure, i.e. about %.0f cycles\n"+
+		"allocations in that window: go tool pprof -sample_index=alloc_space -base nodeN-allocs-base.pprof nodeN-allocs.pprof\n",
 		c.System, c.Clients, c.Cycles, c.Elapsed.Seconds(), c.rate(), p.secs, c.rate()*float64(p.secs))
 	return os.WriteFile(filepath.Join(p.dir, "cell.txt"), []byte(note), 0o644)
 }
