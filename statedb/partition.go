@@ -27,21 +27,26 @@ import (
 // partKey is k's partition index key under prefix, or nil when the shard
 // keeps no index or k is not a key's record.
 func (s *ShardStore) partKey(prefix []byte, k fsm.RecordKey) []byte {
+	return s.appendPartKey(make([]byte, 0, len(prefix)+4+len(k.Namespace)+len(k.Key)+4), prefix, k)
+}
+
+// appendPartKey appends partKey's key to dst (nil: no key).
+func (s *ShardStore) appendPartKey(dst, prefix []byte, k fsm.RecordKey) []byte {
 	if s.partitions == 0 || k.Namespace == "" || k.Namespace[0] == '!' {
 		return nil
 	}
-	b := binary.BigEndian.AppendUint32(append(make([]byte, 0, len(prefix)+4+len(k.Namespace)+len(k.Key)+4), prefix...),
-		fsm.PartitionOf(k.Namespace, k.Key, s.partitions))
+	b := binary.BigEndian.AppendUint32(append(dst, prefix...), fsm.PartitionOf(k.Namespace, k.Key, s.partitions))
 	return appendKey(b, k)
 }
 
 // indexPartition adds (add) or removes k's partition index key in the
 // writer's batch.
 func (s *ShardStore) indexPartition(b *pebble.Batch, k fsm.RecordKey, add bool) {
-	pk := s.partKey(s.partPrefix, k)
+	pk := s.appendPartKey(s.partBuf[:0], s.partPrefix, k)
 	if pk == nil {
 		return
 	}
+	s.partBuf = pk
 	if add {
 		s.fail(b.Set(pk, nil, nil))
 	} else {

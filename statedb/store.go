@@ -77,6 +77,10 @@ type ShardStore struct {
 	recentOrder []string
 	recentNext  int
 	keyBuf      []byte // the writer's scratch record key
+	// The writer's scratch for what Put hands to the batch, which copies
+	// it (pebble.Batch.Set and Delete): the encoded record, an index key
+	// and its value, a partition index key.
+	valBuf, idxBuf, idxValBuf, partBuf []byte
 }
 
 // recentCap bounds ShardStore.recent per shard (records of ~1 KiB: ~4 MiB).
@@ -163,11 +167,19 @@ func (s *ShardStore) recKey(k fsm.RecordKey) []byte {
 // indexValue is an index entry's value: the record's fsm.RecordBytes, so
 // that a sweep drops records without reading them.
 func indexValue(k fsm.RecordKey, r *fsm.Record) []byte {
-	return binary.AppendUvarint(nil, uint64(fsm.RecordBytes(k, r)))
+	return appendIndexValue(nil, k, r)
+}
+
+func appendIndexValue(dst []byte, k fsm.RecordKey, r *fsm.Record) []byte {
+	return binary.AppendUvarint(dst, uint64(fsm.RecordBytes(k, r)))
 }
 
 func indexKey(prefix []byte, t int64, k fsm.RecordKey) []byte {
-	return appendKey(appendTime(append([]byte(nil), prefix...), t), k)
+	return appendIndexKey(nil, prefix, t, k)
+}
+
+func appendIndexKey(dst, prefix []byte, t int64, k fsm.RecordKey) []byte {
+	return appendKey(appendTime(append(dst, prefix...), t), k)
 }
 
 // read reads the record at key (a record key of this generation).
@@ -225,11 +237,15 @@ func (s *ShardStore) Lookup(k fsm.RecordKey) (*fsm.Record, bool) {
 	return s.read(dbGet(s.db), s.recKey(k))
 }
 
+// indexOf is r's lease or expiry index key in the writer's scratch buffer:
+// valid until the next call; engine writes copy it.
 func (s *ShardStore) indexOf(k fsm.RecordKey, r *fsm.Record) []byte {
 	if r.State == fsm.StateInProgress {
-		return indexKey(s.leasePrefix, r.LeaseExpiresAt, k)
+		s.idxBuf = appendIndexKey(s.idxBuf[:0], s.leasePrefix, r.LeaseExpiresAt, k)
+	} else {
+		s.idxBuf = appendIndexKey(s.idxBuf[:0], s.expPrefix, r.ExpiresAt, k)
 	}
-	return indexKey(s.expPrefix, r.ExpiresAt, k)
+	return s.idxBuf
 }
 
 // Put writes into the batch in progress.
@@ -249,9 +265,11 @@ func (s *ShardStore) Put(k fsm.RecordKey, old, rec *fsm.Record) {
 		s.fail(b.Delete(key, nil))
 		return
 	}
-	s.fail(b.Set(key, fsm.AppendRecord(nil, k, rec), nil))
+	s.valBuf = fsm.AppendRecord(s.valBuf[:0], k, rec)
+	s.fail(b.Set(key, s.valBuf, nil))
 	ik := s.indexOf(k, rec)
-	s.fail(b.Set(ik, indexValue(k, rec), nil))
+	s.idxValBuf = appendIndexValue(s.idxValBuf[:0], k, rec)
+	s.fail(b.Set(ik, s.idxValBuf, nil))
 	for _, floor := range []*[]byte{&s.expFloor, &s.leaseFloor} {
 		if *floor != nil && bytes.HasPrefix(ik, (*floor)[:len(*floor)-8]) && string(ik) < string(*floor) {
 			*floor = nil // an imported record below the floor: the next sweep starts at the beginning
