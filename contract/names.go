@@ -67,18 +67,19 @@ func DescribeByte(c byte) string {
 // check is every rule's shape: a length of minLen..maxLen bytes, each byte
 // allowed by ok (given its position).
 func check(field, rule, s string, minLen, maxLen int, ok func(i int, c byte) bool) *Violation {
-	v := &Violation{Field: field, Rule: rule, Len: len(s)}
+	// The Violation is built only for a name that breaks the rule: a valid
+	// one (every request's namespace and key) allocates nothing.
+	fault := func(f Fault) *Violation { return &Violation{Field: field, Rule: rule, Len: len(s), Fault: f} }
 	switch {
 	case s == "":
-		v.Fault = FaultEmpty
-		return v
+		return fault(FaultEmpty)
 	case len(s) < minLen || len(s) > maxLen:
-		v.Fault = FaultLength
-		return v
+		return fault(FaultLength)
 	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; !ok(i, c) {
-			v.Fault, v.Pos, v.Byte = FaultByte, i, c
+			v := fault(FaultByte)
+			v.Pos, v.Byte = i, c
 			return v
 		}
 	}
