@@ -432,6 +432,10 @@ func (h *httpAPI) setLeader(w http.ResponseWriter, leader string) {
 	}
 }
 
+// readAhead bounds what readAllLimited allocates for a body before its
+// bytes arrive.
+const readAhead = 64 << 10
+
 // readAllLimited reads r's body, failing with *http.MaxBytesError past limit.
 func readAllLimited(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	body := http.MaxBytesReader(w, r.Body, limit)
@@ -441,9 +445,12 @@ func readAllLimited(w http.ResponseWriter, r *http.Request, limit int64) ([]byte
 	}
 	// The declared length, plus one byte for the read that meets EOF: one
 	// allocation where io.ReadAll grows from 512 bytes (a complete with a
-	// 512-byte response is ~800 bytes: three). net/http never returns more
-	// than Content-Length; if a reader did, the loop grows like io.ReadAll.
-	b := make([]byte, 0, n+1)
+	// 512-byte response is ~800 bytes: three). Up to readAhead only: a
+	// client that declares a large body and sends it slowly (or never)
+	// does not get the server to allocate the whole of it before it
+	// arrives. Past that, and if a reader ever returned more than declared
+	// (net/http does not), the loop grows like io.ReadAll.
+	b := make([]byte, 0, min(n, readAhead)+1)
 	for {
 		m, err := body.Read(b[len(b):cap(b)])
 		b = b[:len(b)+m]

@@ -24,6 +24,7 @@ func (o oneByteReader) Read(p []byte) (int, error) {
 // and refuses one past the limit.
 func TestReadAllLimited(t *testing.T) {
 	body := bytes.Repeat([]byte("0123456789"), 80)
+	big := bytes.Repeat([]byte("0123456789"), readAhead/10+100)
 	cases := []struct {
 		name     string
 		declared int64 // ContentLength; -1 unknown
@@ -41,6 +42,7 @@ func TestReadAllLimited(t *testing.T) {
 		{"unknown length past the limit", -1, bytes.NewReader(body), 100, nil, true},
 		{"more than declared, past the limit", 10, bytes.NewReader(body), 100, nil, true},
 		{"exactly the limit", int64(len(body)), bytes.NewReader(body), int64(len(body)), body, false},
+		{"declared past what is read ahead", int64(len(big)), oneByteReader{bytes.NewReader(big)}, 1 << 20, big, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -62,5 +64,20 @@ func TestReadAllLimited(t *testing.T) {
 				t.Fatalf("read %d bytes, want %d", len(got), len(c.want))
 			}
 		})
+	}
+}
+
+// A body that declares more than it sends does not get its declared
+// length allocated up front.
+func TestReadAllLimitedReadsAheadBounded(t *testing.T) {
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Body = io.NopCloser(strings.NewReader("{}"))
+	r.ContentLength = 8 << 20
+	got, err := readAllLimited(httptest.NewRecorder(), r, 16<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "{}" || cap(got) > readAhead+1 {
+		t.Fatalf("read %q into a buffer of %d bytes; want \"{}\" in at most %d", got, cap(got), readAhead+1)
 	}
 }
