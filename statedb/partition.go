@@ -24,16 +24,14 @@ import (
 // its index built once, before the marker is written; a shard opened
 // without a count drops index and marker (nothing would keep them in step).
 
-// partKey is k's partition index key under prefix, or nil when the shard
-// keeps no index or k is not a key's record.
-func (s *ShardStore) partKey(prefix []byte, k fsm.RecordKey) []byte {
-	return s.appendPartKey(make([]byte, 0, len(prefix)+4+len(k.Namespace)+len(k.Key)+4), prefix, k)
-}
-
-// appendPartKey appends partKey's key to dst (nil: no key).
+// appendPartKey appends k's partition index key under prefix to dst, or is
+// nil when the shard keeps no index or k is not a key's record.
 func (s *ShardStore) appendPartKey(dst, prefix []byte, k fsm.RecordKey) []byte {
 	if s.partitions == 0 || k.Namespace == "" || k.Namespace[0] == '!' {
 		return nil
+	}
+	if dst == nil {
+		dst = make([]byte, 0, len(prefix)+4+len(k.Namespace)+len(k.Key)+4)
 	}
 	b := binary.BigEndian.AppendUint32(append(dst, prefix...), fsm.PartitionOf(k.Namespace, k.Key, s.partitions))
 	return appendKey(b, k)
@@ -97,7 +95,7 @@ func (s *ShardStore) indexPartitions() error {
 		if err != nil {
 			return fmt.Errorf("statedb: shard %s: building the partition index: %w", s.id, err)
 		}
-		if pk := s.partKey(s.partPrefix, k); pk != nil {
+		if pk := s.appendPartKey(nil, s.partPrefix, k); pk != nil {
 			if err := b.Set(pk, nil, nil); err != nil {
 				return err
 			}

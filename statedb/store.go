@@ -164,20 +164,13 @@ func (s *ShardStore) recKey(k fsm.RecordKey) []byte {
 	return appendKey(append([]byte(nil), s.recPrefix...), k)
 }
 
-// indexValue is an index entry's value: the record's fsm.RecordBytes, so
-// that a sweep drops records without reading them.
-func indexValue(k fsm.RecordKey, r *fsm.Record) []byte {
-	return appendIndexValue(nil, k, r)
-}
-
+// appendIndexValue appends an index entry's value: the record's
+// fsm.RecordBytes, so that a sweep drops records without reading them.
 func appendIndexValue(dst []byte, k fsm.RecordKey, r *fsm.Record) []byte {
 	return binary.AppendUvarint(dst, uint64(fsm.RecordBytes(k, r)))
 }
 
-func indexKey(prefix []byte, t int64, k fsm.RecordKey) []byte {
-	return appendIndexKey(nil, prefix, t, k)
-}
-
+// appendIndexKey appends k's index key at time t under prefix.
 func appendIndexKey(dst, prefix []byte, t int64, k fsm.RecordKey) []byte {
 	return appendKey(appendTime(append(dst, prefix...), t), k)
 }
@@ -240,11 +233,11 @@ func (s *ShardStore) Lookup(k fsm.RecordKey) (*fsm.Record, bool) {
 // indexOf is r's lease or expiry index key in the writer's scratch buffer:
 // valid until the next call; engine writes copy it.
 func (s *ShardStore) indexOf(k fsm.RecordKey, r *fsm.Record) []byte {
+	prefix, t := s.expPrefix, r.ExpiresAt
 	if r.State == fsm.StateInProgress {
-		s.idxBuf = appendIndexKey(s.idxBuf[:0], s.leasePrefix, r.LeaseExpiresAt, k)
-	} else {
-		s.idxBuf = appendIndexKey(s.idxBuf[:0], s.expPrefix, r.ExpiresAt, k)
+		prefix, t = s.leasePrefix, r.LeaseExpiresAt
 	}
+	s.idxBuf = appendIndexKey(s.idxBuf[:0], prefix, t, k)
 	return s.idxBuf
 }
 
@@ -312,7 +305,7 @@ func (s *ShardStore) drop(prefix, end []byte, floor *[]byte, at int64, limit int
 			panic(fmt.Sprintf("statedb: shard %s: index value of %q: %v", s.id, k.Key, err))
 		}
 		doomed = append(doomed, append([]byte(nil), ik...), s.recKey(k))
-		if pk := s.partKey(s.partPrefix, k); pk != nil {
+		if pk := s.appendPartKey(nil, s.partPrefix, k); pk != nil {
 			doomed = append(doomed, pk)
 		}
 		bytes += int64(size)
@@ -513,10 +506,10 @@ func (r *restore) Put(k fsm.RecordKey, rec *fsm.Record) error {
 	if rec.State == fsm.StateInProgress {
 		idx, t = sub(r.prefix, subLease), rec.LeaseExpiresAt
 	}
-	if err := r.batch.Set(indexKey(idx, t, k), indexValue(k, rec), nil); err != nil {
+	if err := r.batch.Set(appendIndexKey(nil, idx, t, k), appendIndexValue(nil, k, rec), nil); err != nil {
 		return err
 	}
-	if pk := r.s.partKey(sub(r.prefix, subPart), k); pk != nil {
+	if pk := r.s.appendPartKey(nil, sub(r.prefix, subPart), k); pk != nil {
 		if err := r.batch.Set(pk, nil, nil); err != nil {
 			return err
 		}
