@@ -107,6 +107,12 @@ type mux struct {
 	// while set, every connection is refused in both directions.
 	isolated atomic.Bool
 
+	// routing counts the route goroutines still running; close waits for
+	// them, so nothing the mux logs about a connection comes after it.
+	routing sync.WaitGroup
+	// closing is closed by close: a route waiting on a group gives up.
+	closing chan struct{}
+
 	rejectMu       sync.Mutex
 	rejectLastLog  time.Time
 	rejectDropped  int
@@ -126,6 +132,7 @@ func newMux(ln net.Listener, advertise string, logger *slog.Logger, tlsCfg *TLSC
 		groups:         map[string]*streamLayer{},
 		conns:          map[*trackedConn]struct{}{},
 		acceptLoopDone: make(chan struct{}),
+		closing:        make(chan struct{}),
 	}
 	go m.acceptLoop()
 	return m
@@ -155,13 +162,24 @@ func (m *mux) acceptLoop() {
 			m.reject(c, rejectLimit, fmt.Errorf("%d inbound connections open (the cap)", m.maxConns))
 			continue
 		}
-		go m.route(&countedConn{Conn: c, n: &m.inbound})
+		// Tracked from the accept on: close severs a connection still in
+		// its handshake or header as well as a routed one.
+		tc := m.track(&countedConn{Conn: c, n: &m.inbound})
+		if tc == nil {
+			continue
+		}
+		m.routing.Add(1)
+		go func() {
+			defer m.routing.Done()
+			m.route(tc)
+		}()
 	}
 }
 
 // route authenticates an accepted connection (secure mode), reads its header
 // and queues it for its group, or closes it.
-func (m *mux) route(c net.Conn) {
+func (m *mux) route(tc *trackedConn) {
+	var c net.Conn = tc
 	if m.isolated.Load() {
 		c.Close()
 		return
@@ -199,6 +217,7 @@ func (m *mux) route(c net.Conn) {
 		select {
 		case <-sl.seatReady:
 		case <-sl.done:
+		case <-m.closing:
 		case <-time.After(time.Until(deadline)):
 		}
 		if !sl.admits(node) {
@@ -207,18 +226,15 @@ func (m *mux) route(c net.Conn) {
 		}
 	}
 	_ = c.SetDeadline(time.Time{})
-	tc := m.track(c)
-	if tc == nil {
-		return
-	}
-	var conn net.Conn = tc
 	if m.tlsCfg != nil {
-		conn = newCheckedConn(tc, node, sl)
+		c = newCheckedConn(c, node, sl)
 	}
 	select {
-	case sl.accepted <- conn:
+	case sl.accepted <- c:
 	case <-sl.done:
-		tc.Close()
+		c.Close()
+	case <-m.closing:
+		c.Close()
 	}
 }
 
@@ -263,6 +279,12 @@ func (m *mux) reject(c net.Conn, reason int, why error) {
 	c.Close()
 	m.rejectMu.Lock()
 	defer m.rejectMu.Unlock()
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return // severed by close: the peer did nothing wrong
+	}
 	now := time.Now()
 	if !m.rejectLastLog.IsZero() && now.Sub(m.rejectLastLog) < muxRejectLogEvery {
 		m.rejectDropped++
@@ -340,13 +362,20 @@ func (m *mux) closeConns() {
 }
 
 // close stops accepting and severs every connection.
+// It returns once every connection being routed has been handed over or
+// closed, so no line about one is logged after it.
 func (m *mux) close() error {
 	m.mu.Lock()
+	first := !m.closed
 	m.closed = true
 	m.mu.Unlock()
+	if first {
+		close(m.closing)
+	}
 	err := m.ln.Close()
 	<-m.acceptLoopDone
 	m.closeConns()
+	m.routing.Wait()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}

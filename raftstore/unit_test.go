@@ -197,6 +197,48 @@ func TestMuxRejectsBadConnections(t *testing.T) {
 	}
 }
 
+// TestMuxCloseEndsConnectionsBeingRouted: a host that closes while a peer's
+// connection is still in its header (a node refusing to start while its
+// peers dial it) severs that connection before Close returns and logs
+// nothing about it afterwards: the process's last line stays its own.
+func TestMuxCloseEndsConnectionsBeingRouted(t *testing.T) {
+	counter := &countingHandler{Handler: testutil.Logger(t, slog.LevelInfo).Handler(), msg: "rejected raft connection"}
+	cfg := testConfig()
+	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir = "n1", "127.0.0.1:0", t.TempDir()
+	cfg.Logger = slog.New(counter)
+	h, err := NewHost(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", h.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(muxMagic[:]); err != nil { // half a header
+		t.Fatal(err)
+	}
+	testutil.Until(t, 10*time.Second, "the connection accepted", func() bool { return h.mux.inbound.Load() == 1 })
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.mux.inbound.Load(); n != 0 {
+		t.Fatalf("%d connection(s) still being routed after Close", n)
+	}
+	counter.mu.Lock()
+	logged := counter.count
+	counter.mu.Unlock()
+	if logged != 0 {
+		t.Fatalf("logged %d rejection line(s) for a connection the host's own close ended", logged)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the peer's connection is still open after Close")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("the peer's connection is still open after Close")
+	}
+}
+
 func TestHostRejectsDoubleOpenOfDataDir(t *testing.T) {
 	dir := t.TempDir()
 	open := func(id string) (*Host, *Group, error) {
