@@ -270,7 +270,17 @@ func peerNode(tc *tls.Conn) (string, error) {
 
 // reject closes c and logs why, at most once per muxRejectLogEvery (a
 // misconfigured or hostile peer could otherwise flood the log).
+//
+// A connection that failed because close severed it is neither counted nor
+// logged: the peer did nothing wrong.
 func (m *mux) reject(c net.Conn, reason int, why error) {
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		c.Close()
+		return
+	}
 	remote := c.RemoteAddr().String()
 	// Counted before the close, so a peer that sees the close also sees
 	// the count.
@@ -279,12 +289,6 @@ func (m *mux) reject(c net.Conn, reason int, why error) {
 	c.Close()
 	m.rejectMu.Lock()
 	defer m.rejectMu.Unlock()
-	m.mu.Lock()
-	closed := m.closed
-	m.mu.Unlock()
-	if closed {
-		return // severed by close: the peer did nothing wrong
-	}
 	now := time.Now()
 	if !m.rejectLastLog.IsZero() && now.Sub(m.rejectLastLog) < muxRejectLogEvery {
 		m.rejectDropped++
