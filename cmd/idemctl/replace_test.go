@@ -180,7 +180,7 @@ func TestReplaceNodeUnderLoad(t *testing.T) {
 		mustCtl(t, "--config", cfg, "--timeout", "15s", "transfer-leader", s.ID, victim)
 	}
 	for key, body := range acked {
-		r, err := api.Get(t.Context(), "payments", key)
+		r, err := cluster.Decided(t.Context(), func() (cluster.Reply, error) { return api.Get(t.Context(), "payments", key) })
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -165,16 +165,7 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 	// Every acknowledged completion replays with its token, through the
 	// router (started with version 1) and through a node.
 	for _, api := range []*cluster.API{router, node} {
-		for key, a := range l.acked {
-			r, err := api.Reserve(ctx, "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp, _ := r.Body["response"].(map[string]any)
-			if r.Status != 200 || r.Str("outcome") != "COMPLETED" || resp["body"] != a.body || r.Str("fencing_token") != a.token {
-				t.Fatalf("acknowledged completion of %s (token %s) after the changes: %s", key, a.token, r)
-			}
-		}
+		l.replays(t, ctx, api, "after the changes")
 	}
 	hs := handoffStats(t, c)
 	total := l.ok.Load() + l.u503.Load()
@@ -316,16 +307,7 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 		t.Fatalf("%d calls failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
 	}
 	router := cluster.NewAPI(rt.HTTPAddr)
-	for key, a := range l.acked {
-		r, err := router.Reserve(ctx, "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, _ := r.Body["response"].(map[string]any)
-		if r.Status != 200 || r.Str("outcome") != "COMPLETED" || resp["body"] != a.body || r.Str("fencing_token") != a.token {
-			t.Fatalf("acknowledged completion of %s (token %s) after the changes: %s", key, a.token, r)
-		}
-	}
+	l.replays(t, ctx, router, "after the changes")
 	if r := check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) {
 		return router.Reserve(ctx, "payments", "after-the-move", map[string]any{"owner_token": "late-owner-token-01"})
 	})); r.Str("outcome") != "ACQUIRED" {
