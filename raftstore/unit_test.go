@@ -126,7 +126,10 @@ func (h *countingHandler) Handle(ctx context.Context, r slog.Record) error {
 func (h *countingHandler) WithAttrs(as []slog.Attr) slog.Handler { return h }
 func (h *countingHandler) WithGroup(string) slog.Handler         { return h }
 
-func TestMuxRejectsBadConnections(t *testing.T) {
+// rejectCountingHost starts a host on a free loopback port whose logger
+// counts the mux's "rejected raft connection" lines.
+func rejectCountingHost(t *testing.T) (*Host, *countingHandler) {
+	t.Helper()
 	counter := &countingHandler{Handler: testutil.Logger(t, slog.LevelInfo).Handler(), msg: "rejected raft connection"}
 	cfg := testConfig()
 	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir = "n1", "127.0.0.1:0", t.TempDir()
@@ -135,6 +138,11 @@ func TestMuxRejectsBadConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return h, counter
+}
+
+func TestMuxRejectsBadConnections(t *testing.T) {
+	h, counter := rejectCountingHost(t)
 	t.Cleanup(func() { h.Close() })
 	g, err := h.AddGroup(GroupConfig{ID: "s0", Voters: []Peer{{"n1", h.Addr()}}}, newKV())
 	if err != nil {
@@ -202,14 +210,7 @@ func TestMuxRejectsBadConnections(t *testing.T) {
 // peers dial it) severs that connection before Close returns and logs
 // nothing about it afterwards: the process's last line stays its own.
 func TestMuxCloseEndsConnectionsBeingRouted(t *testing.T) {
-	counter := &countingHandler{Handler: testutil.Logger(t, slog.LevelInfo).Handler(), msg: "rejected raft connection"}
-	cfg := testConfig()
-	cfg.NodeID, cfg.RaftListenAddr, cfg.DataDir = "n1", "127.0.0.1:0", t.TempDir()
-	cfg.Logger = slog.New(counter)
-	h, err := NewHost(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, counter := rejectCountingHost(t)
 	c, err := net.Dial("tcp", h.Addr())
 	if err != nil {
 		t.Fatal(err)
