@@ -180,7 +180,9 @@ func TestReplaceNodeUnderLoad(t *testing.T) {
 		mustCtl(t, "--config", cfg, "--timeout", "15s", "transfer-leader", s.ID, victim)
 	}
 	for key, body := range acked {
-		r, err := cluster.Decided(t.Context(), func() (cluster.Reply, error) { return api.Get(t.Context(), "payments", key) })
+		kctx, kcancel := context.WithTimeout(t.Context(), time.Minute)
+		r, err := cluster.Decided(kctx, func() (cluster.Reply, error) { return api.Get(kctx, "payments", key) })
+		kcancel()
 		if err != nil {
 			t.Fatal(err)
 		}

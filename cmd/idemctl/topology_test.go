@@ -129,13 +129,16 @@ func (l *load) call(ctx context.Context, f func() (cluster.Reply, error)) bool {
 // replays checks that every acknowledged completion of l replays through
 // api, with its body and fencing token, to another owner's reserve: it
 // must answer COMPLETED, never acquire. A 503 (a leader moving on a loaded
-// box) is retried, as the contract tells a client to.
+// box) is retried, as the contract tells a client to, for up to a minute
+// per key.
 func (l *load) replays(t *testing.T, ctx context.Context, api *cluster.API, when string) {
 	t.Helper()
 	for key, a := range l.acked {
-		r, err := cluster.Decided(ctx, func() (cluster.Reply, error) {
-			return api.Reserve(ctx, "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
+		kctx, cancel := context.WithTimeout(ctx, time.Minute)
+		r, err := cluster.Decided(kctx, func() (cluster.Reply, error) {
+			return api.Reserve(kctx, "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
 		})
+		cancel()
 		if err != nil {
 			t.Fatal(err)
 		}
