@@ -26,6 +26,13 @@ type heldKey struct {
 	key, owner, token string
 }
 
+// changeTestBudget bounds a whole test that applies two topology changes
+// under load (its context; each phase has its own, shorter bound). It must
+// exceed the sum of what its phases take on a loaded box: under go test
+// -race on two cores at load ~17, one reshard's two applies took 2m2s and
+// 1m22s, and the acknowledged completions' replays after them ~30 s.
+const changeTestBudget = 8 * time.Minute
+
 // A loaded three-node region goes from 2 to 4 shards per region and back to
 // 2, online: partitions move between Raft groups (new groups created,
 // removed groups emptied) while 8 writers run, the apply is interrupted by
@@ -34,7 +41,7 @@ type heldKey struct {
 // token, keys held IN_PROGRESS across the moves stay with their owners,
 // and a key reclaimed after a move gets a larger fencing token.
 func TestTopologyReshardUnderLoad(t *testing.T) {
-	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "reshard", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "reshard-debug", 5*time.Minute)
+	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "reshard", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "reshard-debug", changeTestBudget)
 	topo := c.Topology.Clone()
 	v1 := c.TopologyPath
 	node := cluster.NewAPI(c.HTTPAddr("r1-2"))
@@ -218,7 +225,7 @@ func check(t *testing.T, want int) func(cluster.Reply, error) cluster.Reply {
 // the other two before its nodes may stop. A router started with the first
 // file serves throughout; every acknowledged completion replays.
 func TestTopologyAddAndRemoveRegion(t *testing.T) {
-	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "regions", Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "region-debug", 6*time.Minute)
+	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "regions", Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "region-debug", changeTestBudget+time.Minute)
 	topo := c.Topology.Clone()
 	v1 := c.TopologyPath
 	l := startLoad(ctx, []string{c.HTTPAddr("r2-1"), rt.HTTPAddr}, 8)

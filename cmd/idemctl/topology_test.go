@@ -130,23 +130,71 @@ func (l *load) call(ctx context.Context, f func() (cluster.Reply, error)) bool {
 // api, with its body and fencing token, to another owner's reserve: it
 // must answer COMPLETED, never acquire. A 503 (a leader moving on a loaded
 // box) is retried, as the contract tells a client to, for up to a minute
-// per key.
+// per key. The keys (thousands after a run under load) are checked by
+// replayWorkers at once, as many clients would ask; the first wrong answer
+// stops the check and fails the test with it.
 func (l *load) replays(t *testing.T, ctx context.Context, api *cluster.API, when string) {
 	t.Helper()
-	for key, a := range l.acked {
-		kctx, cancel := context.WithTimeout(ctx, time.Minute)
-		r, err := cluster.Decided(kctx, func() (cluster.Reply, error) {
-			return api.Reserve(kctx, "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	keys := make(chan string)
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		failure error
+	)
+	for range replayWorkers {
+		wg.Go(func() {
+			for key := range keys {
+				if err := l.replay(ctx, api, key, when); err != nil {
+					mu.Lock()
+					if failure == nil {
+						failure = err
+					}
+					mu.Unlock()
+					cancel()
+				}
+			}
 		})
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, _ := r.Body["response"].(map[string]any)
-		if r.Status != 200 || r.Str("outcome") != "COMPLETED" || resp["body"] != a.body || r.Str("fencing_token") != a.token {
-			t.Fatalf("acknowledged completion of %s (token %s) %s: %s", key, a.token, when, r)
-		}
 	}
+	start, checked := time.Now(), 0
+	for key := range l.acked {
+		if ctx.Err() != nil {
+			break
+		}
+		keys <- key
+		checked++
+	}
+	close(keys)
+	wg.Wait()
+	if failure != nil {
+		t.Fatal(failure)
+	}
+	if checked != len(l.acked) {
+		t.Fatalf("replays %s: %d of %d acknowledged completions checked: %v", when, checked, len(l.acked), ctx.Err())
+	}
+	t.Logf("%d acknowledged completions replayed through %s %s in %v", checked, api.Base, when, time.Since(start).Round(time.Millisecond))
+}
+
+// replayWorkers is how many keys replays checks at once.
+const replayWorkers = 8
+
+// replay checks one acknowledged completion (see replays).
+func (l *load) replay(ctx context.Context, api *cluster.API, key, when string) error {
+	a := l.acked[key]
+	kctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	r, err := cluster.Decided(kctx, func() (cluster.Reply, error) {
+		return api.Reserve(kctx, "payments", key, map[string]any{"owner_token": "another-owner-token-0001"})
+	})
+	if err != nil {
+		return fmt.Errorf("replay of %s %s: %w", key, when, err)
+	}
+	resp, _ := r.Body["response"].(map[string]any)
+	if r.Status != 200 || r.Str("outcome") != "COMPLETED" || resp["body"] != a.body || r.Str("fencing_token") != a.token {
+		return fmt.Errorf("acknowledged completion of %s (token %s) %s: %s", key, a.token, when, r)
+	}
+	return nil
 }
 
 func (l *load) count() int { l.mu.Lock(); defer l.mu.Unlock(); return len(l.acked) }
