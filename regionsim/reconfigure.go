@@ -157,33 +157,44 @@ func (c *simCluster) applyTopology(ctx context.Context, next *topology.Topology,
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	stored := false
+	var lastErr error // the last node's refusal, for the error below
 	for ctx.Err() == nil {
+		// Ask the running nodes in turn until one answers: a node that
+		// refuses or does not answer (restarting, overloaded) passes the
+		// question to the next.
 		for _, id := range c.running() {
 			conn, err := c.adminConn(id)
 			if err != nil {
+				lastErr = fmt.Errorf("%s: %w", id, err)
 				continue
 			}
 			cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 			client := idemv1.NewTopologyClient(conn)
 			if !stored {
-				if _, err := client.SetTarget(cctx, &idemv1.SetTargetRequest{Topology: raw, Dead: dead}); err == nil {
-					stored = true
+				if _, err := client.SetTarget(cctx, &idemv1.SetTargetRequest{Topology: raw, Dead: dead}); err != nil {
+					ccancel()
+					lastErr = fmt.Errorf("%s: storing the target: %w", id, err)
+					continue
 				}
+				stored = true
 			}
-			var active int
-			if resp, err := client.Get(cctx, &idemv1.GetTopologyRequest{}); err == nil {
-				var doc struct {
-					ActiveVersion int `json:"active_version"`
-				}
-				if json.Unmarshal(resp.GetJson(), &doc) == nil {
-					active = doc.ActiveVersion
-				}
-			}
+			resp, err := client.Get(cctx, &idemv1.GetTopologyRequest{})
 			ccancel()
-			if stored && active >= next.EffectiveVersion() {
+			if err != nil {
+				lastErr = fmt.Errorf("%s: reading the topology: %w", id, err)
+				continue
+			}
+			var doc struct {
+				ActiveVersion int `json:"active_version"`
+			}
+			if err := json.Unmarshal(resp.GetJson(), &doc); err != nil {
+				lastErr = fmt.Errorf("%s: reading the topology: %w", id, err)
+				continue
+			}
+			if doc.ActiveVersion >= next.EffectiveVersion() {
 				return time.Since(start), nil
 			}
-			break
+			break // one node answered: ask again in a moment
 		}
 		select {
 		case <-ctx.Done():
@@ -193,7 +204,11 @@ func (c *simCluster) applyTopology(ctx context.Context, next *topology.Topology,
 	c.nodesMu.Lock()
 	c.unfinished = next.EffectiveVersion()
 	c.nodesMu.Unlock()
-	return time.Since(start), fmt.Errorf("regionsim: topology version %d not active after %s (stored: %v)", next.EffectiveVersion(), time.Since(start).Round(time.Second), stored)
+	err = fmt.Errorf("regionsim: topology version %d not active after %s (stored: %v)", next.EffectiveVersion(), time.Since(start).Round(time.Second), stored)
+	if lastErr != nil {
+		err = fmt.Errorf("%w; last refusal: %v", err, lastErr)
+	}
+	return time.Since(start), err
 }
 
 // anyNode returns one of the cluster's nodes.

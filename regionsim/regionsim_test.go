@@ -178,8 +178,29 @@ func shortConfig(t *testing.T) Config {
 	needBinaries(t)
 	cfg.Binaries = bins
 	cfg.WorkDir = t.TempDir()
+	keepLogsOnFailure(t, cfg.WorkDir)
 	cfg.Logger = testutil.Logger(t, slog.LevelWarn)
 	return cfg
+}
+
+// keepLogsOnFailure copies the processes' logs out of the run's work dir
+// (dir/logs, which the failure messages name and t.TempDir removes) when
+// the test fails, and says where.
+func keepLogsOnFailure(t *testing.T, dir string) {
+	t.Cleanup(func() { // before t.TempDir's removal: cleanups run last first
+		if !t.Failed() {
+			return
+		}
+		dst, err := os.MkdirTemp("", "regionsim-logs-")
+		if err == nil {
+			err = os.CopyFS(dst, os.DirFS(filepath.Join(dir, "logs")))
+		}
+		if err != nil {
+			t.Logf("keeping the logs of %s: %v", dir, err)
+			return
+		}
+		t.Logf("the processes' logs (named above under %s/logs) are kept in %s", dir, dst)
+	})
 }
 
 // assertClean fails the test for every violation in rep, with the seed and
