@@ -33,18 +33,22 @@ const (
 	sysRedisWait   = "redis3-wait"    // Redis primary + two replicas, AOF always on all three, each script followed by WAIT 2
 	sysPostgresSyn = "postgres2-sync" // PostgreSQL primary + one synchronous standby (remote flush)
 	sysEtcd        = "etcd"           // etcd, three members, transactions
+	// A three-node Raft KV on dragonboat, which steps a node's groups
+	// together: in idem's default shape (four groups) and with one group.
+	sysDragonboat   = "dragonboat3"
+	sysDragonboatS1 = "dragonboat3s1"
 	// The single-copy peers, the dev node's counterparts.
 	sysRedis    = "redis"    // Redis, AOF appendfsync always, Lua scripts
 	sysPostgres = "postgres" // PostgreSQL, fsync + synchronous_commit
 )
 
-var allSystems = []string{sysIdem3GRPC, sysIdem3JSON, sysIdem3PackGRPC, sysIdem3PackJSON, sysIdem3S1GRPC, sysIdem3S1PackGRPC, sysIdem3S1PackJSON, sysIdem1GRPC, sysIdem1JSON, sysIdem1PackGRPC, sysRedisWait, sysPostgresSyn, sysEtcd, sysRedis, sysPostgres}
+var allSystems = []string{sysIdem3GRPC, sysIdem3JSON, sysIdem3PackGRPC, sysIdem3PackJSON, sysIdem3S1GRPC, sysIdem3S1PackGRPC, sysIdem3S1PackJSON, sysIdem1GRPC, sysIdem1JSON, sysIdem1PackGRPC, sysRedisWait, sysPostgresSyn, sysEtcd, sysDragonboat, sysDragonboatS1, sysRedis, sysPostgres}
 
 // The systems idem rows are compared with, in two ratio tables: the
 // replicated peers first (a region's counterparts), then the single-copy
 // ones (the dev node's).
 var (
-	replicatedPeers = []string{sysRedisWait, sysPostgresSyn, sysEtcd}
+	replicatedPeers = []string{sysRedisWait, sysPostgresSyn, sysEtcd, sysDragonboat, sysDragonboatS1}
 	singleCopyPeers = []string{sysRedis, sysPostgres}
 )
 
@@ -89,10 +93,11 @@ type config struct {
 	JSONLeader     bool          // idem's JSON client sends a key's complete to its reserve's Idem-Leader
 }
 
-const usageHeader = `peers: idem against Redis, PostgreSQL and etcd on this machine.
+const usageHeader = `peers: idem against Redis, PostgreSQL, etcd and dragonboat on this machine.
 
 Starts the replicated peers (Redis primary + two replicas with WAIT 2,
-PostgreSQL primary + a synchronous standby, a three-member etcd), the
+PostgreSQL primary + a synchronous standby, a three-member etcd, a
+three-member Raft KV on dragonboat with four groups and with one), the
 single-copy ones (Redis with AOF appendfsync always, PostgreSQL with fsync and
 synchronous_commit on), a three-node idem region and a one-node idem dev
 node, all on 127.0.0.1 in a temporary directory, then runs the same cycle

@@ -5,7 +5,16 @@
 // connection), PostgreSQL primary + one synchronous standby
 // (postgres2-sync: pg_basebackup, synchronous_standby_names,
 // synchronous_commit on), etcd (three members, create-if-absent and
-// compare-and-swap transactions). The single-copy peers, the dev node's
+// compare-and-swap transactions), and a three-node Raft KV on
+// github.com/lni/dragonboat/v4 (dragonboat3: four groups with their leaders
+// spread, idem's default shape; dragonboat3s1: one group), the "how close to
+// a tuned multi-group engine" row: dragonboat steps every group of a node
+// together (one log write and sync for every ready group, one connection per
+// peer), which hashicorp/raft does not. Its members are this binary run as
+// `peers dragonboat-node`, each with dragonboat's default log store (fsync on)
+// and an in-memory map as the state machine; its client sends each key to
+// its group's leader over a framed TCP protocol with many requests in flight
+// per connection. The single-copy peers, the dev node's
 // counterparts: Redis (AOF, appendfsync always, two Lua scripts) and
 // PostgreSQL (fsync and synchronous_commit on, INSERT ... ON CONFLICT DO
 // NOTHING and an owner-checked UPDATE). And a three-node idem
@@ -65,7 +74,8 @@
 // per worker and no retries: github.com/redis/go-redis/v9 (pool of
 // max(--concurrency) connections), github.com/jackc/pgx/v5 (pgxpool of as
 // many, statements prepared and cached), go.etcd.io/etcd/client/v3 (one
-// client balancing over the three members), idem's client package (one gRPC
+// client balancing over the three members), dragonboat's own client (one
+// connection per member, above), idem's client package (one gRPC
 // connection per node, each request sent to its shard's leader: the client's
 // default routing) and net/http keep-alive for idem's JSON API, whose
 // reserves go round-robin over the nodes and whose completes go to the

@@ -661,6 +661,10 @@ func (l *lab) startAll(ctx context.Context) ([]*system, error) {
 			s, err = l.startPostgres(ctx)
 		case sysEtcd:
 			s, err = l.startEtcd(ctx)
+		case sysDragonboat:
+			s, err = l.startDragonboat(ctx, name, 4)
+		case sysDragonboatS1:
+			s, err = l.startDragonboat(ctx, name, 1)
 		default: // idem<nodes>[s<shards>][pack]-<api>[@b]
 			base, isB := strings.CutSuffix(name, bSuffix)
 			variant, api, _ := strings.Cut(base, "-")
