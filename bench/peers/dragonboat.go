@@ -437,7 +437,7 @@ func (s *dbServer) handle(ctx context.Context, req []byte) []byte {
 		}
 		// A group without a leader yet, or a full proposal queue: try
 		// again until the deadline, as a client of the others would.
-		if !errors.Is(err, dragonboat.ErrShardNotReady) && !errors.Is(err, dragonboat.ErrSystemBusy) && !errors.Is(err, dragonboat.ErrShardClosed) {
+		if !errors.Is(err, dragonboat.ErrShardNotReady) && !errors.Is(err, dragonboat.ErrSystemBusy) {
 			return fail(err)
 		}
 		select {
@@ -453,11 +453,14 @@ func (s *dbServer) handle(ctx context.Context, req []byte) []byte {
 // dbConn is one client connection with many requests in flight.
 type dbConn struct {
 	conn    net.Conn
-	out     chan []byte // whole frames
+	out     chan []byte   // whole frames
+	done    chan struct{} // closed by close: the writer stops
 	mu      sync.Mutex
 	pending map[uint64]chan []byte
 	err     error // set once the connection failed
 	nextID  atomic.Uint64
+
+	closeOnce sync.Once
 }
 
 func dialDB(addr string) (*dbConn, error) {
@@ -465,7 +468,7 @@ func dialDB(addr string) (*dbConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &dbConn{conn: conn, out: make(chan []byte, 1024), pending: map[uint64]chan []byte{}}
+	c := &dbConn{conn: conn, out: make(chan []byte, 1024), done: make(chan struct{}), pending: map[uint64]chan []byte{}}
 	go c.writeLoop()
 	go c.readLoop()
 	return c, nil
@@ -473,15 +476,17 @@ func dialDB(addr string) (*dbConn, error) {
 
 func (c *dbConn) writeLoop() {
 	w := bufio.NewWriterSize(c.conn, 64<<10)
-	for f := range c.out {
+	for {
+		var f []byte
+		select {
+		case f = <-c.out:
+		case <-c.done:
+			return
+		}
 		_, err := w.Write(f)
 		for more := true; more && err == nil; {
 			select {
-			case f, ok := <-c.out:
-				if !ok {
-					more = false
-					break
-				}
+			case f := <-c.out:
 				_, err = w.Write(f)
 			default:
 				more = false
@@ -572,12 +577,13 @@ func (c *dbConn) forget(id uint64) {
 }
 
 func (c *dbConn) close() {
-	c.conn.Close()
 	c.mu.Lock()
 	if c.err == nil {
 		c.err = errors.New("closed")
 	}
 	c.mu.Unlock()
+	c.closeOnce.Do(func() { close(c.done) })
+	c.conn.Close()
 }
 
 // dbTarget sends each key to its group's leader, from a leader table it
@@ -761,8 +767,9 @@ func (l *lab) startDragonboat(ctx context.Context, name string, shards int) (*sy
 			}
 		}
 		if t == nil {
-			if t, err = newDBTarget(clientAddrs, shards, l.body, l.cfg.RequestTimeout); err != nil {
-				return err
+			var derr error
+			if t, derr = newDBTarget(clientAddrs, shards, l.body, l.cfg.RequestTimeout); derr != nil {
+				return derr
 			}
 		}
 		return t.spread(ctx)
@@ -788,8 +795,12 @@ func (l *lab) startDragonboat(ctx context.Context, name string, shards int) (*sy
 		return nil, err
 	}
 	sys.tgt = t
-	sys.detail = fmt.Sprintf("dragonboat v4 (%s), three members, %d Raft %s (leaders spread), its default log store (fsync), an in-memory map; a framed TCP protocol, each key sent to its group's leader",
-		dragonboatVersion(), shards, plural(shards, "group", "groups"))
+	placement := "leaders spread over the members"
+	if shards == 1 {
+		placement = "its leader on member 1"
+	}
+	sys.detail = fmt.Sprintf("dragonboat v4 (%s), three members, %d Raft %s (%s), its default log store (fsync), an in-memory map; a framed TCP protocol, each key sent to its group's leader",
+		dragonboatVersion(), shards, plural(shards, "group", "groups"), placement)
 	return sys, nil
 }
 
