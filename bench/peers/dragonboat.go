@@ -27,6 +27,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -624,22 +625,13 @@ func (t *dbTarget) readLeaders(ctx context.Context) ([]byte, error) {
 			continue
 		}
 		ls := ans[1:]
-		if len(ls) == t.shards && !slicesContainsZero(ls) {
+		if len(ls) == t.shards && !slices.Contains(ls, 0) {
 			t.leaders.Store(&ls)
 			return ls, nil
 		}
 		lastErr = fmt.Errorf("leaders %v", ls)
 	}
 	return nil, lastErr
-}
-
-func slicesContainsZero(b []byte) bool {
-	for _, x := range b {
-		if x == 0 {
-			return true
-		}
-	}
-	return false
 }
 
 func (t *dbTarget) refreshLoop() {
@@ -740,14 +732,9 @@ func (l *lab) startDragonboat(ctx context.Context, name string, shards int) (*sy
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(6)
+	raftAddrs, clientAddrs, err := dbAddrs()
 	if err != nil {
 		return nil, err
-	}
-	var raftAddrs, clientAddrs []string
-	for i := range 3 {
-		raftAddrs = append(raftAddrs, loopback(ports[i]))
-		clientAddrs = append(clientAddrs, loopback(ports[3+i]))
 	}
 	sys := &system{name: name}
 	for i := range 3 {
@@ -802,6 +789,20 @@ func (l *lab) startDragonboat(ctx context.Context, name string, shards int) (*sy
 	sys.detail = fmt.Sprintf("dragonboat v4 (%s), three members, %d Raft %s (%s), its default log store (fsync), an in-memory map; a framed TCP protocol, each key sent to its group's leader",
 		dragonboatVersion(), shards, plural(shards, "group", "groups"), placement)
 	return sys, nil
+}
+
+// dbAddrs picks free loopback ports for three members: their Raft and
+// client addresses, in replica id order.
+func dbAddrs() (raft, client []string, err error) {
+	ports, err := freePorts(6)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range 3 {
+		raft = append(raft, loopback(ports[i]))
+		client = append(client, loopback(ports[3+i]))
+	}
+	return raft, client, nil
 }
 
 // dragonboatVersion is the dragonboat module this binary was built with.

@@ -133,14 +133,9 @@ func TestDragonboatRegion(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	ports, err := freePorts(6)
+	raftAddrs, clientAddrs, err := dbAddrs()
 	if err != nil {
 		t.Fatal(err)
-	}
-	var raftAddrs, clientAddrs []string
-	for i := range 3 {
-		raftAddrs = append(raftAddrs, loopback(ports[i]))
-		clientAddrs = append(clientAddrs, loopback(ports[3+i]))
 	}
 	const shards = 4
 	dir := t.TempDir()
