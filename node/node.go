@@ -98,6 +98,7 @@ type Node struct {
 	meta           *metaSM
 	metaGroup      *raftstore.Group
 	topoMetrics    *topoMetrics
+	batches        batchSizer // of the partition moves this node drives
 	httpLn, grpcLn net.Listener
 	servers        []serving.Server
 	loops          []*loop

@@ -120,11 +120,12 @@ func startCluster(ctx context.Context, cfg Config, dir string, bins map[string]s
 			n.RaftAddr, n.GRPCAddr, n.HTTPAddr = next(), next(), next()
 		}
 	}
-	// Fewer ring partitions than the default: a change moves one batch of
-	// at most 128 partitions of one shard pair per mover step, and over
-	// the simulated WAN a step takes seconds, so the default ring's
-	// batches would make the reconfigure scenario's partition moves take
-	// minutes. Enough for every shard the scenario can create.
+	// Fewer ring partitions than the default: a change moves partitions
+	// in batches of one shard pair (128 first, then sized by the records
+	// they hold: node/handoff.go), and over the simulated WAN each batch
+	// takes seconds, so the default ring's batches would make the
+	// reconfigure scenario's partition moves take minutes. Enough for every
+	// shard the scenario can create.
 	topo.Ring.PartitionCount = max(ringPartitions, (cfg.ShardsPerRegion+1)*(len(regions)+1)*topology.MinPartitionsPerShard)
 	if err := topo.Validate(); err != nil {
 		return nil, fmt.Errorf("regionsim: topology: %w", err)
