@@ -14,36 +14,10 @@ import (
 //
 //	go test -run XXX -bench ListPage -benchtime 200x ./statedb
 func BenchmarkListPage(b *testing.B) {
-	db, err := Open(Config{Dir: b.TempDir(), CacheBytes: 64 << 20})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer db.Close()
-	sm, err := db.Shard("s1")
-	if err != nil {
-		b.Fatal(err)
-	}
+	sm := benchShard(b, 0)
 	const n = 100_000
 	now := int64(1000) * sec
-	idx := uint64(0)
-	for i := range n {
-		idx++
-		res := sm.FSM().Apply(idx, &fsm.Command{Op: fsm.OpReserve, Namespace: "ns", Key: fmt.Sprintf("key-%07d", i), Now: now,
-			OwnerToken: "owner-token-000001", Lease: 60 * sec})
-		if res.Outcome != fsm.OutcomeAcquired {
-			b.Fatalf("reserve %d: %v", i, res.Outcome)
-		}
-		if i%5 == 0 {
-			idx++
-			sm.FSM().Apply(idx, &fsm.Command{Op: fsm.OpComplete, Namespace: "ns", Key: fmt.Sprintf("key-%07d", i), Now: now,
-				OwnerToken: "owner-token-000001", Retention: 3600 * sec, Response: &fsm.Response{Status: 200, Body: make([]byte, 512)}})
-		}
-		if i%1000 == 999 {
-			if err := sm.CommitApplied(idx); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
+	fillShard(b, sm, 0, n, now)
 	for _, c := range []struct {
 		name string
 		q    fsm.ListQuery
@@ -66,4 +40,49 @@ func BenchmarkListPage(b *testing.B) {
 			}
 		})
 	}
+}
+
+// fillShard reserves n keys ns/key-%07d in sm from log index idx on,
+// completes every fifth (a 512-byte response), commits every 1000, and
+// returns the last index applied.
+func fillShard(b *testing.B, sm *StateMachine, idx uint64, n int, now int64) uint64 {
+	b.Helper()
+	for i := range n {
+		idx++
+		res := sm.FSM().Apply(idx, &fsm.Command{Op: fsm.OpReserve, Namespace: "ns", Key: fmt.Sprintf("key-%07d", i), Now: now,
+			OwnerToken: "owner-token-000001", Lease: 60 * sec})
+		if res.Outcome != fsm.OutcomeAcquired {
+			b.Fatalf("reserve %d: %v", i, res.Outcome)
+		}
+		if i%5 == 0 {
+			idx++
+			sm.FSM().Apply(idx, &fsm.Command{Op: fsm.OpComplete, Namespace: "ns", Key: fmt.Sprintf("key-%07d", i), Now: now,
+				OwnerToken: "owner-token-000001", Retention: 3600 * sec, Response: &fsm.Response{Status: 200, Body: make([]byte, 512)}})
+		}
+		if i%1000 == 999 {
+			if err := sm.CommitApplied(idx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := sm.CommitApplied(idx); err != nil {
+		b.Fatal(err)
+	}
+	return idx
+}
+
+// benchShard opens shard s1 of a DB in a temporary dir (with a partition
+// index for partitions, if not 0), closed when b ends.
+func benchShard(b *testing.B, partitions uint32) *StateMachine {
+	b.Helper()
+	db, err := Open(Config{Dir: b.TempDir(), CacheBytes: 64 << 20, PartitionCount: partitions})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	sm, err := db.Shard("s1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return sm
 }
