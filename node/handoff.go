@@ -31,9 +31,10 @@ import (
 
 const (
 	// A batch's keys pause (answered 503 with Retry-After) from its freeze
-	// to its open. That pause is a few Raft rounds whatever the batch
-	// holds, plus the copy of its records; so batches are sized by
-	// records, not partitions (batchSizer): a change's first batch has
+	// to its open: a few Raft rounds, the copy of its records, and a part
+	// that grows with its partitions; on top of it each batch pays a
+	// meta-group round and a drop. So batches are sized by records, within
+	// bounds on partitions (batchSizer): a change's first batch has
 	// handoffBatch partitions (at 1M keys and 16,411 partitions, about
 	// 7,800 records), later ones as many as should hold about
 	// handoffRecords records by the density the last batch measured,
