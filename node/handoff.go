@@ -272,6 +272,11 @@ type batchSizer struct {
 func (b *batchSizer) size(version int) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.current(version)
+}
+
+// current is size with b.mu held.
+func (b *batchSizer) current(version int) int {
 	if b.version != version || b.next == 0 {
 		return handoffBatch
 	}
@@ -288,14 +293,11 @@ func (b *batchSizer) moved(version, partitions, records int) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.version != version || b.next == 0 {
-		b.version, b.next = version, handoffBatch
-	}
-	next := 2 * b.next
+	next := 2 * b.current(version)
 	if records > 0 {
 		next = min(next, int(int64(partitions)*handoffRecords/int64(records)))
 	}
-	b.next = min(max(next, handoffBatchMin), handoffBatchMax)
+	b.version, b.next = version, min(max(next, handoffBatchMin), handoffBatchMax)
 }
 
 // handoffSteps moves the step's batch and then, within handoffStepTime,

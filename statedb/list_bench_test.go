@@ -43,9 +43,8 @@ func BenchmarkListPage(b *testing.B) {
 }
 
 // fillShard reserves n keys ns/key-%07d in sm from log index idx on,
-// completes every fifth (a 512-byte response), commits every 1000, and
-// returns the last index applied.
-func fillShard(b *testing.B, sm *StateMachine, idx uint64, n int, now int64) uint64 {
+// completes every fifth (a 512-byte response) and commits every 1000.
+func fillShard(b *testing.B, sm *StateMachine, idx uint64, n int, now int64) {
 	b.Helper()
 	for i := range n {
 		idx++
@@ -68,7 +67,6 @@ func fillShard(b *testing.B, sm *StateMachine, idx uint64, n int, now int64) uin
 	if err := sm.CommitApplied(idx); err != nil {
 		b.Fatal(err)
 	}
-	return idx
 }
 
 // benchShard opens shard s1 of a DB in a temporary dir (with a partition
@@ -80,9 +78,5 @@ func benchShard(b *testing.B, partitions uint32) *StateMachine {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { db.Close() })
-	sm, err := db.Shard("s1")
-	if err != nil {
-		b.Fatal(err)
-	}
-	return sm
+	return openShard(b, db, "s1")
 }

@@ -5,16 +5,17 @@ import (
 	"testing"
 
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/topology"
 )
 
 // BenchmarkScanPartitions measures one batch's scan of the partition index
 // (what a handoff's export and its reset import each do) over a shard of
-// 50,000 records (a fifth completed) in the default ring's 16,411 partitions: a batch of 128
-// and one of 512 partitions (the most a batch has).
+// 50,000 records (a fifth completed) in the default ring's partitions: a
+// batch of 128 and one of 512 partitions (the most a batch has).
 //
 //	go test -run XXX -bench ScanPartitions -benchtime 200x ./statedb
 func BenchmarkScanPartitions(b *testing.B) {
-	const count = 16411
+	const count = topology.DefaultPartitionCount
 	sm := benchShard(b, count)
 	all := make([]uint32, count)
 	for p := range all {

@@ -27,7 +27,7 @@ func openTestDB(t *testing.T, dir string) *DB {
 	return db
 }
 
-func openShard(t *testing.T, db *DB, id string) *StateMachine {
+func openShard(t testing.TB, db *DB, id string) *StateMachine {
 	t.Helper()
 	sm, err := db.Shard(id)
 	if err != nil {
