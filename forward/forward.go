@@ -378,9 +378,9 @@ func (f *Forwarder) candidates(shard topology.Shard, prefer string) []string {
 
 // attempt runs call against the candidates of shard until one answers, ctx
 // ends, or every candidate failed twice. prefer is tried first. wait is
-// how long the node may hold the call on purpose (a waiting reserve): it
-// lengthens the attempt timeout.
-func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer string, hops int, wait time.Duration,
+// how long the node may hold the call on purpose (a waiting reserve), and
+// payload the command's PayloadAllowance: both lengthen the attempt timeout.
+func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer string, hops int, wait, payload time.Duration,
 	call func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error) (ambiguous bool, err error) {
 	if hops >= MaxHops {
 		return false, status.Errorf(codes.Unavailable, "shard %s: request already forwarded %d times; the leader is moving, retry", shard.ID, hops)
@@ -426,7 +426,7 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 			continue
 		}
 		region := f.regionOf(target)
-		actx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout+wait)
+		actx, cancel := context.WithTimeout(ctx, f.cfg.AttemptTimeout+wait+payload)
 		var sent atomic.Bool
 		actx = context.WithValue(actx, sentKey{}, &sent)
 		var header metadata.MD
@@ -520,6 +520,27 @@ func unavailable(shard topology.Shard, ctxErr, last error) error {
 	return status.Error(codes.Unavailable, msg)
 }
 
+// PayloadAllowance is the time a forwarded command gets on top of an
+// attempt's timeout (and a router's request timeout) for the bytes it
+// carries: a second per MiB of stored response or checkpoint. A
+// multi-megabyte completion is sent to the leader, written to every voter's
+// log and synced before it is answered, which on a loaded machine takes
+// seconds; cut off at the attempt timeout meant for small commands, it was
+// sent again and again, each copy adding to the load that made it slow.
+func PayloadAllowance(cmd *fsm.Command) time.Duration {
+	n := 0
+	if r := cmd.Response; r != nil {
+		n += len(r.Body)
+		for k, v := range r.Headers {
+			n += len(k) + len(v)
+		}
+	}
+	if c := cmd.Checkpoint; c != nil {
+		n += len(c.Name) + len(c.Data)
+	}
+	return time.Duration(n) * time.Second / (1 << 20)
+}
+
 // Apply forwards a reserve, heartbeat, complete or release for shard and
 // returns the store's decision, or an error of package backend's closed
 // set. prefer (may be empty) is tried first; hops
@@ -605,7 +626,7 @@ func (f *Forwarder) Apply(ctx context.Context, shard topology.Shard, cmd *fsm.Co
 	default:
 		return fsm.Result{}, fmt.Errorf("forward: cannot forward %s", cmd.Op)
 	}
-	ambiguous, err := f.attempt(ctx, shard, prefer, hops, time.Duration(cmd.Wait), call)
+	ambiguous, err := f.attempt(ctx, shard, prefer, hops, time.Duration(cmd.Wait), PayloadAllowance(cmd), call)
 	if cmd.Op == fsm.OpForceRelease || cmd.Op == fsm.OpDelete {
 		return operatorResult(cmd, shard, res, ambiguous, err)
 	}
@@ -633,7 +654,7 @@ func leaseMs(cmd *fsm.Command) int64 {
 func (f *Forwarder) Get(ctx context.Context, shard topology.Shard, namespace, key, prefer string, hops int) (fsm.Record, bool, error) {
 	var rec fsm.Record
 	req := &idemv1.GetRequest{Namespace: namespace, Key: key}
-	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
+	_, err := f.attempt(ctx, shard, prefer, hops, 0, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 		resp, err := c.Get(ctx, req, opts...)
 		if err == nil {
 			rec = wire.RecordFromProto(resp)
@@ -675,7 +696,7 @@ func operatorResult(cmd *fsm.Command, shard topology.Shard, res fsm.Result, ambi
 // returns once it did.
 func (f *Forwarder) SetShardPolicy(ctx context.Context, shard topology.Shard, cmd *fsm.Command, prefer string, hops int) error {
 	req := &idemv1.SetShardPolicyRequest{Shard: shard.ID, Namespace: cmd.Namespace, Policy: wire.PolicyRequestToProto(*cmd.Policy)}
-	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
+	_, err := f.attempt(ctx, shard, prefer, hops, 0, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 		_, err := c.SetShardPolicy(ctx, req, opts...)
 		return err
 	})
@@ -686,7 +707,7 @@ func (f *Forwarder) SetShardPolicy(ctx context.Context, shard topology.Shard, cm
 // (every field filled in).
 func (f *Forwarder) GetPolicy(ctx context.Context, shard topology.Shard, namespace, prefer string, hops int) (fsm.Policy, error) {
 	var p fsm.Policy
-	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
+	_, err := f.attempt(ctx, shard, prefer, hops, 0, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 		resp, err := c.GetPolicy(ctx, &idemv1.GetPolicyRequest{Namespace: namespace}, opts...)
 		if err == nil {
 			p = wire.PolicyFromProto(resp.GetPolicy())
@@ -701,7 +722,7 @@ func (f *Forwarder) ListShard(ctx context.Context, shard topology.Shard, q backe
 	var page fsm.ListPage
 	req := &idemv1.ListShardRequest{Shard: shard.ID, Namespace: q.Namespace, State: wire.StateToProto(q.State),
 		OlderThanS: int64(q.OlderThan / time.Second), Limit: int32(q.Limit), After: q.After}
-	_, err := f.attempt(ctx, shard, prefer, hops, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
+	_, err := f.attempt(ctx, shard, prefer, hops, 0, 0, func(ctx context.Context, c nodeClient, opts ...grpc.CallOption) error {
 		resp, err := c.ListShard(ctx, req, opts...)
 		if err == nil {
 			page = wire.ListShardFromProto(resp)

@@ -185,3 +185,65 @@ func TestForwardOnlyVoterSaysSo(t *testing.T) {
 		t.Fatalf("release on the only voter, not leading: %v, want ErrUnavailable saying the node is the only voter", err)
 	}
 }
+
+// deadlineNode answers Complete at once and records how long the caller's
+// deadline gave it.
+type deadlineNode struct {
+	idemv1.UnimplementedIdempotencyServer
+	left chan time.Duration
+}
+
+func (d *deadlineNode) Complete(ctx context.Context, _ *idemv1.CompleteRequest) (*idemv1.CompleteResponse, error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return nil, status.Error(codes.Internal, "no deadline")
+	}
+	d.left <- time.Until(dl)
+	return &idemv1.CompleteResponse{}, nil
+}
+
+// A forwarded completion's attempt gets a second per MiB it carries on top
+// of the attempt timeout, so that a multi-megabyte response is not cut off
+// (and sent again) at a bound meant for small commands; a small one keeps
+// the bound.
+func TestForwardAttemptTimeoutGrowsWithPayload(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &deadlineNode{left: make(chan time.Duration, 1)}
+	srv := grpc.NewServer()
+	idemv1.RegisterIdempotencyServer(srv, node)
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	topo := &topology.Topology{Cluster: "fwd", Regions: []topology.Region{{Name: "r", Nodes: []topology.Node{{ID: "n-1", GRPCAddr: ln.Addr().String()}}}}}
+	const attempt = 300 * time.Millisecond
+	f, err := NewForwarder(ForwarderConfig{Topology: topo, AttemptTimeout: attempt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	shard := topology.Shard{ID: "r-0", HomeRegion: "r", Voters: []string{"n-1"}}
+	for _, tc := range []struct {
+		body     int
+		min, max time.Duration
+	}{
+		{body: 100, min: 0, max: attempt},
+		{body: 3 << 20, min: 3 * time.Second, max: attempt + 3*time.Second},
+	} {
+		cmd := &fsm.Command{Op: fsm.OpComplete, Namespace: "ns", Key: "k", OwnerToken: "tok_0123456789abcdef",
+			Response: &fsm.Response{Status: 200, Body: make([]byte, tc.body)}}
+		if want := time.Duration(tc.body) * time.Second / (1 << 20); PayloadAllowance(cmd) != want {
+			t.Errorf("PayloadAllowance(%d-byte body) = %s, want %s", tc.body, PayloadAllowance(cmd), want)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		_, err := f.Apply(ctx, shard, cmd, "", 0)
+		cancel()
+		if err != nil {
+			t.Fatalf("%d-byte completion: %v", tc.body, err)
+		}
+		if left := <-node.left; left <= tc.min || left > tc.max {
+			t.Errorf("%d-byte completion: the node was given %s, want (%s, %s]", tc.body, left, tc.min, tc.max)
+		}
+	}
+}

@@ -466,8 +466,8 @@ func (b *Backend) ApplyRouted(ctx context.Context, cmd *fsm.Command, hops int) (
 		return fsm.Result{}, "", b.finish(ctx, shard, time.Now(), errUnreachable)
 	}
 	// A waiting reserve is held on the leader on purpose: its wait adds to
-	// the deadline.
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout+time.Duration(cmd.Wait))
+	// the deadline, as does the time a large payload takes to replicate.
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout+time.Duration(cmd.Wait)+forward.PayloadAllowance(cmd))
 	defer cancel()
 	start := time.Now()
 	res, err := b.fwd.Apply(ctx, shard, cmd, "", hops)

@@ -13,7 +13,8 @@
 //	--region NAME          the region this router runs in (required; must be in FILE)
 //	--http-addr HOST:PORT  JSON API, /metrics, /healthz, /readyz (default 127.0.0.1:8090)
 //	--grpc-addr HOST:PORT  gRPC API (default 127.0.0.1:7090)
-//	--request-timeout D    deadline for one forwarded request (default 5s)
+//	--request-timeout D    deadline for one forwarded request (default 5s), plus a
+//	                       second per MiB of response or checkpoint it carries
 //	--max-response-bytes N largest stored response body (default 1048576); not in the
 //	                       contract's table: set it as on the nodes so the router
 //	                       accepts and relays what they store

@@ -20,7 +20,7 @@ func flagTable(o *options) flagdoc.Table {
 		{Name: "region", Value: &o.region, Section: secRouter, Usage: "the region this router runs in, a region `NAME` of the topology; required"},
 		{Name: "http-addr", Value: &o.httpAddr, Section: secRouter, Usage: "`HOST:PORT` for the JSON API, /metrics, /healthz, /readyz"},
 		{Name: "grpc-addr", Value: &o.grpcAddr, Section: secRouter, Usage: "`HOST:PORT` for the gRPC API"},
-		{Name: "request-timeout", Value: &o.requestTimeout, Section: secRouter, Usage: "deadline `D` for one forwarded request; past it the answer is 503 UNAVAILABLE"},
+		{Name: "request-timeout", Value: &o.requestTimeout, Section: secRouter, Usage: "deadline `D` for one forwarded request, plus a second per MiB of response or checkpoint it carries; past it the answer is 503 UNAVAILABLE"},
 		{Name: "max-response-bytes", Value: &o.maxResponse, Section: secRouter, Usage: "largest stored response body in decoded `BYTES`; set it as on the nodes"},
 
 		{Name: "upstream", Value: &o.upstream, Section: secProxy, Usage: "proxy mode: the `URL` of the service to put idem in front of"},
