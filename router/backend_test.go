@@ -448,6 +448,34 @@ func TestBackendRequestTimeout(t *testing.T) {
 	}
 }
 
+// A completion carrying megabytes gets a second per MiB on top of the
+// request timeout (forward.PayloadAllowance): replicating it takes that
+// long on a loaded region, and cutting it off makes the caller send it all
+// again. Against nodes that swallow every call, the router's 503 comes no
+// earlier than the extended deadline.
+func TestBackendRequestTimeoutGrowsWithPayload(t *testing.T) {
+	c := newFakeCluster(t, "r1")
+	b, _, _ := newTestBackend(t, c, "r1", func(cfg *BackendConfig) {
+		cfg.RequestTimeout = 400 * time.Millisecond
+		cfg.AttemptTimeout = 100 * time.Millisecond
+	})
+	key, shard := c.keyIn(t, "pay", "r1")
+	for _, v := range shard.Voters {
+		c.nodes[v].hold.Store(true)
+	}
+	cmd := &fsm.Command{Op: fsm.OpComplete, Namespace: "pay", Key: key, OwnerToken: "owner-aaaaaaaaaaaaaaaa",
+		Response: &fsm.Response{Status: 200, Body: make([]byte, 1<<20)}}
+	start := time.Now()
+	_, _, err := b.ApplyRouted(t.Context(), cmd, 0)
+	d := time.Since(start)
+	if !errors.Is(err, backend.ErrUnavailable) {
+		t.Fatalf("complete against swallowing nodes: %v, want UNAVAILABLE", err)
+	}
+	if d < 400*time.Millisecond+time.Second {
+		t.Fatalf("a 1 MiB completion was answered after %s, before its 400ms request timeout plus 1s for its payload", d)
+	}
+}
+
 // TestBackendRetryIsSameReservation: the leader applies a reserve but its
 // answer is lost; the router's retry must come back as the same reservation
 // (same owner, same fencing token), and nobody else can acquire the key.
