@@ -53,16 +53,23 @@ func (s *scriptedNode) Release(context.Context, *idemv1.ReleaseRequest) (*idemv1
 
 func serveScripted(t *testing.T, answers ...error) (string, *scriptedNode) {
 	t.Helper()
+	node := &scriptedNode{answers: answers}
+	return serveNode(t, node), node
+}
+
+// serveNode serves node's API on a loopback port until the test ends and
+// returns the address.
+func serveNode(t *testing.T, node idemv1.IdempotencyServer) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := &scriptedNode{answers: answers}
 	srv := grpc.NewServer()
 	idemv1.RegisterIdempotencyServer(srv, node)
 	go srv.Serve(ln)
 	t.Cleanup(srv.Stop)
-	return ln.Addr().String(), node
+	return ln.Addr().String()
 }
 
 // forwarderWith returns a Forwarder over nodes "n-1" (addr1) and "n-2"
@@ -207,16 +214,8 @@ func (d *deadlineNode) Complete(ctx context.Context, _ *idemv1.CompleteRequest) 
 // (and sent again) at a bound meant for small commands; a small one keeps
 // the bound.
 func TestForwardAttemptTimeoutGrowsWithPayload(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	node := &deadlineNode{left: make(chan time.Duration, 1)}
-	srv := grpc.NewServer()
-	idemv1.RegisterIdempotencyServer(srv, node)
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
-	topo := &topology.Topology{Cluster: "fwd", Regions: []topology.Region{{Name: "r", Nodes: []topology.Node{{ID: "n-1", GRPCAddr: ln.Addr().String()}}}}}
+	topo := &topology.Topology{Cluster: "fwd", Regions: []topology.Region{{Name: "r", Nodes: []topology.Node{{ID: "n-1", GRPCAddr: serveNode(t, node)}}}}}
 	const attempt = 300 * time.Millisecond
 	f, err := NewForwarder(ForwarderConfig{Topology: topo, AttemptTimeout: attempt})
 	if err != nil {

@@ -422,9 +422,11 @@ func TestBackendUnreachableRegionIs503(t *testing.T) {
 	})
 }
 
-// TestBackendRequestTimeout: a node that swallows requests costs at most
-// the request timeout, and the answer is UNAVAILABLE.
-func TestBackendRequestTimeout(t *testing.T) {
+// swallowingBackend returns a router backend with a 400 ms request timeout
+// (100 ms attempts) over a region whose nodes swallow every call, and a
+// key of namespace "pay" homed there.
+func swallowingBackend(t *testing.T) (*Backend, string) {
+	t.Helper()
 	c := newFakeCluster(t, "r1")
 	b, _, _ := newTestBackend(t, c, "r1", func(cfg *BackendConfig) {
 		cfg.RequestTimeout = 400 * time.Millisecond
@@ -434,6 +436,13 @@ func TestBackendRequestTimeout(t *testing.T) {
 	for _, v := range shard.Voters {
 		c.nodes[v].hold.Store(true)
 	}
+	return b, key
+}
+
+// TestBackendRequestTimeout: a node that swallows requests costs at most
+// the request timeout, and the answer is UNAVAILABLE.
+func TestBackendRequestTimeout(t *testing.T) {
+	b, key := swallowingBackend(t)
 	start := time.Now()
 	_, err := reserve(t.Context(), b, "pay", key, "owner-aaaaaaaaaaaaaaaa")
 	d := time.Since(start)
@@ -454,15 +463,7 @@ func TestBackendRequestTimeout(t *testing.T) {
 // again. Against nodes that swallow every call, the router's 503 comes no
 // earlier than the extended deadline.
 func TestBackendRequestTimeoutGrowsWithPayload(t *testing.T) {
-	c := newFakeCluster(t, "r1")
-	b, _, _ := newTestBackend(t, c, "r1", func(cfg *BackendConfig) {
-		cfg.RequestTimeout = 400 * time.Millisecond
-		cfg.AttemptTimeout = 100 * time.Millisecond
-	})
-	key, shard := c.keyIn(t, "pay", "r1")
-	for _, v := range shard.Voters {
-		c.nodes[v].hold.Store(true)
-	}
+	b, key := swallowingBackend(t)
 	cmd := &fsm.Command{Op: fsm.OpComplete, Namespace: "pay", Key: key, OwnerToken: "owner-aaaaaaaaaaaaaaaa",
 		Response: &fsm.Response{Status: 200, Body: make([]byte, 1<<20)}}
 	start := time.Now()
