@@ -152,10 +152,12 @@ func (c *Client) invoke(ctx context.Context, op, namespace, key string, attempt 
 	return c.invokeWaiting(ctx, op, namespace, key, 0, attempt)
 }
 
-// invokeWaiting is invoke for a call the store may hold for up to wait on
-// purpose (a waiting reserve): each attempt's timeout is RequestTimeout plus
-// wait.
-func (c *Client) invokeWaiting(ctx context.Context, op, namespace, key string, wait time.Duration, attempt attemptFunc) (retried bool, err error) {
+// invokeWaiting is invoke for a call that needs more than RequestTimeout an
+// attempt: one the store may hold for up to a waiting reserve's wait on
+// purpose, or one whose payload the store writes to a majority of its
+// replicas before it answers (payloadAllowance). Each attempt's timeout is
+// RequestTimeout plus extra.
+func (c *Client) invokeWaiting(ctx context.Context, op, namespace, key string, extra time.Duration, attempt attemptFunc) (retried bool, err error) {
 	if c.closed.Load() {
 		return false, fmt.Errorf("%w: %s", ErrClosed, op)
 	}
@@ -183,7 +185,7 @@ func (c *Client) invokeWaiting(ctx context.Context, op, namespace, key string, w
 			c.endpointAttempts.Add(1)
 		}
 		var header metadata.MD
-		attemptCtx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout+wait)
+		attemptCtx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout+extra)
 		err := attempt(attemptCtx, stub, grpc.Header(&header))
 		cancel()
 		if routed {
@@ -220,6 +222,17 @@ func (c *Client) invokeWaiting(ctx context.Context, op, namespace, key string, w
 		case <-t.C:
 		}
 	}
+}
+
+// payloadAllowance is what an attempt carrying n bytes of request gets on
+// top of RequestTimeout: a second per MiB, as a node gives a command it
+// forwards to its shard's leader (forward.PayloadAllowance). A completion of
+// several megabytes is written to the leader's log and a majority of the
+// replicas, and applied, before it is answered; on a loaded region that takes
+// longer than a small command's budget, and retrying it on a timeout only
+// sends the megabytes again. A typical 1 KB request gets ~1 ms.
+func payloadAllowance(n int) time.Duration {
+	return time.Duration(n) * time.Second / (1 << 20)
 }
 
 // ended returns why ctx ended, or nil. gRPC can fail a call on its deadline

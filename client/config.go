@@ -61,7 +61,10 @@ type Config struct {
 	// the whole call, retries included. Zero means DefaultRequestTimeout. It
 	// should exceed the routers' --request-timeout (5 s by default), so that a
 	// slow shard answers UNAVAILABLE (and is retried) before the client gives
-	// up on the attempt.
+	// up on the attempt. An attempt that carries a payload (a completion's
+	// response, a checkpoint, a batch) gets a second more per MiB it
+	// carries, and a waiting reserve its wait, as the nodes and routers give
+	// them.
 	RequestTimeout time.Duration
 
 	// Logger receives retry and lease events at debug and warn level. Nil

@@ -191,7 +191,8 @@ type batchSend func(ctx context.Context, stub idemv1.IdempotencyClient, idx []in
 
 // many runs a batch call over the items pending: in chunks of at most
 // MaxBatchItems items and maxBatchBytes (by size), concurrently, each chunk
-// with invoke's retries; items answered with a retryable error go again in
+// with invoke's retries and an attempt timeout grown by the chunk's size
+// (payloadAllowance); items answered with a retryable error go again in
 // the next round, up to MaxAttempts rounds. fail records an item's error;
 // single runs one item as its single call, when the node does not know the
 // batch call.
@@ -204,7 +205,11 @@ func (c *Client) many(ctx context.Context, op, namespace string, pending []int, 
 		for _, chunk := range chunkItems(pending, size) {
 			wg.Go(func() {
 				var sts []*status.Status
-				_, err := c.invoke(ctx, fmt.Sprintf("%s (%d items)", op, len(chunk)), namespace, "", func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
+				bytes := 0
+				for _, i := range chunk {
+					bytes += size(i)
+				}
+				_, err := c.invokeWaiting(ctx, fmt.Sprintf("%s (%d items)", op, len(chunk)), namespace, "", payloadAllowance(bytes), func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
 					sts, err = send(ctx, stub, chunk, opts...)
 					return err
 				})

@@ -10,6 +10,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 )
 
 // Reserve claims a key, or reports who holds it or what it completed with.
@@ -136,7 +137,7 @@ func (c *Client) Complete(ctx context.Context, req CompleteRequest) (Completion,
 		return Completion{}, err
 	}
 	var resp *idemv1.CompleteResponse
-	_, err = c.invoke(ctx, "complete "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
+	_, err = c.invokeWaiting(ctx, "complete "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, payloadAllowance(proto.Size(pb)), func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
 		resp, err = stub.Complete(ctx, pb, opts...)
 		return err
 	})
@@ -242,7 +243,7 @@ func (c *Client) Checkpoint(ctx context.Context, req CheckpointRequest) (time.Ti
 	}
 	pb := &idemv1.CheckpointRequest{Namespace: req.Namespace, Key: req.Key, OwnerToken: req.OwnerToken, Name: req.Name, Data: req.Data}
 	var resp *idemv1.CheckpointResponse
-	_, err := c.invoke(ctx, "checkpoint "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
+	_, err := c.invokeWaiting(ctx, "checkpoint "+req.Namespace+"/"+req.Key, req.Namespace, req.Key, payloadAllowance(proto.Size(pb)), func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
 		resp, err = stub.Checkpoint(ctx, pb, opts...)
 		return err
 	})
