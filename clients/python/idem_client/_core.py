@@ -383,12 +383,17 @@ class Transport:
     def attempt(self, method: str, path: str, body: Optional[Dict[str, Any]], extra_timeout: float = 0.0,
                 timeout: Optional[float] = None) -> Answer:
         """One attempt, bounded by timeout (default: the client's, plus
-        extra_timeout); a transport failure raises UnavailableError (status 0)."""
+        extra_timeout, plus a second per MiB of request body); a transport
+        failure raises UnavailableError (status 0)."""
         headers = {"Accept": "application/json"}
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
+            # A request carrying megabytes (a completion's response, a batch)
+            # gets a second per MiB more, as nodes and routers give it: the
+            # store writes it to a majority of its replicas before it answers.
+            extra_timeout += len(payload) / (1 << 20)
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         conn = self._conn(timeout if timeout is not None else self.timeout + extra_timeout)

@@ -134,6 +134,40 @@ def test_503_is_retried_after_retry_after_with_the_same_owner_token(node):
         hop.shutdown()
 
 
+def test_an_attempt_carrying_megabytes_gets_a_second_per_mib_more():
+    # A store that takes 0.8 s to answer any request: longer than the 0.2 s
+    # timeout, shorter than what a 3 MiB completion gets on top of it.
+    class SlowStore(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            time.sleep(0.8)
+            out = json.dumps({"completed_at": "2026-12-05T00:00:00Z", "expires_at": "2026-12-06T00:00:00Z"}).encode()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+            except OSError:
+                pass  # the client gave up on the attempt
+
+    store = ThreadingHTTPServer(("127.0.0.1", 0), SlowStore)
+    threading.Thread(target=store.serve_forever, daemon=True).start()
+    try:
+        c = Client(f"http://127.0.0.1:{store.server_address[1]}", timeout=0.2, max_attempts=1)
+        completed_at, _ = c.complete(NS, new_key(), "owner-token-0123456789", Response(200, {}, b"x" * (3 << 20)))
+        assert completed_at.year == 2026
+        with pytest.raises(UnavailableError):  # a small completion is still cut off at the timeout
+            c.complete(NS, new_key(), "owner-token-0123456789", Response(200, {}, b"small"))
+    finally:
+        store.shutdown()
+
+
 def test_run_concurrent_duplicates_run_once(client):
     key = new_key()
     runs = []

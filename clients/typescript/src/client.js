@@ -179,9 +179,13 @@ export class IdemClient {
     if (this.token) headers.authorization = `Bearer ${this.token}`;
     const payload = body === undefined ? undefined : JSON.stringify(body);
     const attempts = opts.retry === false ? 1 : this.maxAttempts;
+    // A request carrying megabytes (a completion's response, a batch) gets a
+    // second per MiB more, as nodes and routers give it: the store writes it
+    // to a majority of its replicas before it answers. ~1 ms for 1 KB.
+    const payloadMs = payload === undefined ? 0 : Math.ceil(Buffer.byteLength(payload) / 1048.576);
     let last;
     for (let attempt = 1; attempt <= attempts; attempt++) {
-      const timeout = AbortSignal.timeout(this.timeoutMs + (opts.extraTimeoutMs ?? 0));
+      const timeout = AbortSignal.timeout(this.timeoutMs + (opts.extraTimeoutMs ?? 0) + payloadMs);
       const signal = opts.signal ? AbortSignal.any([opts.signal, timeout]) : timeout;
       let res;
       try {

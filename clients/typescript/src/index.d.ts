@@ -110,7 +110,7 @@ export interface ClientOptions {
    * client sends with node:https instead of fetch.
    */
   tls?: SecureContextOptions & { rejectUnauthorized?: boolean; servername?: string };
-  /** Bound of one attempt of a call, in ms (a waiting reserve adds its wait). Default 10000. */
+  /** Bound of one attempt of a call, in ms (a waiting reserve adds its wait, a request body a second per MiB). Default 10000. */
   timeoutMs?: number;
   /** Attempts per call: 503 and 429 are retried after Retry-After, transport failures after a backoff. Default 4. */
   maxAttempts?: number;

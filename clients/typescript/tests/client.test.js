@@ -146,6 +146,29 @@ test('503 is retried after Retry-After with the same owner token', async () => {
   }
 });
 
+test('an attempt carrying megabytes gets a second per MiB more than timeoutMs', async () => {
+  // A store that takes 800 ms to answer any request: longer than the 200 ms
+  // timeoutMs, shorter than what a 3 MiB completion gets on top of it.
+  const store = createServer(async (req, res) => {
+    for await (const _ of req);
+    await sleep(800);
+    res.writeHead(200, { 'Content-Type': 'application/json' });
+    res.end(JSON.stringify({ completed_at: '2026-12-05T00:00:00Z', expires_at: '2026-12-06T00:00:00Z' }));
+  });
+  await new Promise((r) => store.listen(0, '127.0.0.1', r));
+  try {
+    const c = new IdemClient({ baseUrl: `http://127.0.0.1:${store.address().port}`, timeoutMs: 200, maxAttempts: 1 });
+    const ownerToken = 'owner-token-0123456789';
+    const large = await c.complete(ns, newKey(), { ownerToken, response: { status: 200, body: 'x'.repeat(3 << 20) } });
+    assert.equal(large.completedAt.toISOString(), '2026-12-05T00:00:00.000Z');
+    await assert.rejects(c.complete(ns, newKey(), { ownerToken, response: { status: 200, body: 'small' } }), UnavailableError,
+      'a small completion is still cut off at timeoutMs');
+  } finally {
+    store.closeAllConnections();
+    store.close();
+  }
+});
+
 test('run: concurrent duplicates run fn once and all see its response', async () => {
   const key = newKey();
   let runs = 0;
