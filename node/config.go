@@ -139,6 +139,10 @@ type Testing struct {
 	// RestoreFault injects a crash into snapshot restores (see
 	// statedb.RestoreFault).
 	RestoreFault *statedb.RestoreFault
+	// FailDrops, when > 0, fails the first FailDrops commands this node
+	// sends, as the mover of a topology change, to drop a source's copy of
+	// moved partitions, as a source leader lost right after a move would.
+	FailDrops int
 }
 
 // DefaultClockSkewMargin is DefaultConfig's ClockSkewMargin (a zero

@@ -235,6 +235,11 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView) (moveStep, bool, err
 	if src, dst, batch := nextBatch(moves, mv.moved, n.batches.size(mv.target.EffectiveVersion())); len(batch) > 0 {
 		return moveStep{shard: src, op: "handoff", node: dst, partitions: batch}, true, nil
 	}
+	// Every partition is recorded as moved: no source keeps a copy of one
+	// after the change (a batch whose own drop failed leaves one).
+	if step, ok := n.dropStep(mv, moves); ok {
+		return step, true, nil
+	}
 	return moveStep{}, false, nil
 }
 
@@ -392,18 +397,121 @@ func (n *Node) handoff(ctx context.Context, mv metaView, src, dst string, parts 
 	}
 	n.log.Info("topology change: partitions moved", "from", src, "to", dst, "partitions", len(parts), "records", records, "bytes", bytes,
 		"paused", pause.Round(time.Microsecond), "took", time.Since(start).Round(time.Microsecond))
-	// What the source kept is garbage now; dropping it is bounded per
-	// command and may be left to a later change's step if it fails here.
-	for range 100_000 {
-		dr, err := n.handoffOn(ctx, mv, src, "drop", fsm.Handoff{Count: count, Partitions: parts, Epoch: epoch, Limit: dropLimit})
-		if err != nil || dr.GetOutcome() != fsm.OutcomeOK.String() {
-			n.log.Warn("topology change: dropping moved records at the source", "shard", src, "outcome", dr.GetOutcome(), "error", err)
-			break
-		}
-		if dr.GetSwept() < dropLimit {
-			break
+	// What the source kept is garbage now. A drop that fails here is done
+	// again before the change activates (layoutStep's drop step).
+	if _, err := n.dropMoved(ctx, mv, src, parts); err != nil {
+		n.log.Warn("topology change: dropping moved records at the source failed; retried before the change activates", "shard", src, "error", err)
+	}
+	return nil
+}
+
+// dropMoved deletes shard src's copy of partitions it handed off in the
+// change mv runs (parts in order), in commands of at most
+// fsm.MaxHandoffPartitions partitions and dropLimit records, and returns how
+// many records it deleted. A drop is safe to repeat: it deletes only
+// records of partitions the source froze for this change, and finds none
+// the second time.
+func (n *Node) dropMoved(ctx context.Context, mv metaView, src string, parts []uint32) (int, error) {
+	ring, err := n.rings.ring(mv.active)
+	if err != nil {
+		return 0, err
+	}
+	count, epoch := ring.PartitionCount(), uint64(mv.target.EffectiveVersion())
+	dropped := 0
+	for chunk := range slices.Chunk(parts, fsm.MaxHandoffPartitions) {
+		for i := 0; ; i++ {
+			if i == 100_000 {
+				return dropped, fmt.Errorf("dropping at %s: still records left after 100,000 commands", src)
+			}
+			if n.dropFaults.Load() > 0 && n.dropFaults.Add(-1) >= 0 {
+				return dropped, fmt.Errorf("dropping at %s: injected failure (--testing-fail-drops)", src)
+			}
+			dr, err := n.handoffOn(ctx, mv, src, "drop", fsm.Handoff{Count: count, Partitions: chunk, Epoch: epoch, Limit: dropLimit})
+			if err != nil {
+				return dropped, fmt.Errorf("dropping at %s: %w", src, err)
+			}
+			if dr.GetOutcome() != fsm.OutcomeOK.String() {
+				return dropped, fmt.Errorf("%s refused to drop: %s", src, dr.GetOutcome())
+			}
+			dropped += int(dr.GetSwept())
+			if dr.GetSwept() < dropLimit {
+				break
+			}
 		}
 	}
+	return dropped, nil
+}
+
+// dropLedger remembers the sources this node, driving a change, has
+// dropped every moved partition of: the drop step runs once per source and
+// change on each meta leader (a new leader runs it again, finding nothing).
+type dropLedger struct {
+	mu      sync.Mutex
+	version int
+	clean   map[string]bool
+}
+
+func (d *dropLedger) isClean(version int, src string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.version == version && d.clean[src]
+}
+
+func (d *dropLedger) markClean(version int, src string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.version != version {
+		d.version, d.clean = version, map[string]bool{}
+	}
+	d.clean[src] = true
+}
+
+// dropStep is the next drop step once every partition of the change is
+// recorded as moved: a source not confirmed clean in this change, with
+// every partition it hands off. ok is false when every source is clean.
+func (n *Node) dropStep(mv metaView, moves []topology.Move) (moveStep, bool) {
+	version := mv.target.EffectiveVersion()
+	for _, m := range moves {
+		if n.drops.isClean(version, m.From) {
+			continue
+		}
+		var parts []uint32
+		for _, o := range moves {
+			if o.From == m.From {
+				parts = append(parts, o.Partitions...)
+			}
+		}
+		slices.Sort(parts) // a partition command lists them in order
+		return moveStep{shard: m.From, op: "drop", partitions: slices.Compact(parts)}, true
+	}
+	return moveStep{}, false
+}
+
+// dropSteps runs a drop step: the source's copy of everything it handed
+// off in this change is deleted (nearly always already, by each batch's own
+// drop), and the source is marked clean. A source that goes on serving
+// must succeed (the change waits: its copies would be listed and counted
+// beside the moved keys); one the change removes closes at activation and
+// serves nothing, so a failed drop there is logged and left parked with
+// it, and does not hold up a change whose region may be gone for good.
+func (n *Node) dropSteps(ctx context.Context, step moveStep) error {
+	mv, _ := n.meta.read()
+	if mv.target == nil {
+		return nil
+	}
+	dropped, err := n.dropMoved(ctx, mv, step.shard, step.partitions)
+	if _, stays := mv.target.ShardByID(step.shard); err != nil && !stays {
+		n.log.Warn("topology change: the records a batch left at a removed shard stay parked with it", "shard", step.shard, "error", err)
+		n.drops.markClean(mv.target.EffectiveVersion(), step.shard)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if dropped > 0 {
+		n.log.Info("topology change: dropped moved records a batch had left at the source", "shard", step.shard, "records", dropped)
+	}
+	n.drops.markClean(mv.target.EffectiveVersion(), step.shard)
 	return nil
 }
 

@@ -77,3 +77,32 @@ func TestNextBatchTakesSizeOfOnePair(t *testing.T) {
 		t.Fatalf("all moved, yet a batch %v", batch)
 	}
 }
+
+// Once every batch is moved, the drop step names each source not yet
+// confirmed clean in this change with every partition it handed off, in
+// order (a partition command's requirement), whatever its destinations; a
+// source marked clean is skipped, and a new change starts over.
+func TestDropStepCoversEverySourceOnce(t *testing.T) {
+	n := &Node{}
+	mv := metaView{target: &topology.Topology{Version: 2}}
+	moves := []topology.Move{
+		{From: "a", To: "b", Partitions: []uint32{5, 9}},
+		{From: "c", To: "b", Partitions: []uint32{1}},
+		{From: "a", To: "d", Partitions: []uint32{2, 7}},
+	}
+	step, ok := n.dropStep(mv, moves)
+	if !ok || step.op != "drop" || step.shard != "a" || !slices.Equal(step.partitions, []uint32{2, 5, 7, 9}) {
+		t.Fatalf("first drop step: %+v, %v; want a's partitions 2, 5, 7, 9", step, ok)
+	}
+	n.drops.markClean(2, "a")
+	if step, ok = n.dropStep(mv, moves); !ok || step.shard != "c" || !slices.Equal(step.partitions, []uint32{1}) {
+		t.Fatalf("after a is clean: %+v, %v; want c's partition 1", step, ok)
+	}
+	n.drops.markClean(2, "c")
+	if step, ok = n.dropStep(mv, moves); ok {
+		t.Fatalf("every source clean: still a step %+v", step)
+	}
+	if step, ok = n.dropStep(metaView{target: &topology.Topology{Version: 3}}, moves); !ok || step.shard != "a" {
+		t.Fatalf("the next change: %+v, %v; want a's drop again", step, ok)
+	}
+}

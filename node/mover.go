@@ -52,8 +52,11 @@ type moveStep struct {
 }
 
 func (s moveStep) String() string {
-	if s.op == "handoff" {
+	switch s.op {
+	case "handoff":
 		return fmt.Sprintf("%s handoff of %d partitions to %s", s.shard, len(s.partitions), s.node)
+	case "drop":
+		return fmt.Sprintf("%s drop of the records of the %d partitions it handed off", s.shard, len(s.partitions))
 	}
 	return fmt.Sprintf("%s %s %s", s.shard, s.op, s.node)
 }
@@ -290,6 +293,8 @@ func (n *Node) takeStep(ctx context.Context, step moveStep) error {
 		return n.adopt(ctx, mv, step.shard)
 	case "handoff":
 		return n.handoffSteps(ctx, step)
+	case "drop":
+		return n.dropSteps(ctx, step)
 	}
 	var leader string
 	if step.shard == MetaGroupID {

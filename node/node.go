@@ -99,6 +99,8 @@ type Node struct {
 	metaGroup      *raftstore.Group
 	topoMetrics    *topoMetrics
 	batches        batchSizer // of the partition moves this node drives
+	drops          dropLedger // sources this node confirmed clean, per change
+	dropFaults     atomic.Int64
 	httpLn, grpcLn net.Listener
 	servers        []serving.Server
 	loops          []*loop

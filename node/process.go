@@ -49,6 +49,7 @@ func New(cfg Config) (*Node, error) {
 		closed:      make(chan struct{}),
 		failed:      make(chan struct{}),
 	}
+	n.dropFaults.Store(int64(cfg.Testing.FailDrops))
 	n.viewp.Store(v)
 	n.shardsp.Store(&map[string]*shard{})
 	// Forwarded replays carry whole stored responses: allow messages as

@@ -398,7 +398,7 @@ func newTopoMetrics() *topoMetrics {
 			Help:    "How long one batch of moving partitions paused writes (from the source's freeze to the destination's open).",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
 		steps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idem_topology_steps_total",
-			Help: "Steps this node took as the driver of a topology change, by step (add_learner, promote, remove, demote, transfer_leader, adopt, handoff)."}, []string{"step"}),
+			Help: "Steps this node took as the driver of a topology change, by step (add_learner, promote, remove, demote, transfer_leader, adopt, handoff, drop)."}, []string{"step"}),
 	}
 }
 

@@ -41,7 +41,14 @@ const changeTestBudget = 8 * time.Minute
 // token, keys held IN_PROGRESS across the moves stay with their owners,
 // and a key reclaimed after a move gets a larger fencing token.
 func TestTopologyReshardUnderLoad(t *testing.T) {
-	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "reshard", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "reshard-debug", changeTestBudget)
+	// Every node fails the first drops it sends as the change's driver, as
+	// if the source's leader were lost right after a batch moved: the
+	// change must drop those copies before it activates.
+	failDrops := map[string][]string{}
+	for _, id := range []string{"r1-1", "r1-2", "r1-3"} {
+		failDrops[id] = []string{"--testing-fail-drops", "3"}
+	}
+	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "reshard", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "reshard-debug", changeTestBudget, failDrops)
 	topo := c.Topology.Clone()
 	v1 := c.TopologyPath
 	node := cluster.NewAPI(c.HTTPAddr("r1-2"))
@@ -135,6 +142,7 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 		}
 	}
 	checkHeld("after growing")
+	listedOnce(t, v2, "payments", "after growing")
 	once("after growing: events run before", 0, 50, false)
 	once("after growing: new events", 50, 100, true)
 	// The short lease ran out: a reclaim after the move gets a token above
@@ -159,6 +167,7 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 		t.Fatalf("%d calls failed with an answer other than 200 or 503, first: %s", len(l.failures), l.failures[0])
 	}
 	checkHeld("after shrinking")
+	listedOnce(t, v3, "payments", "after shrinking")
 	once("after shrinking", 0, 100, false)
 	for _, k := range held {
 		check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) {
@@ -178,6 +187,25 @@ func TestTopologyReshardUnderLoad(t *testing.T) {
 	total := l.ok.Load() + l.u503.Load()
 	t.Logf("2 -> 4 shards took %v, 4 -> 2 took %v; %s; %d acknowledged completions and %d held keys kept; %d calls answered 200, %d answered 503 (retried): availability %.2f%%",
 		grow.Round(time.Millisecond), shrink.Round(time.Millisecond), hs, len(l.acked), len(held), l.ok.Load(), l.u503.Load(), 100*float64(l.ok.Load())/float64(total))
+}
+
+// listedOnce lists every key of ns and fails the test if one is listed
+// twice: after a change activated, no source keeps a copy of a key it
+// handed off.
+func listedOnce(t *testing.T, topoPath, ns, stage string) {
+	t.Helper()
+	v := decode[listView](t, mustCtl(t, "--config", topoPath, "--timeout", "30s", "keys", "list", ns, "--limit", "1000000", "--json"))
+	seen := map[string]int{}
+	var twice []string
+	for _, k := range v.Keys {
+		if seen[k.Key]++; seen[k.Key] == 2 {
+			twice = append(twice, k.Key)
+		}
+	}
+	if len(v.Keys) == 0 || len(twice) > 0 {
+		t.Fatalf("%s: %d keys listed, %d of them more than once (a source kept its copy), first %q", stage, len(v.Keys), len(twice), twice[:min(len(twice), 5)])
+	}
+	t.Logf("%s: %d keys listed, each once", stage, len(v.Keys))
 }
 
 // handoffStats sums what the nodes' logs say of the partition batches they
@@ -225,7 +253,7 @@ func check(t *testing.T, want int) func(cluster.Reply, error) cluster.Reply {
 // the other two before its nodes may stop. A router started with the first
 // file serves throughout; every acknowledged completion replays.
 func TestTopologyAddAndRemoveRegion(t *testing.T) {
-	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "regions", Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "region-debug", changeTestBudget+time.Minute)
+	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "regions", Regions: []string{"r1", "r2"}, NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "region-debug", changeTestBudget+time.Minute, nil)
 	topo := c.Topology.Clone()
 	v1 := c.TopologyPath
 	l := startLoad(ctx, []string{c.HTTPAddr("r2-1"), rt.HTTPAddr}, 8)

@@ -460,7 +460,7 @@ func TestTopologyGrowAndShrinkUnderLoad(t *testing.T) {
 // answers every request with 200 or 503 only; every acknowledged
 // completion replays through it.
 func TestTopologyReplicasAndDeadNodeThroughRouter(t *testing.T) {
-	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "elastic5", NodesPerRegion: 5, ShardsPerRegion: 2, Replicas: 3}, "el-debug2", 4*time.Minute)
+	c, rt, dir, ctx := routedCluster(t, launch.Spec{Cluster: "elastic5", NodesPerRegion: 5, ShardsPerRegion: 2, Replicas: 3}, "el-debug2", 4*time.Minute, nil)
 	topo := c.Topology
 	// A namespace policy set before the changes holds after them, on every
 	// shard, whichever voters lead then.
@@ -602,9 +602,9 @@ func TestTopologySurvivalZoneToRegion(t *testing.T) {
 
 // routedCluster starts spec's nodes (startNodes) and a router for region
 // r1 started with the same (first) file, and waits until all are ready.
-func routedCluster(t *testing.T, spec launch.Spec, debug string, timeout time.Duration) (c *cluster.Cluster, rt *cluster.Router, dir string, ctx context.Context) {
+func routedCluster(t *testing.T, spec launch.Spec, debug string, timeout time.Duration, args map[string][]string) (c *cluster.Cluster, rt *cluster.Router, dir string, ctx context.Context) {
 	t.Helper()
-	c, dir, ctx = startNodes(t, spec, debug, timeout, nil)
+	c, dir, ctx = startNodes(t, spec, debug, timeout, args)
 	var err error
 	if rt, err = c.NewRouter(binaries.Path(t, "idemrouter"), "router", "r1"); err != nil {
 		t.Fatal(err)
@@ -642,6 +642,9 @@ func startNodes(t *testing.T, spec launch.Spec, debug string, timeout time.Durat
 	c.StopOnCleanup(t)
 	for id, extra := range args {
 		c.Nodes[id].Args = append(c.Nodes[id].Args, extra...)
+		if slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--testing-") }) {
+			c.Nodes[id].Env = append(c.Nodes[id].Env, launch.FaultInjectionEnv)
+		}
 	}
 	if err := c.StartAll(); err != nil {
 		t.Fatal(err)

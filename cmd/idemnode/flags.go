@@ -52,6 +52,7 @@ func flagTable(o *options) flagdoc.Table {
 
 		{Name: "testing-clock-offset", Value: &o.cfg.Testing.ClockOffset, Section: flagdoc.Testing, Usage: testingOnly + "shift this node's clock by `D` (fault injection for clock-skew scenarios)"},
 		{Name: "testing-fail-log-commits-after", Value: &o.cfg.Testing.FailLogCommitsAfter, Section: flagdoc.Testing, Usage: testingOnly + "make every Raft log commit after the first `N` fail as a failed fsync would"},
+		{Name: "testing-fail-drops", Value: &o.cfg.Testing.FailDrops, Section: flagdoc.Testing, Usage: testingOnly + "fail the first `N` commands this node sends, driving a topology change, to drop a source's copy of moved partitions"},
 		{Name: "testing-crash-during-restore", Value: &o.testCrashRestore, Section: flagdoc.Testing, Usage: testingOnly + "exit at once with status 86, no cleanup (a crash), when a snapshot restore has written `N` records into the new state generation, before it switches to it"},
 	}
 	flags = append(flags, o.sec.FlagTable(secSecurity)...)

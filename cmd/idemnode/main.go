@@ -183,6 +183,9 @@ func nodeConfig(o *options) (node.Config, error) {
 	if !slices.Contains(raftstore.LogStores, cfg.Raft.LogStore) {
 		errs = append(errs, fmt.Errorf("--raft-log-store %q: want one of %s", cfg.Raft.LogStore, strings.Join(raftstore.LogStores, ", ")))
 	}
+	if cfg.Testing.FailDrops < 0 {
+		errs = append(errs, fmt.Errorf("--testing-fail-drops must not be negative, got %d", cfg.Testing.FailDrops))
+	}
 	if o.testCrashRestore < 0 {
 		errs = append(errs, fmt.Errorf("--testing-crash-during-restore must not be negative, got %d", o.testCrashRestore))
 	}
