@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +52,10 @@ type TopologyProgress struct {
 	// another shard; PartitionsMoved how many it has moved.
 	PartitionsTotal int `json:"partitions_total"`
 	PartitionsMoved int `json:"partitions_moved"`
+	// Waiting says why the change cannot move its keys yet, when the node
+	// answering can tell: the cluster version is below what moving keys
+	// between shards needs, and which nodes hold it back.
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // ShardProgress is one shard a change has not finished.
@@ -108,6 +113,11 @@ func (n *Node) topologyDocument(ctx context.Context) (*TopologyDocument, error) 
 		}
 	}
 	p.PartitionsMoved = len(mv.moved)
+	if p.PartitionsMoved < p.PartitionsTotal {
+		if err := n.needVersion(mv, VersionPartitionHandoff, "moving keys between shards"); err != nil {
+			p.Waiting = strings.TrimPrefix(err.Error(), "node: ")
+		}
+	}
 	for _, s := range mv.active.Shards() {
 		if _, kept := mv.target.ShardByID(s.ID); !kept {
 			for _, v := range s.Voters { // a removed shard serves until its partitions moved out

@@ -48,6 +48,13 @@ func TestReshardWaitsForClusterVersion(t *testing.T) {
 	if moved := logs("partitions moved"); moved != "" {
 		t.Fatalf("partitions moved while %s advertises cluster version 1: %s", old, moved)
 	}
+	// idemctl says why the change waits, without the nodes' logs.
+	var status string
+	testutil.Until(t, 30*time.Second, "topology status saying the change waits for the cluster version, held back by "+old, func() bool {
+		status = mustCtl(t, "--config", v1, "topology", "status")
+		return strings.Contains(status, "waiting: cluster version 1") && strings.Contains(status, "held back by "+old+" (advertises 1)")
+	})
+	t.Logf("topology status while waiting:\n%s", status)
 	st := decode[clusterView](t, mustCtl(t, "--config", v1, "status", "--json"))
 	if st.ClusterVersion != 1 {
 		t.Fatalf("status: cluster version %d while %s advertises 1", st.ClusterVersion, old)

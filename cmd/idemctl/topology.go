@@ -40,6 +40,7 @@ type topologyDoc struct {
 		LeaderUnknown   []string  `json:"leader_unknown"`
 		PartitionsTotal int       `json:"partitions_total"`
 		PartitionsMoved int       `json:"partitions_moved"`
+		Waiting         string    `json:"waiting"`
 	} `json:"progress,omitempty"`
 }
 
@@ -196,6 +197,9 @@ func runTopology(ctx context.Context, e *env, args []string) error {
 				if p.PartitionsTotal > 0 {
 					line += fmt.Sprintf(", %d/%d partitions moved", p.PartitionsMoved, p.PartitionsTotal)
 				}
+				if p.Waiting != "" {
+					line += " (waiting: " + p.Waiting + ")"
+				}
 				if p.Stalled {
 					line += " (STALLED: no step for 10 minutes; see the nodes' logs)"
 				}
@@ -284,6 +288,9 @@ func printTopologyStatus(e *env, doc *topologyDoc) error {
 	}
 	if len(p.MayStop) > 0 {
 		fmt.Fprintf(e.stdout, "may be stopped now: %s\n", strings.Join(p.MayStop, ", "))
+	}
+	if p.Waiting != "" {
+		fmt.Fprintf(e.stdout, "waiting: %s\n", p.Waiting)
 	}
 	if p.Stalled {
 		fmt.Fprintln(e.stdout, "STALLED: no step for 10 minutes (see the meta leader's log)")
