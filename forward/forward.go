@@ -399,13 +399,14 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 	// leader is not the first node every later request tries.
 	queue := append(append(make([]string, 0, 2*len(cands)), cands...), cands...)
 	hints := len(cands)
+	begun := time.Now()
 	backoff := 10 * time.Millisecond
 	var lastErr error
 	for i := 0; len(queue) > 0; i++ {
 		if i > 0 {
 			select {
 			case <-ctx.Done():
-				return ambiguous, unavailable(shard, ctx.Err(), lastErr)
+				return ambiguous, unavailable(shard, time.Since(begun), ctx.Err(), lastErr)
 			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, 250*time.Millisecond)
@@ -464,7 +465,7 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 		// while connecting) cannot have been.
 		ambiguous = ambiguous || sent.Load()
 		if ctx.Err() != nil {
-			return ambiguous, unavailable(shard, ctx.Err(), lastErr)
+			return ambiguous, unavailable(shard, time.Since(begun), ctx.Err(), lastErr)
 		}
 		f.forgetLeader(shard.ID, target)
 		// Follow a fresh leader hint first.
@@ -473,7 +474,7 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 			hints--
 		}
 	}
-	return ambiguous, unavailable(shard, nil, lastErr)
+	return ambiguous, unavailable(shard, time.Since(begun), nil, lastErr)
 }
 
 func outcomeLabel(c codes.Code) string {
@@ -510,8 +511,11 @@ func (sendTracker) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Co
 
 func (sendTracker) HandleConn(context.Context, stats.ConnStats) {}
 
-func unavailable(shard topology.Shard, ctxErr, last error) error {
-	msg := fmt.Sprintf("shard %s (home region %s) could not be reached in time", shard.ID, shard.HomeRegion)
+// unavailable is the answer when no voter of shard decided the request in
+// took (the request's whole budget when ctxErr is set: its timeout plus
+// any wait and payload allowance, which is what the caller should know).
+func unavailable(shard topology.Shard, took time.Duration, ctxErr, last error) error {
+	msg := fmt.Sprintf("shard %s (home region %s) could not be reached in %s", shard.ID, shard.HomeRegion, took.Round(time.Millisecond))
 	if last != nil {
 		msg += ": " + status.Convert(last).Message()
 	} else if ctxErr != nil {

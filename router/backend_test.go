@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -474,6 +475,14 @@ func TestBackendRequestTimeoutGrowsWithPayload(t *testing.T) {
 	}
 	if d < 400*time.Millisecond+time.Second {
 		t.Fatalf("a 1 MiB completion was answered after %s, before its 400ms request timeout plus 1s for its payload", d)
+	}
+	// The reason names the time the request had, not the bare timeout.
+	m := regexp.MustCompile(`could not be reached in (\S+?):`).FindStringSubmatch(err.Error())
+	if m == nil {
+		t.Fatalf("the 503's reason names no duration: %v", err)
+	}
+	if took, perr := time.ParseDuration(m[1]); perr != nil || took < 400*time.Millisecond+time.Second {
+		t.Fatalf("the 503's reason says %q: want the 1.4s the request had (%v)", m[1], err)
 	}
 }
 
