@@ -62,7 +62,9 @@ class Client:
     (load_verify_locations for a private CA, load_cert_chain for mTLS).
     Answers 503 and 429 are retried after Retry-After, transport failures
     after a backoff, up to ``max_attempts``; every call is safe to repeat
-    (reserve picks its owner token before the first attempt).
+    (reserve picks its owner token before the first attempt). ``timeout``
+    (seconds) bounds one attempt; a waiting reserve adds its wait, and a
+    request body a second per MiB, as nodes and routers give it.
     """
 
     def __init__(self, base_url: str, token: Optional[str] = None, ssl_context: Optional[ssl.SSLContext] = None,
