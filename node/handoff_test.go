@@ -1,7 +1,12 @@
 package node
 
 import (
+	"encoding/json"
+	"io"
+	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/idem-dev/idem/topology"
@@ -104,5 +109,65 @@ func TestDropStepCoversEverySourceOnce(t *testing.T) {
 	}
 	if step, ok = n.dropStep(metaView{target: &topology.Topology{Version: 3}}, moves); !ok || step.shard != "a" {
 		t.Fatalf("the next change: %+v, %v; want a's drop again", step, ok)
+	}
+}
+
+// A drop step that fails holds the change up for a source that goes on
+// serving (not marked clean: the mover takes it again), and not for one
+// the change removes (logged, marked clean: its records stay parked).
+func TestDropStepFailureHoldsOnlyServingSources(t *testing.T) {
+	file := func(version, shards int) json.RawMessage {
+		var b strings.Builder
+		b.WriteString("cluster: drops\nversion: " + strconv.Itoa(version) + "\nshards_per_region: " + strconv.Itoa(shards) + "\nreplicas: 3\nregions:\n  - name: r1\n    nodes:\n")
+		for i := 1; i <= 3; i++ {
+			n := strconv.Itoa(i)
+			b.WriteString("      - {id: r1-" + n + ", raft_addr: 127.0.0.1:700" + n + ", grpc_addr: 127.0.0.1:710" + n + ", http_addr: 127.0.0.1:810" + n + "}\n")
+		}
+		topo, err := topology.Parse([]byte(b.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := json.Marshal(topo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	for _, c := range []struct {
+		from, to int
+		shard    string
+		stays    bool
+	}{{2, 4, "r1-0", true}, {4, 2, "r1-2", false}} {
+		n := &Node{meta: newMetaSM(), rings: &ringCache{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		for i, cmd := range []metaCommand{{Op: "init", Topology: file(1, c.from)}, {Op: "target", Topology: file(2, c.to), At: 1}} {
+			data, err := json.Marshal(cmd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res := n.meta.Apply(uint64(i+1), data); res != nil {
+				t.Fatalf("meta %s: %v", cmd.Op, res)
+			}
+		}
+		mv, _ := n.meta.read()
+		from, to, err := n.rings.rings(mv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		step, ok := n.dropStep(mv, from.Moves(to))
+		if !ok || step.shard != c.shard {
+			t.Fatalf("%d -> %d shards: first drop step %s (%v), want one at %s", c.from, c.to, step, ok, c.shard)
+		}
+		if _, ok := mv.target.ShardByID(c.shard); ok != c.stays {
+			t.Fatalf("%s: in the target %v, want %v", c.shard, ok, c.stays)
+		}
+		n.dropFaults.Store(1)
+		err = n.dropSteps(t.Context(), step)
+		clean := n.drops.isClean(mv.target.EffectiveVersion(), c.shard)
+		if c.stays && (err == nil || clean) {
+			t.Fatalf("a failed drop at %s, which goes on serving: %v, clean %v; want the error and not clean", c.shard, err, clean)
+		}
+		if !c.stays && (err != nil || !clean) {
+			t.Fatalf("a failed drop at %s, which the change removes: %v, clean %v; want no error and clean", c.shard, err, clean)
+		}
 	}
 }
