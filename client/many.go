@@ -202,14 +202,11 @@ func (c *Client) many(ctx context.Context, op, namespace string, pending []int, 
 		var mu sync.Mutex
 		var next []int
 		var wg sync.WaitGroup
-		for _, chunk := range chunkItems(pending, size) {
+		for _, ch := range chunkItems(pending, size) {
+			chunk := ch.idx
 			wg.Go(func() {
 				var sts []*status.Status
-				bytes := 0
-				for _, i := range chunk {
-					bytes += size(i)
-				}
-				_, err := c.invokeWaiting(ctx, fmt.Sprintf("%s (%d items)", op, len(chunk)), namespace, "", payloadAllowance(bytes), func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
+				_, err := c.invokeWaiting(ctx, fmt.Sprintf("%s (%d items)", op, len(chunk)), namespace, "", payloadAllowance(ch.bytes), func(ctx context.Context, stub idemv1.IdempotencyClient, opts ...grpc.CallOption) (err error) {
 					sts, err = send(ctx, stub, chunk, opts...)
 					return err
 				})
@@ -262,21 +259,27 @@ func (c *Client) many(ctx context.Context, op, namespace string, pending []int, 
 	}
 }
 
+// itemChunk is a run of items for one batch RPC and their encoded size.
+type itemChunk struct {
+	idx   []int
+	bytes int
+}
+
 // chunkItems splits idx into runs of at most MaxBatchItems items whose
 // sizes add up to at most maxBatchBytes (a larger item goes alone).
-func chunkItems(idx []int, size func(int) int) [][]int {
-	var chunks [][]int
+func chunkItems(idx []int, size func(int) int) []itemChunk {
+	var chunks []itemChunk
 	start, bytes := 0, 0
 	for k, i := range idx {
 		n := size(i)
 		if k > start && (k-start == MaxBatchItems || bytes+n > maxBatchBytes) {
-			chunks = append(chunks, idx[start:k])
+			chunks = append(chunks, itemChunk{idx[start:k], bytes})
 			start, bytes = k, 0
 		}
 		bytes += n
 	}
 	if start < len(idx) {
-		chunks = append(chunks, idx[start:])
+		chunks = append(chunks, itemChunk{idx[start:], bytes})
 	}
 	return chunks
 }

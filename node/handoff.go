@@ -499,16 +499,13 @@ func (n *Node) dropSteps(ctx context.Context, step moveStep) error {
 	if mv.target == nil {
 		return nil
 	}
-	dropped, err := n.dropMoved(ctx, mv, step.shard, step.partitions)
-	if _, stays := mv.target.ShardByID(step.shard); err != nil && !stays {
+	switch dropped, err := n.dropMoved(ctx, mv, step.shard, step.partitions); {
+	case err != nil:
+		if _, stays := mv.target.ShardByID(step.shard); stays {
+			return err
+		}
 		n.log.Warn("topology change: the records a batch left at a removed shard stay parked with it", "shard", step.shard, "error", err)
-		n.drops.markClean(mv.target.EffectiveVersion(), step.shard)
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if dropped > 0 {
+	case dropped > 0:
 		n.log.Info("topology change: dropped moved records a batch had left at the source", "shard", step.shard, "records", dropped)
 	}
 	n.drops.markClean(mv.target.EffectiveVersion(), step.shard)

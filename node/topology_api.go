@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -114,8 +113,8 @@ func (n *Node) topologyDocument(ctx context.Context) (*TopologyDocument, error) 
 	}
 	p.PartitionsMoved = len(mv.moved)
 	if p.PartitionsMoved < p.PartitionsTotal {
-		if err := n.needVersion(mv, VersionPartitionHandoff, "moving keys between shards"); err != nil {
-			p.Waiting = strings.TrimPrefix(err.Error(), "node: ")
+		if short := n.versionShortfall(mv, VersionPartitionHandoff, "moving keys between shards"); short != "" {
+			p.Waiting = "cluster version " + short
 		}
 	}
 	for _, s := range mv.active.Shards() {

@@ -246,16 +246,26 @@ func (n *Node) raiseClusterVersion(ctx context.Context) {
 // an error naming the nodes that hold it back (as this node last heard
 // them: the meta group's leader asks every node).
 func (n *Node) needVersion(mv metaView, want int, what string) error {
+	if short := n.versionShortfall(mv, want, what); short != "" {
+		return fmt.Errorf("%w %s", ErrClusterVersion, short)
+	}
+	return nil
+}
+
+// versionShortfall is needVersion's reason without the error's prefix:
+// "1 (baseline) is below 3 (...), which <what> needs; held back by ...",
+// or "" when the cluster version is want or above.
+func (n *Node) versionShortfall(mv metaView, want int, what string) string {
 	cv := effectiveVersion(mv.clusterVersion)
 	if cv >= want {
-		return nil
+		return ""
 	}
 	_, behind := minVersion(versionCount(mv), n.cfg.NodeID, n.advertisedVersion(), n.clocks.versions(), want)
 	held := "no node; the meta group's leader raises it within seconds"
 	if len(behind) > 0 {
 		held = strings.Join(behind, ", ") + ": upgrade them (or drop --raft-pack-commands=off)"
 	}
-	return fmt.Errorf("%w %s is below %s, which %s needs; held back by %s", ErrClusterVersion, versionName(cv), versionName(want), what, held)
+	return fmt.Sprintf("%s is below %s, which %s needs; held back by %s", versionName(cv), versionName(want), what, held)
 }
 
 // noteClusterVersion follows the cluster version of this node's meta
