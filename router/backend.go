@@ -525,7 +525,7 @@ func (b *Backend) finish(ctx context.Context, shard topology.Shard, start time.T
 	outcome = "unavailable"
 	b.unavailable.Add(1)
 	b.unavailableTotal.WithLabelValues(shard.HomeRegion).Inc()
-	reason := fmt.Sprintf("shard %s (home region %s) could not be reached within %s", shard.ID, shard.HomeRegion, b.cfg.RequestTimeout)
+	reason := fmt.Sprintf("shard %s (home region %s) could not be reached in %s", shard.ID, shard.HomeRegion, time.Since(start).Round(time.Millisecond))
 	if err == errUnreachable {
 		reason = fmt.Sprintf("shard %s (home region %s): no voter (%v) can be connected to", shard.ID, shard.HomeRegion, shard.Voters)
 	} else if ue := (*backend.UnavailableError)(nil); errors.As(err, &ue) && ue.Reason != "" {

@@ -486,6 +486,26 @@ func TestBackendRequestTimeoutGrowsWithPayload(t *testing.T) {
 	}
 }
 
+// When the forwarder gives no reason of its own (a bare deadline error),
+// the router's 503 names the time it tried, not its configured request
+// timeout (400 ms here): a request that had 1.5 s says so.
+func TestBackendFallbackReasonNamesTimeTried(t *testing.T) {
+	b, key := swallowingBackend(t)
+	shard := b.Ring().Locate("pay", key)
+	err := b.finish(t.Context(), shard, time.Now().Add(-1500*time.Millisecond), context.DeadlineExceeded)
+	var ue *backend.UnavailableError
+	if !errors.As(err, &ue) {
+		t.Fatalf("finish with a deadline error: %v, want UNAVAILABLE", err)
+	}
+	m := regexp.MustCompile(`could not be reached in (\S+)$`).FindStringSubmatch(ue.Reason)
+	if m == nil {
+		t.Fatalf("the 503's reason names no duration: %q", ue.Reason)
+	}
+	if took, perr := time.ParseDuration(m[1]); perr != nil || took < 1500*time.Millisecond {
+		t.Fatalf("the 503's reason says %q: want the 1.5s the request had (%q)", m[1], ue.Reason)
+	}
+}
+
 // TestBackendRetryIsSameReservation: the leader applies a reserve but its
 // answer is lost; the router's retry must come back as the same reservation
 // (same owner, same fencing token), and nobody else can acquire the key.
