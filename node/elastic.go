@@ -269,12 +269,16 @@ func (n *Node) startMode(id string, bootstrap bool) raftstore.StartMode {
 }
 
 // seatStart is how this node opens its replica of shard info in view v
-// (startMode; bootstrap: the first start of a new cluster's node): a shard
-// the running change creates is bootstrapped by its preferred leader with
-// the target's voters, which join it.
+// (startMode; bootstrap: the first start of a new cluster's node): every
+// target voter of a shard the running change creates bootstraps it with
+// the target's voters. The configurations are identical (one replicated
+// target), which hashicorp/raft allows on every server, so the voters that
+// are up elect a leader even when the preferred one is down; a voter that
+// opens it after the others elected (its log then holds the leader's
+// entries, or the bootstrap is refused) simply follows.
 func (n *Node) seatStart(v *view, info topology.Shard, bootstrap bool) raftstore.StartMode {
 	start := n.startMode(info.ID, bootstrap)
-	if start == raftstore.StartJoin && !n.identity.Rejoining && v.created(info.ID) && len(info.Voters) > 0 && info.Voters[0] == n.cfg.NodeID {
+	if start == raftstore.StartJoin && !n.identity.Rejoining && v.created(info.ID) && slices.Contains(info.Voters, n.cfg.NodeID) {
 		return raftstore.StartBootstrap
 	}
 	return start
@@ -478,7 +482,7 @@ func (n *Node) reconcileSeats(ctx context.Context, v *view) {
 		if info, ok := v.placer.ShardByID(id); ok && n.seatStart(v, info, false) == raftstore.StartBootstrap && s.group.Stats().LastLogIndex == 0 {
 			// A shard the change creates whose replica this node opened
 			// empty before it learnt of the change (it started with the new
-			// file): as its preferred leader, it bootstraps it now.
+			// file): as one of its voters, it bootstraps it now.
 			peers, err := n.peersOf(v, info)
 			if err == nil {
 				err = s.group.Bootstrap(peers)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -353,3 +354,108 @@ func TestTopologyAddAndRemoveRegion(t *testing.T) {
 	t.Logf("adding a region took %v, removing it %v; %s; %d acknowledged completions all replay; %d calls answered 200, %d answered 503 (retried): availability %.2f%%",
 		add.Round(time.Millisecond), remove.Round(time.Millisecond), hs, len(l.acked), l.ok.Load(), l.u503.Load(), 100*float64(l.ok.Load())/float64(total))
 }
+
+// A change that creates shards completes while the preferred leader of a
+// created shard is down: every target voter of a created shard bootstraps
+// it with the same voters, so the two that are up elect a leader and take
+// their partitions. The keys written before keep their records, new keys
+// land on every shard of the new version, and the node that was down
+// catches up when it comes back.
+func TestCreatedShardStartsWithoutItsPreferredLeader(t *testing.T) {
+	c, dir, ctx := startNodes(t, launch.Spec{Cluster: "created", NodesPerRegion: 3, ShardsPerRegion: 2, Replicas: 3}, "created-debug", changeTestBudget, nil)
+	topo := c.Topology.Clone()
+	v1 := c.TopologyPath
+	grown := topo.Clone()
+	grown.ShardsPerRegion = 4
+	v2 := nextVersion(t, grown, 2, dir)
+	created, ok := grown.ShardByID("r1-2")
+	if _, existed := topo.ShardByID("r1-2"); !ok || existed {
+		t.Fatalf("shard r1-2: in version 2 %v, in version 1 %v; want a shard the change creates", ok, existed)
+	}
+	down := created.Voters[0]
+	var up string
+	for _, nd := range topo.Nodes() {
+		if nd.ID != down {
+			up = nd.ID
+			break
+		}
+	}
+	node := cluster.NewAPI(c.HTTPAddr(up))
+
+	// Partitions move only at cluster version 3, which needs every node's
+	// word: reach it before the node goes down.
+	testutil.Until(t, 90*time.Second, "cluster version 3", func() bool {
+		return decode[clusterView](t, mustCtl(t, "--config", v1, "status", "--json")).ClusterVersion >= 3
+	})
+	keys := make([]string, 60)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("before-%d", i)
+		r := check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) {
+			return node.Reserve(ctx, "payments", keys[i], map[string]any{"owner_token": fmt.Sprintf("owner-token-%08d", i)})
+		}))
+		if r.Str("outcome") != "ACQUIRED" {
+			t.Fatalf("reserve %s: %s", keys[i], r)
+		}
+		check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) {
+			return node.Complete(ctx, "payments", keys[i], map[string]any{"owner_token": fmt.Sprintf("owner-token-%08d", i), "response": map[string]any{"status": 201, "body": bodyOf(keys[i])}})
+		}))
+	}
+
+	t.Logf("stopping %s, the preferred leader of the shard %s the change creates (voters %v)", down, created.ID, created.Voters)
+	if err := c.Nodes[down].Stop(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	mustCtl(t, "--config", v1, "--timeout", "30s", "topology", "apply", v2, "--no-wait")
+	var status string
+	testutil.Until(t, 4*time.Minute, "version 2 active with "+down+" down", func() bool {
+		status = mustCtl(t, "--config", v1, "--timeout", "10s", "topology", "status")
+		return strings.Contains(status, "active version: 2") && strings.Contains(status, "no change running")
+	})
+	t.Logf("topology status with %s down:\n%s", down, status)
+
+	// Every record written before the change replays its response, and new
+	// keys are decided on every shard of version 2, with the node down.
+	replayAll := func(api *cluster.API, stage string) {
+		t.Helper()
+		for _, k := range keys {
+			r := check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) { return api.Reserve(ctx, "payments", k, map[string]any{}) }))
+			resp, _ := r.Body["response"].(map[string]any)
+			if r.Str("outcome") != "COMPLETED" || resp == nil || resp["body"] != bodyOf(k) {
+				t.Fatalf("%s: %s does not replay its response: %s", stage, k, r)
+			}
+		}
+	}
+	replayAll(node, "with "+down+" down")
+	ring, err := topology.NewRing(grown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onShard := map[string]int{}
+	for i := 0; len(onShard) < 4 && i < 2000; i++ {
+		k := fmt.Sprintf("after-%d", i)
+		s := ring.Locate("payments", k).ID
+		if onShard[s] > 0 {
+			continue
+		}
+		r := check(t, 200)(cluster.Decided(ctx, func() (cluster.Reply, error) { return node.Reserve(ctx, "payments", k, map[string]any{}) }))
+		if r.Str("outcome") != "ACQUIRED" {
+			t.Fatalf("new key %s on shard %s: %s", k, s, r)
+		}
+		onShard[s]++
+	}
+	if len(onShard) != 4 {
+		t.Fatalf("new keys reached shards %v, want all four of version 2", onShard)
+	}
+
+	// The node comes back and serves the new version's records.
+	if err := c.Nodes[down].Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	replayAll(cluster.NewAPI(c.HTTPAddr(down)), down+" back")
+}
+
+// bodyOf is the stored response body (base64, as the API takes it) of key.
+func bodyOf(key string) string { return base64.StdEncoding.EncodeToString([]byte("paid " + key)) }
