@@ -216,14 +216,19 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView) (moveStep, bool, err
 	for _, m := range moves {
 		involved[m.From], involved[m.To] = true, true
 	}
-	for _, id := range slices.Sorted(func(yield func(string) bool) {
+	ids := slices.Sorted(func(yield func(string) bool) {
 		for id := range involved {
 			if !yield(id) {
 				return
 			}
 		}
-	}) {
-		ls, err := n.leaderState(ctx, id, mv.voters(id), mv.dead)
+	})
+	leaderOf, stop := inOrder(ctx, len(ids), func(ctx context.Context, i int) (shardState, error) {
+		return n.leaderState(ctx, ids[i], mv.voters(ids[i]), mv.dead)
+	})
+	defer stop()
+	for i, id := range ids {
+		ls, err := leaderOf(i)
 		if err != nil {
 			return moveStep{}, false, err
 		}

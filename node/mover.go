@@ -148,15 +148,44 @@ func (n *Node) shardStateOf(ctx context.Context, id, shard string) (shardState, 
 	return st, nil
 }
 
+// inOrder starts ask(ctx, i) for every i below count at once and returns
+// answer, which waits for the i-th result (once per i): the caller takes
+// the results in order, as a loop of calls would, and may stop at any of
+// them (stop cancels what is still running). A change's step asks every shard's
+// voters for their state, a round trip each over a WAN: asked one after
+// another, a step across regions took seconds.
+func inOrder[T any](ctx context.Context, count int, ask func(ctx context.Context, i int) (T, error)) (answer func(i int) (T, error), stop func()) {
+	type result struct {
+		v   T
+		err error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	results := make([]chan result, count)
+	for i := range results {
+		results[i] = make(chan result, 1)
+		go func() {
+			v, err := ask(ctx, i)
+			results[i] <- result{v, err}
+		}()
+	}
+	return func(i int) (T, error) {
+		r := <-results[i]
+		return r.v, r.err
+	}, cancel
+}
+
 // leaderState finds the leader of shard among candidates and returns its
-// view.
+// view: the first candidate, in their order, that says it leads (all are
+// asked at once).
 func (n *Node) leaderState(ctx context.Context, shard string, candidates []string, dead []string) (shardState, error) {
+	candidates = slices.DeleteFunc(slices.Clone(candidates), func(id string) bool { return slices.Contains(dead, id) })
+	answer, stop := inOrder(ctx, len(candidates), func(ctx context.Context, i int) (shardState, error) {
+		return n.shardStateOf(ctx, candidates[i], shard)
+	})
+	defer stop()
 	var errs []error
-	for _, id := range candidates {
-		if slices.Contains(dead, id) {
-			continue
-		}
-		st, err := n.shardStateOf(ctx, id, shard)
+	for i, id := range candidates {
+		st, err := answer(i)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", id, err))
 			continue
@@ -207,8 +236,13 @@ func (n *Node) nextStep(ctx context.Context, mv metaView) (moveStep, bool, error
 			return moveStep{shard: MetaGroupID, op: "add_learner", node: id, addr: addrOf(id)}, false, nil
 		}
 	}
-	for _, s := range target.Shards() {
-		ls, err := n.leaderState(ctx, s.ID, mv.voters(s.ID), mv.dead)
+	shards := target.Shards()
+	leaderOf, stop := inOrder(ctx, len(shards), func(ctx context.Context, i int) (shardState, error) {
+		return n.leaderState(ctx, shards[i].ID, mv.voters(shards[i].ID), mv.dead)
+	})
+	defer stop()
+	for i, s := range shards {
+		ls, err := leaderOf(i)
 		if err != nil {
 			return moveStep{}, false, err
 		}
