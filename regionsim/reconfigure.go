@@ -168,24 +168,29 @@ func (c *simCluster) applyTopology(ctx context.Context, next *topology.Topology,
 				lastErr = fmt.Errorf("%s: %w", id, err)
 				continue
 			}
-			cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 			client := idemv1.NewTopologyClient(conn)
 			if !stored {
-				if _, err := client.SetTarget(cctx, &idemv1.SetTargetRequest{Topology: raw, Dead: dead}); err != nil {
-					ccancel()
+				// An error may come after the target was stored (the
+				// answer lost or late on a loaded cluster): the topology
+				// read below tells.
+				sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := client.SetTarget(sctx, &idemv1.SetTargetRequest{Topology: raw, Dead: dead})
+				scancel()
+				if err != nil {
 					lastErr = fmt.Errorf("%s: storing the target: %w", id, err)
-					continue
 				}
-				stored = true
+				stored = err == nil
 			}
-			resp, err := client.Get(cctx, &idemv1.GetTopologyRequest{})
-			ccancel()
+			gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
+			resp, err := client.Get(gctx, &idemv1.GetTopologyRequest{})
+			gcancel()
 			if err != nil {
 				lastErr = fmt.Errorf("%s: reading the topology: %w", id, err)
 				continue
 			}
 			var doc struct {
 				ActiveVersion int `json:"active_version"`
+				TargetVersion int `json:"target_version"`
 			}
 			if err := json.Unmarshal(resp.GetJson(), &doc); err != nil {
 				lastErr = fmt.Errorf("%s: reading the topology: %w", id, err)
@@ -194,7 +199,11 @@ func (c *simCluster) applyTopology(ctx context.Context, next *topology.Topology,
 			if doc.ActiveVersion >= next.EffectiveVersion() {
 				return time.Since(start), nil
 			}
-			break // one node answered: ask again in a moment
+			stored = stored || doc.TargetVersion == next.EffectiveVersion()
+			if !stored {
+				continue // refused here: ask the next node
+			}
+			break // stored and running: ask again in a moment
 		}
 		select {
 		case <-ctx.Done():
