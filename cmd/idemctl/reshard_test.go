@@ -457,5 +457,6 @@ func TestCreatedShardStartsWithoutItsPreferredLeader(t *testing.T) {
 	replayAll(cluster.NewAPI(c.HTTPAddr(down)), down+" back")
 }
 
-// bodyOf is the stored response body (base64, as the API takes it) of key.
+// bodyOf is the response body (base64, as the API takes it) the tests
+// complete key with.
 func bodyOf(key string) string { return base64.StdEncoding.EncodeToString([]byte("paid " + key)) }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -57,7 +56,7 @@ func startLoad(ctx context.Context, addrs []string, writers int) *load {
 				}
 				key := fmt.Sprintf("w%d-%d", w, i)
 				owner := fmt.Sprintf("owner-token-%04d-%06d", w, i)
-				body := base64.StdEncoding.EncodeToString([]byte("paid " + key))
+				body := bodyOf(key)
 				var token string
 				if !l.call(ctx, func() (cluster.Reply, error) {
 					r, err := api.Reserve(ctx, "payments", key, map[string]any{"owner_token": owner})
