@@ -196,8 +196,10 @@ func (n *Node) handoffOn(ctx context.Context, mv metaView, id string, op string,
 }
 
 // layoutStep is the next step of moving partitions: ok is false when no
-// partition is left to move (or the change moves none).
-func (n *Node) layoutStep(ctx context.Context, mv metaView) (moveStep, bool, error) {
+// partition is left to move (or the change moves none). known holds the
+// leader states the caller read in this tick; only the shards it lacks
+// (those the change removes) are asked.
+func (n *Node) layoutStep(ctx context.Context, mv metaView, known map[string]shardState) (moveStep, bool, error) {
 	from, to, err := n.rings.rings(mv)
 	if err != nil {
 		return moveStep{}, false, err
@@ -224,6 +226,9 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView) (moveStep, bool, err
 		}
 	})
 	leaderOf, stop := inOrder(ctx, len(ids), func(ctx context.Context, i int) (shardState, error) {
+		if ls, ok := known[ids[i]]; ok {
+			return ls, nil // read in this tick already
+		}
 		return n.leaderState(ctx, ids[i], mv.voters(ids[i]), mv.dead)
 	})
 	defer stop()

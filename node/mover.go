@@ -241,6 +241,7 @@ func (n *Node) nextStep(ctx context.Context, mv metaView) (moveStep, bool, error
 		return n.leaderState(ctx, shards[i].ID, mv.voters(shards[i].ID), mv.dead)
 	})
 	defer stop()
+	states := make(map[string]shardState, len(shards))
 	for i, s := range shards {
 		ls, err := leaderOf(i)
 		if err != nil {
@@ -250,9 +251,10 @@ func (n *Node) nextStep(ctx context.Context, mv metaView) (moveStep, bool, error
 		if err != nil || ok {
 			return step, false, err
 		}
+		states[s.ID] = ls
 	}
 	// Every shard has its target voters: keys whose shard changes move.
-	if step, ok, err := n.layoutStep(ctx, mv); err != nil || ok {
+	if step, ok, err := n.layoutStep(ctx, mv, states); err != nil || ok {
 		return step, false, err
 	}
 	// The meta group: promote its target voters, then remove the members
