@@ -23,6 +23,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/internal/serving"
+	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/security/auth"
 	"github.com/idem-dev/idem/security/pki"
 )
@@ -115,11 +116,9 @@ func (n *Node) awaitFirstStart(ctx context.Context) error {
 	fs.setWaiting(ids)
 	n.log.Info("first start: asking the other nodes whether they hold Raft state before bootstrapping", "peers", strings.Join(ids, ","))
 	answered := map[string]bool{}
-	lastLog := time.Now()
-	ticker := time.NewTicker(firstStartPoll)
-	defer ticker.Stop()
-	for {
-		var waiting []string
+	var waiting []string
+	return pollPeers(ctx, func() (bool, error) {
+		waiting = waiting[:0]
 		for _, id := range ids {
 			if answered[id] {
 				continue
@@ -129,7 +128,7 @@ func (n *Node) awaitFirstStart(ctx context.Context) error {
 			case err != nil:
 				waiting = append(waiting, id)
 			case holds && !fs.wasAsked(id):
-				return fmt.Errorf("%w: data dir %s is empty but node %s already holds Raft state of %s; "+
+				return false, fmt.Errorf("%w: data dir %s is empty but node %s already holds Raft state of %s; "+
 					"bootstrapping here would put a replica without its log and vote among voters that hold state, so this node refuses: "+
 					"bring it back as a fresh replica with `idemctl replace-node --config FILE --id %s --data-dir %s`, or remove it with a topology change (idemctl topology apply)",
 					ErrStateLost, n.cfg.DataDir, id, groupName(group), n.cfg.NodeID, n.cfg.DataDir)
@@ -140,20 +139,105 @@ func (n *Node) awaitFirstStart(ctx context.Context) error {
 		fs.setWaiting(waiting)
 		if len(waiting) == 0 {
 			n.log.Info("first start: every other node answered; bootstrapping", "peers", strings.Join(ids, ","))
-			return nil
+			return true, nil
+		}
+		return false, nil
+	}, func() {
+		n.log.Warn("first start: waiting for nodes that have not answered (they may hold state, so this node does not bootstrap without them)",
+			"waiting_for", strings.Join(waiting, ","))
+	}, func() error {
+		n.log.Info("first start: stopped while waiting", "waiting_for", strings.Join(waiting, ","))
+		return fmt.Errorf("%w: nodes %s had not answered", errStoppedBeforeFirstStart, strings.Join(waiting, ","))
+	})
+}
+
+// pollPeers runs ask every firstStartPoll until it is done or fails. While
+// it waits it calls waiting every firstStartLogEvery (to say whom it waits
+// for); when ctx ends it returns what stopped returns.
+func pollPeers(ctx context.Context, ask func() (done bool, err error), waiting func(), stopped func() error) error {
+	lastLog := time.Now()
+	ticker := time.NewTicker(firstStartPoll)
+	defer ticker.Stop()
+	for {
+		if done, err := ask(); done || err != nil {
+			return err
 		}
 		if time.Since(lastLog) >= firstStartLogEvery {
-			n.log.Warn("first start: waiting for nodes that have not answered (they may hold state, so this node does not bootstrap without them)",
-				"waiting_for", strings.Join(waiting, ","))
+			waiting()
 			lastLog = time.Now()
 		}
 		select {
 		case <-ctx.Done():
-			n.log.Info("first start: stopped while waiting", "waiting_for", strings.Join(waiting, ","))
-			return fmt.Errorf("%w: nodes %s had not answered", errStoppedBeforeFirstStart, strings.Join(waiting, ","))
+			return stopped()
 		case <-ticker.C:
 		}
 	}
+}
+
+// awaitJoin runs before a node starts on an empty data dir with a file of
+// a later version than 1, which bootstraps nothing: the node is new to a
+// running cluster (a change adds it), or it lost its data dir and was
+// started again without idemctl replace-node. The second would put a
+// replica without its log and vote among voters that count on both, so
+// the node asks the other nodes of its file for the meta group's
+// configuration: a node becomes a meta voter only once it held the meta
+// group's entries (the mover promotes a learner that caught up, and a new
+// cluster's meta voters bootstrap it), so a configuration that names this
+// node a voter proves that it held state, and it refuses. It starts once a
+// node that hosts the meta group answered without naming it a voter, and
+// waits (serving the probes) while none does.
+//
+// A node that is a meta learner only (the meta group has at most five
+// voters) is not told apart from a new one this way: see node/TOPOLOGY.md's
+// limits.
+func (n *Node) awaitJoin(ctx context.Context) error {
+	var ids []string
+	for _, nd := range n.cfg.Topology.Nodes() {
+		if nd.ID != n.cfg.NodeID {
+			ids = append(ids, nd.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	fs := &firstStartServer{asked: map[string]bool{}, version: n.cfg.Version,
+		waitsFor: "start: waiting for a node that hosts the meta group to say whether this node held Raft state before"}
+	stop, err := n.serveFirstStart(fs)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	fs.setWaiting(ids)
+	return pollPeers(ctx, func() (bool, error) {
+		answer, stop := inOrder(ctx, len(ids), func(ctx context.Context, i int) (shardState, error) {
+			return n.shardStateOf(ctx, ids[i], MetaGroupID)
+		})
+		defer stop()
+		var heard []string
+		for i, id := range ids {
+			st, err := answer(i)
+			if err != nil || !st.hosted || len(st.members) == 0 {
+				continue
+			}
+			if slices.ContainsFunc(st.members, func(m raftstore.Member) bool { return m.ID == n.cfg.NodeID && m.Voter }) {
+				return false, fmt.Errorf("%w: data dir %s is empty but node %s counts this node as a voter of the meta group, which it became only after holding state; "+
+					"starting here would put a replica without its log and vote among voters that count on them, so this node refuses: "+
+					"bring it back as a fresh replica with `idemctl replace-node --config FILE --id %s --data-dir %s`",
+					ErrStateLost, n.cfg.DataDir, id, n.cfg.NodeID, n.cfg.DataDir)
+			}
+			heard = append(heard, id)
+		}
+		if len(heard) == 0 {
+			return false, nil
+		}
+		n.log.Info("start on an empty data dir: no node counts this one as a meta voter; joining as a new node", "asked", strings.Join(heard, ","))
+		return true, nil
+	}, func() {
+		n.log.Warn("start on an empty data dir: waiting for a node that hosts the meta group (this node may have held state, so it does not start without knowing)",
+			"nodes", strings.Join(ids, ","))
+	}, func() error {
+		return fmt.Errorf("%w: no node hosting the meta group had answered", errStoppedBeforeFirstStart)
+	})
 }
 
 func groupName(id string) string {
@@ -219,7 +303,7 @@ func (f *firstStartServer) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Retry-After", "1")
 	w.WriteHeader(http.StatusServiceUnavailable)
-	msg := "first start: waiting for the other nodes to answer that they hold no Raft state before bootstrapping"
+	msg := cmp.Or(f.waitsFor, "first start: waiting for the other nodes to answer that they hold no Raft state before bootstrapping")
 	if waiting := f.waitingFor(); waiting != "" {
 		msg += " (not answered yet: " + waiting + ")"
 	}
@@ -231,10 +315,11 @@ func (f *firstStartServer) serveHTTP(w http.ResponseWriter, r *http.Request) {
 // situation (firstStartMetadata).
 type firstStartServer struct {
 	idemv1.UnimplementedTopologyServer
-	version string // for /healthz
-	mu      sync.Mutex
-	asked   map[string]bool
-	waiting string // the nodes not answered yet, for /readyz
+	version  string // for /healthz
+	waitsFor string // what /readyz says it waits for (first start's wait when empty)
+	mu       sync.Mutex
+	asked    map[string]bool
+	waiting  string // the nodes not answered yet, for /readyz
 }
 
 func (f *firstStartServer) setWaiting(ids []string) {

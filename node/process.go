@@ -86,7 +86,9 @@ func (n *Node) Start() error { return n.StartContext(context.Background()) }
 // StartContext opens the data dir (refusing one that belongs to another
 // cluster, node or ring), starts the Raft groups of every shard this node
 // hosts (bootstrapping them on the first start of a new cluster, once every
-// other node has said it holds no state: awaitFirstStart, which ctx ends),
+// other node has said it holds no state: awaitFirstStart, which ctx ends;
+// on an empty data dir with a later file, once a peer has said this node
+// held no state: awaitJoin),
 // binds the API listeners and starts the background loops. Serve then
 // answers. On error everything it opened is closed again.
 func (n *Node) StartContext(ctx context.Context) (err error) {
@@ -101,8 +103,12 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	cfg := n.cfg
 	// Before the identity file makes the dir look used: a first start
 	// interrupted while it waits is a first start again.
-	if dataDirEmpty(cfg.DataDir) && n.bootstraps(true) {
-		if err := n.awaitFirstStart(ctx); err != nil {
+	if dataDirEmpty(cfg.DataDir) {
+		wait := n.awaitJoin
+		if n.bootstraps(true) {
+			wait = n.awaitFirstStart
+		}
+		if err := wait(ctx); err != nil {
 			return err
 		}
 	}
