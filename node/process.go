@@ -87,8 +87,8 @@ func (n *Node) Start() error { return n.StartContext(context.Background()) }
 // cluster, node or ring), starts the Raft groups of every shard this node
 // hosts (bootstrapping them on the first start of a new cluster, once every
 // other node has said it holds no state: awaitFirstStart, which ctx ends;
-// on an empty data dir with a later file, once a peer has said this node
-// held no state: awaitJoin),
+// on an empty data dir with a later file, once a node hosting the meta
+// group answered without counting this one as a voter: awaitJoin),
 // binds the API listeners and starts the background loops. Serve then
 // answers. On error everything it opened is closed again.
 func (n *Node) StartContext(ctx context.Context) (err error) {
