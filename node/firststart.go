@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -70,15 +71,24 @@ func dataDirEmpty(dir string) bool {
 	return errors.Is(err, os.ErrNotExist) || err == nil && len(entries) == 0
 }
 
+// otherNodes lists the ids of the file's nodes but this one.
+func (n *Node) otherNodes() []string {
+	var ids []string
+	for _, nd := range n.cfg.Topology.Nodes() {
+		if nd.ID != n.cfg.NodeID {
+			ids = append(ids, nd.ID)
+		}
+	}
+	return ids
+}
+
 // firstStartPeers lists, per other node of the file, the groups this node
 // shares with it: the meta group (every node of a new cluster bootstraps
 // it) and the shards of which both are voters.
 func (n *Node) firstStartPeers() map[string][]string {
 	out := map[string][]string{}
-	for _, nd := range n.cfg.Topology.Nodes() {
-		if nd.ID != n.cfg.NodeID {
-			out[nd.ID] = []string{MetaGroupID}
-		}
+	for _, id := range n.otherNodes() {
+		out[id] = []string{MetaGroupID}
 	}
 	for _, s := range n.cfg.Topology.ShardsOnNode(n.cfg.NodeID) {
 		for _, v := range s.Voters {
@@ -106,13 +116,7 @@ func (n *Node) awaitFirstStart(ctx context.Context) error {
 		return err
 	}
 	defer stop()
-	ids := slices.Sorted(func(yield func(string) bool) {
-		for id := range peers {
-			if !yield(id) {
-				return
-			}
-		}
-	})
+	ids := slices.Sorted(maps.Keys(peers))
 	fs.setWaiting(ids)
 	n.log.Info("first start: asking the other nodes whether they hold Raft state before bootstrapping", "peers", strings.Join(ids, ","))
 	answered := map[string]bool{}
@@ -191,12 +195,7 @@ func pollPeers(ctx context.Context, ask func() (done bool, err error), waiting f
 // voters) is not told apart from a new one this way: see node/TOPOLOGY.md's
 // limits.
 func (n *Node) awaitJoin(ctx context.Context) error {
-	var ids []string
-	for _, nd := range n.cfg.Topology.Nodes() {
-		if nd.ID != n.cfg.NodeID {
-			ids = append(ids, nd.ID)
-		}
-	}
+	ids := n.otherNodes()
 	if len(ids) == 0 {
 		return nil
 	}
@@ -209,9 +208,7 @@ func (n *Node) awaitJoin(ctx context.Context) error {
 	defer stop()
 	fs.setWaiting(ids)
 	return pollPeers(ctx, func() (bool, error) {
-		answer, stop := inOrder(ctx, len(ids), func(ctx context.Context, i int) (shardState, error) {
-			return n.shardStateOf(ctx, ids[i], MetaGroupID)
-		})
+		answer, stop := n.statesOf(ctx, ids, MetaGroupID)
 		defer stop()
 		var heard []string
 		for i, id := range ids {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -218,13 +219,7 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView, known map[string]sha
 	for _, m := range moves {
 		involved[m.From], involved[m.To] = true, true
 	}
-	ids := slices.Sorted(func(yield func(string) bool) {
-		for id := range involved {
-			if !yield(id) {
-				return
-			}
-		}
-	})
+	ids := slices.Sorted(maps.Keys(involved))
 	leaderOf, stop := inOrder(ctx, len(ids), func(ctx context.Context, i int) (shardState, error) {
 		if ls, ok := known[ids[i]]; ok {
 			return ls, nil // read in this tick already

@@ -174,14 +174,20 @@ func inOrder[T any](ctx context.Context, count int, ask func(ctx context.Context
 	}, cancel
 }
 
+// statesOf asks every node of ids for its state of shard at once
+// (shardStateOf); answer(i) is the i-th node's (inOrder).
+func (n *Node) statesOf(ctx context.Context, ids []string, shard string) (answer func(i int) (shardState, error), stop func()) {
+	return inOrder(ctx, len(ids), func(ctx context.Context, i int) (shardState, error) {
+		return n.shardStateOf(ctx, ids[i], shard)
+	})
+}
+
 // leaderState finds the leader of shard among candidates and returns its
 // view: the first candidate, in their order, that says it leads (all are
 // asked at once).
 func (n *Node) leaderState(ctx context.Context, shard string, candidates []string, dead []string) (shardState, error) {
 	candidates = slices.DeleteFunc(slices.Clone(candidates), func(id string) bool { return slices.Contains(dead, id) })
-	answer, stop := inOrder(ctx, len(candidates), func(ctx context.Context, i int) (shardState, error) {
-		return n.shardStateOf(ctx, candidates[i], shard)
-	})
+	answer, stop := n.statesOf(ctx, candidates, shard)
 	defer stop()
 	var errs []error
 	for i, id := range candidates {
