@@ -11,15 +11,21 @@ import (
 	"github.com/idem-dev/idem/regionsim/report"
 )
 
-// phaseOf names the phase a moment (ns since start) falls in.
-func phaseOf(t int64, during [2]int64) string {
+// phaseOf names the phase of an attempt from its start to its end (ns
+// since the scenario started), given the faults' span: before when it
+// ended before the first fault began, after when it started once the last
+// one ended, during otherwise. An attempt the faults caught midway (it
+// started before them and timed out under them) counts as during, so the
+// before phase is the healthy cluster's baseline. Without faults (an empty
+// span) there is no during.
+func phaseOf(start, end int64, during [2]int64) string {
 	switch {
-	case t < during[0]:
+	case start >= during[1]:
+		return "after"
+	case end < during[0] || during[0] == during[1]:
 		return "before"
-	case t < during[1]:
-		return "during"
 	}
-	return "after"
+	return "during"
 }
 
 // stats computes availability and latency percentiles of attempts,
@@ -106,7 +112,7 @@ func (env *runEnv) fill(out *report.Scenario, r *scenarioRun, faults []*Fault, f
 		var all []attemptRec
 		perRegion := map[string][]attemptRec{}
 		for _, a := range idemAtts {
-			if phaseOf(a.Start, during) == phase {
+			if phaseOf(a.Start, a.End, during) == phase {
 				all = append(all, a)
 				perRegion[a.Region] = append(perRegion[a.Region], a)
 			}
