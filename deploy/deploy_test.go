@@ -17,6 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -242,19 +243,13 @@ func TestAlertsQueryRealMetrics(t *testing.T) {
 // TestPromtool runs promtool on the Prometheus files when it is installed
 // (Debian: apt-get install prometheus).
 func TestPromtool(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("promtool is not installed; .ci/run installs it (Debian's prometheus package)")
-		}
-		t.Skip("promtool is not installed (apt-get install prometheus provides it)")
-	}
+	testutil.NeedsCommand(t, "promtool", "apt-get install prometheus provides it")
 	for _, args := range [][]string{
 		{"check", "config", "prometheus/prometheus.yml"},
 		{"check", "rules", "prometheus/alerts.yml"},
 		{"test", "rules", "prometheus/alerts_test.yml"},
 	} {
-		out, err := exec.Command(promtool, args...).CombinedOutput()
+		out, err := exec.Command("promtool", args...).CombinedOutput()
 		if err != nil {
 			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}

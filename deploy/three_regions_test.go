@@ -23,9 +23,7 @@ import (
 // non-zero, name that router and not claim that the regions are up.
 func TestThreeRegionsScriptFailsOnATakenPort(t *testing.T) {
 	testutil.NeedsProcesses(t)
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Skip("the script needs curl")
-	}
+	testutil.NeedsCommand(t, "curl", "apt-get install curl; the script calls it")
 	// The script's fixed ports are also the documentation's (docs'
 	// transcripts run a region of deploy/examples on them): take turns.
 	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)

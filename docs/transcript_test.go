@@ -43,6 +43,7 @@ const (
 // every command prints with what the document shows (rules in doc.go).
 func TestTranscripts(t *testing.T) {
 	testutil.NeedsProcesses(t)
+	testutil.NeedsCommand(t, "curl", "apt-get install curl; the pages' console blocks call it")
 	docs, err := transcriptDocs("..")
 	if err != nil {
 		t.Fatal(err)

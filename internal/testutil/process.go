@@ -1,6 +1,10 @@
 package testutil
 
-import "testing"
+import (
+	"os"
+	"os/exec"
+	"testing"
+)
 
 // NeedsProcesses marks tb as process-level: it starts real processes
 // (idemnode, idemrouter, idemctl, a client suite, a container) and so does
@@ -12,4 +16,21 @@ func NeedsProcesses(tb testing.TB) {
 	if testing.Short() {
 		tb.Skip("process-level test (starts real processes): skipped with -short; the full suite runs it")
 	}
+}
+
+// NeedsCommand marks tb as needing the program name on PATH (install: how
+// to get it, e.g. "apt-get install curl"). Without it tb skips, saying so,
+// except under CI (CI=true), where .ci/run installs what the tests need and a
+// missing program fails tb instead of letting it pass unrun.
+func NeedsCommand(tb testing.TB, name, install string) {
+	tb.Helper()
+	if _, err := exec.LookPath(name); err == nil {
+		return
+	}
+	msg := name + " is not installed (" + install + ")"
+	if os.Getenv("CI") == "true" {
+		tb.Fatalf("%s; .ci/run installs it", msg)
+		return
+	}
+	tb.Skip(msg)
 }

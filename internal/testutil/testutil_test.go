@@ -9,16 +9,22 @@ import (
 	"time"
 )
 
-// fakeTB records Fatalf instead of stopping the goroutine, so the tests can
-// check what a timeout reports.
+// fakeTB records Fatalf and Skip instead of stopping the goroutine, so the
+// tests can check what a timeout or a missing program reports.
 type fakeTB struct {
 	testing.TB
-	mu     sync.Mutex
-	failed string
-	logs   []string
+	mu      sync.Mutex
+	failed  string
+	skipped string
+	logs    []string
 }
 
 func (f *fakeTB) Helper() {}
+func (f *fakeTB) Skip(args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.skipped = fmt.Sprint(args...)
+}
 func (f *fakeTB) Fatalf(format string, args ...any) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
