@@ -56,8 +56,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// need fails the test under CI=true and skips it elsewhere when a check of
-// the machine fails.
+// need runs check, a check of the machine; when it fails the test skips, or
+// fails under CI=true (testutil.Missing).
 func need(t *testing.T, what, install string, check *exec.Cmd) {
 	t.Helper()
 	out, err := check.CombinedOutput()
@@ -68,11 +68,7 @@ func need(t *testing.T, what, install string, check *exec.Cmd) {
 	if why == "" {
 		why = err.Error()
 	}
-	msg := what + " is missing (" + why + "): " + install
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	testutil.Missing(t, what+" is missing ("+why+"): "+install)
 }
 
 // runSuite runs a language's test suite in dir with IDEM_NODE_BIN and

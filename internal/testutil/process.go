@@ -27,10 +27,18 @@ func NeedsCommand(tb testing.TB, name, install string) {
 	if _, err := exec.LookPath(name); err == nil {
 		return
 	}
-	msg := name + " is not installed (" + install + ")"
+	Missing(tb, name+" is not installed ("+install+")")
+}
+
+// Missing reports that something tb needs beyond Go (a program, a library,
+// a language's package; what says which and how to get it) is absent: tb
+// skips, saying so, except under CI (CI=true), where .ci/run installs what
+// the tests need and a skip would let tb pass unrun, so tb fails instead.
+func Missing(tb testing.TB, what string) {
+	tb.Helper()
 	if os.Getenv("CI") == "true" {
-		tb.Fatalf("%s; .ci/run installs it", msg)
+		tb.Fatalf("%s; .ci/run installs it", what)
 		return
 	}
-	tb.Skip(msg)
+	tb.Skip(what)
 }
