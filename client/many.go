@@ -47,7 +47,9 @@ type CompleteResult struct {
 // alone, with the error the single Reserve would have returned. An item
 // with an empty OwnerToken gets a new one (in its Reservation, error or
 // not), kept across retries. A batch reserve does not wait for other
-// owners: an item's Wait must be zero.
+// owners: an item's Wait must be zero. Items naming the same key are
+// applied in item order when one RPC carries them (up to MaxBatchItems
+// items and 3 MiB) and none is retried; OnceBatch sends each key once.
 //
 // Retries: a batch whose RPC fails without an answer is sent again to the
 // next endpoint, and items answered with a retryable error (UNAVAILABLE:

@@ -19,8 +19,10 @@ import (
 // :batch-complete, gRPC BatchReserve and BatchComplete. Each item is
 // validated and applied exactly as its single call (Server.apply: the same
 // validator, the same backend, so forwarding to other shards' leaders
-// coalesces into the internal Batch RPCs of rpcbatch), concurrently, and
-// answered in item order; one item's error is that item's result alone.
+// coalesces into the internal Batch RPCs of rpcbatch), and answered in item
+// order; one item's error is that item's result alone. Items of different
+// keys run concurrently, items of one key one after the other in item order
+// (forEachItem).
 
 const (
 	// MaxBatchItems is the most items one batch call may carry.
@@ -51,17 +53,36 @@ var (
 )
 
 // forEachItem runs f(i) for i in [0, n) on at most batchItemWorkers
-// goroutines and returns when all are done.
-func forEachItem(n int, f func(i int)) {
+// goroutines and returns when all are done. Items of one key (key(i), when
+// ok) run one after the other in item order, so a batch that names a key
+// twice is answered as the two single calls sent one after the other would
+// be; items of different keys run concurrently.
+func forEachItem(n int, key func(i int) (string, bool), f func(i int)) {
+	runs := make([][]int, 0, n)
+	byKey := make(map[string]int, n)
+	for i := range n {
+		k, ok := key(i)
+		if !ok {
+			runs = append(runs, []int{i})
+			continue
+		}
+		if r, seen := byKey[k]; seen {
+			runs[r] = append(runs[r], i)
+			continue
+		}
+		byKey[k] = len(runs)
+		runs = append(runs, []int{i})
+	}
 	sem := make(chan struct{}, batchItemWorkers)
 	var wg sync.WaitGroup
-	for i := range n {
+	for _, run := range runs {
 		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			f(i)
-		}()
+		wg.Go(func() {
+			defer func() { <-sem }()
+			for _, i := range run {
+				f(i)
+			}
+		})
 	}
 	wg.Wait()
 }
@@ -166,9 +187,23 @@ func (h *httpAPI) serveBatch(w http.ResponseWriter, r *http.Request, rt route, f
 		return string(e.Code)
 	}
 	results := make([]any, len(items))
+	cmds := make([]*fsm.Command, len(items))
+	for i, raw := range items {
+		if cmds[i], e = h.batchCommand(rt, raw); e != nil {
+			results[i] = errorResult(e)
+		}
+	}
 	ctx := r.Context()
-	forEachItem(len(items), func(i int) {
-		res, e := h.batchItem(ctx, rt, items[i])
+	forEachItem(len(items), func(i int) (string, bool) {
+		if cmds[i] == nil {
+			return "", false
+		}
+		return cmds[i].Key, true
+	}, func(i int) {
+		if cmds[i] == nil {
+			return
+		}
+		res, e := h.batchItem(ctx, cmds[i])
 		if e != nil {
 			results[i] = errorResult(e)
 			return
@@ -181,25 +216,25 @@ func (h *httpAPI) serveBatch(w http.ResponseWriter, r *http.Request, rt route, f
 	return outcomeOK
 }
 
-// batchItem decodes, validates and applies one item of a JSON batch call and
-// is its answer, as the single call would have written it.
-func (h *httpAPI) batchItem(ctx context.Context, rt route, raw json.RawMessage) (any, *Error) {
-	var cmd *fsm.Command
-	var e *Error
+// batchCommand decodes and validates one item of a JSON batch call.
+func (h *httpAPI) batchCommand(rt route, raw json.RawMessage) (*fsm.Command, *Error) {
 	if rt.endpoint == endpointBatchReserve {
-		var params reserveParams
-		if params, e = decodeReserveItem(rt.namespace, raw); e == nil {
-			cmd, e = h.s.validate.reserveCommand(params)
+		params, e := decodeReserveItem(rt.namespace, raw)
+		if e != nil {
+			return nil, e
 		}
-	} else {
-		var params completeParams
-		if params, e = decodeCompleteItem(rt.namespace, raw); e == nil {
-			cmd, e = h.s.validate.completeCommand(params)
-		}
+		return h.s.validate.reserveCommand(params)
 	}
+	params, e := decodeCompleteItem(rt.namespace, raw)
 	if e != nil {
 		return nil, e
 	}
+	return h.s.validate.completeCommand(params)
+}
+
+// batchItem applies the command of one item of a JSON batch call and is its
+// answer, as the single call would have written it.
+func (h *httpAPI) batchItem(ctx context.Context, cmd *fsm.Command) (any, *Error) {
 	if charge, ok := auth.ItemCharge(ctx); ok {
 		if err := charge(); err != nil {
 			var ae *auth.Error
@@ -252,10 +287,16 @@ func itemNamespace(ns, item string) (string, error) {
 	return ns, nil
 }
 
+// batchItemRequest is an item of a gRPC batch call.
+type batchItemRequest interface {
+	GetNamespace() string
+	GetKey() string
+}
+
 // runGRPCBatch checks a gRPC batch call of items in namespace ns and answers
 // each item with one (run on the item with the batch's namespace, its leader
 // hint kept out of the call's header) or with its error, in item order.
-func runGRPCBatch[I interface{ GetNamespace() string }, R any](ctx context.Context, ns string, items []I,
+func runGRPCBatch[I batchItemRequest, R any](ctx context.Context, ns string, items []I,
 	one func(ctx context.Context, ns string, item I) (R, error), result func(R, *idemv1.BatchError) R) ([]R, error) {
 	if e := checkItemCount(len(items)); e != nil {
 		return nil, e
@@ -264,7 +305,9 @@ func runGRPCBatch[I interface{ GetNamespace() string }, R any](ctx context.Conte
 		return nil, err
 	}
 	results := make([]R, len(items))
-	forEachItem(len(items), func(i int) {
+	forEachItem(len(items), func(i int) (string, bool) {
+		return items[i].GetKey(), true
+	}, func(i int) {
 		_, err := itemNamespace(ns, items[i].GetNamespace())
 		var res R
 		if err == nil {

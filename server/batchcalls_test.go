@@ -1,13 +1,18 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/fsm"
 )
 
 // A batch answers each item exactly as its single call would, in item order,
@@ -130,8 +135,8 @@ func TestBatchReserveCompleteGRPC(t *testing.T) {
 			outcomes = append(outcomes, r.GetReserve().GetOutcome().String())
 		}
 	}
-	// Items run concurrently: of the two reserves of "a", one acquires.
-	if !(outcomes[0] == "ACQUIRED" && outcomes[3] == "IN_PROGRESS" || outcomes[0] == "IN_PROGRESS" && outcomes[3] == "ACQUIRED") ||
+	// The two reserves of "a" run in item order: the first acquires.
+	if outcomes[0] != "ACQUIRED" || outcomes[3] != "IN_PROGRESS" ||
 		outcomes[1] != "INVALID_ARGUMENT" || outcomes[2] != "INVALID_ARGUMENT" || outcomes[4] != "INVALID_ARGUMENT" {
 		t.Fatalf("outcomes %v", outcomes)
 	}
@@ -144,9 +149,6 @@ func TestBatchReserveCompleteGRPC(t *testing.T) {
 		t.Errorf("the refused item reserved its key: %v", r)
 	}
 	owner := rs[0].GetReserve()
-	if owner.GetOutcome() != idemv1.Outcome_ACQUIRED {
-		owner = rs[3].GetReserve()
-	}
 	cres, err := h.grpc.BatchComplete(ctx, &idemv1.BatchCompleteRequest{Namespace: "ns", Items: []*idemv1.CompleteRequest{
 		{Key: "a", OwnerToken: owner.GetOwnerToken(), Response: &idemv1.StoredResponse{Status: 200}},
 		{Key: "b", OwnerToken: owner.GetOwnerToken(), Response: &idemv1.StoredResponse{Status: 200}},
@@ -159,5 +161,118 @@ func TestBatchReserveCompleteGRPC(t *testing.T) {
 	}
 	if _, err := h.grpc.BatchReserve(ctx, &idemv1.BatchReserveRequest{Namespace: "ns"}); err == nil {
 		t.Fatal("an empty BatchReserve succeeded")
+	}
+}
+
+// overlapBackend holds every Apply for a moment, long enough for a concurrent
+// call to arrive, and records how many Applies were in flight at once: of
+// one key, and in all.
+type overlapBackend struct {
+	*backend.Mem
+	mu       sync.Mutex
+	inFlight map[string]int
+	all      int
+	mostKey  int
+	mostAll  int
+}
+
+func (b *overlapBackend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	k := cmd.Namespace + "/" + cmd.Key
+	b.mu.Lock()
+	b.inFlight[k]++
+	b.all++
+	b.mostKey, b.mostAll = max(b.mostKey, b.inFlight[k]), max(b.mostAll, b.all)
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		b.inFlight[k]--
+		b.all--
+		b.mu.Unlock()
+	}()
+	time.Sleep(2 * time.Millisecond)
+	return b.Mem.Apply(ctx, cmd)
+}
+
+// A batch that names a key more than once is answered as the single calls
+// sent one after the other in item order would be (the first reserve
+// acquires, the first complete decides the stored response), while items
+// of different keys still run concurrently.
+func TestBatchAppliesItemsOfOneKeyInItemOrder(t *testing.T) {
+	b := &overlapBackend{Mem: newMemBackend(newFakeClock()), inFlight: map[string]int{}}
+	h := newHarness(t, b, nil)
+	const keys = 8
+	ownerA, ownerB := "owner-aaaaaaaaaaaa", "owner-bbbbbbbbbbbb"
+	// Interleaved: every key's first reserve (owner A), then every key's
+	// second (owner B), then A's again.
+	var items []string
+	for _, owner := range []string{ownerA, ownerB, ownerA} {
+		for k := range keys {
+			items = append(items, fmt.Sprintf(`{"key":"k%d","owner_token":%q}`, k, owner))
+		}
+	}
+	var out struct {
+		Results []map[string]any `json:"results"`
+	}
+	r := h.do(http.MethodPost, "/v1/namespaces/ns/keys:batch-reserve", `{"items":[`+strings.Join(items, ",")+`]}`)
+	if err := json.Unmarshal(r.raw, &out); r.status != http.StatusOK || err != nil || len(out.Results) != 3*keys {
+		t.Fatalf("batch-reserve: %d %s (%v)", r.status, r.raw, err)
+	}
+	for k := range keys {
+		first, second, third := out.Results[k], out.Results[keys+k], out.Results[2*keys+k]
+		if first["outcome"] != "ACQUIRED" || first["owner_token"] != ownerA || second["outcome"] != "IN_PROGRESS" ||
+			third["outcome"] != "ACQUIRED" || third["fencing_token"] != first["fencing_token"] {
+			t.Errorf("k%d: %v, %v, %v; want ACQUIRED by A, IN_PROGRESS, ACQUIRED again with A's fencing token", k, first, second, third)
+		}
+	}
+
+	// Completes of one key: the first decides; a different response is
+	// NOT_OWNER; the first's repeat replays its answer.
+	items = items[:0]
+	for _, status := range []int{201, 200, 201} {
+		for k := range keys {
+			items = append(items, fmt.Sprintf(`{"key":"k%d","owner_token":%q,"response":{"status":%d}}`, k, ownerA, status))
+		}
+	}
+	r = h.do(http.MethodPost, "/v1/namespaces/ns/keys:batch-complete", `{"items":[`+strings.Join(items, ",")+`]}`)
+	if err := json.Unmarshal(r.raw, &out); r.status != http.StatusOK || err != nil || len(out.Results) != 3*keys {
+		t.Fatalf("batch-complete: %d %s (%v)", r.status, r.raw, err)
+	}
+	for k := range keys {
+		first, second, third := out.Results[k], out.Results[keys+k], out.Results[2*keys+k]
+		e, _ := second["error"].(map[string]any)
+		if first["completed_at"] == nil || e["code"] != "NOT_OWNER" || third["completed_at"] != first["completed_at"] {
+			t.Errorf("k%d: %v, %v, %v; want completed, NOT_OWNER, the same completion", k, first, second, third)
+		}
+		g := h.do(http.MethodGet, fmt.Sprintf("/v1/namespaces/ns/keys/k%d", k), "")
+		if stored, _ := g.body["response"].(map[string]any); fmt.Sprint(stored["status"]) != "201" {
+			t.Errorf("k%d: %s, want the first complete's 201 stored", k, g.raw)
+		}
+	}
+
+	// The same over gRPC.
+	var reqs []*idemv1.ReserveRequest
+	for _, owner := range []string{ownerA, ownerB} {
+		for k := range keys {
+			reqs = append(reqs, &idemv1.ReserveRequest{Key: fmt.Sprintf("g%d", k), OwnerToken: owner})
+		}
+	}
+	res, err := h.grpc.BatchReserve(t.Context(), &idemv1.BatchReserveRequest{Namespace: "ns", Items: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range keys {
+		first, second := res.GetResults()[k].GetReserve(), res.GetResults()[keys+k].GetReserve()
+		if first.GetOutcome() != idemv1.Outcome_ACQUIRED || first.GetOwnerToken() != ownerA || second.GetOutcome() != idemv1.Outcome_IN_PROGRESS {
+			t.Errorf("g%d over gRPC: %v, %v; want ACQUIRED by A, then IN_PROGRESS", k, first, second)
+		}
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.mostKey != 1 {
+		t.Errorf("%d items of one key were applied at once, want 1", b.mostKey)
+	}
+	if b.mostAll < 2 {
+		t.Errorf("at most %d items were applied at once: items of different keys should run concurrently", b.mostAll)
 	}
 }

@@ -72,9 +72,10 @@ type IdempotencyClient interface {
 	Checkpoint(ctx context.Context, in *CheckpointRequest, opts ...grpc.CallOption) (*CheckpointResponse, error)
 	// v1.2 batch calls: 1 to 1000 reserves (completes) of keys of one
 	// namespace and any shard, answered in item order, each result exactly
-	// what Reserve (Complete) would have answered for that item alone. One bad
-	// item never fails the others; an empty list or more than 1000 items is
-	// INVALID_ARGUMENT.
+	// what Reserve (Complete) would have answered for that item alone. Items
+	// naming the same key are applied one after the other, in item order. One
+	// bad item never fails the others; an empty list or more than 1000 items
+	// is INVALID_ARGUMENT.
 	BatchReserve(ctx context.Context, in *BatchReserveRequest, opts ...grpc.CallOption) (*BatchReserveResponse, error)
 	BatchComplete(ctx context.Context, in *BatchCompleteRequest, opts ...grpc.CallOption) (*BatchCompleteResponse, error)
 }
@@ -224,9 +225,10 @@ type IdempotencyServer interface {
 	Checkpoint(context.Context, *CheckpointRequest) (*CheckpointResponse, error)
 	// v1.2 batch calls: 1 to 1000 reserves (completes) of keys of one
 	// namespace and any shard, answered in item order, each result exactly
-	// what Reserve (Complete) would have answered for that item alone. One bad
-	// item never fails the others; an empty list or more than 1000 items is
-	// INVALID_ARGUMENT.
+	// what Reserve (Complete) would have answered for that item alone. Items
+	// naming the same key are applied one after the other, in item order. One
+	// bad item never fails the others; an empty list or more than 1000 items
+	// is INVALID_ARGUMENT.
 	BatchReserve(context.Context, *BatchReserveRequest) (*BatchReserveResponse, error)
 	BatchComplete(context.Context, *BatchCompleteRequest) (*BatchCompleteResponse, error)
 	mustEmbedUnimplementedIdempotencyServer()
