@@ -88,8 +88,10 @@ var commands = []*command{
 		about: `Asks every node of the topology for its status (Admin.Status on its gRPC
 address) and prints the nodes with their health (ready, not ready, or
 unreachable) and, per shard, its leader and every replica's Raft state, term,
-commit, applied and last log index and record count. It fails only when no
-node answers.`,
+commit, applied and last log index and record count. APPLIED is the last
+entry the state machine saw (a command or a configuration); entries it never
+sees (a new leader's no-op, a read's barrier) keep COMMIT and LAST ahead of
+it until the next write, which is no lag. It fails only when no node answers.`,
 		run: runStatus,
 	},
 	{
