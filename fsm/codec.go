@@ -28,6 +28,11 @@ const (
 	extPolicy
 	extTombstoneSet
 	extHandoff
+	// extFence follows extHandoff: the handoff's attempt, the source's
+	// clock and the digest an open expects (Handoff.Attempt, Clock,
+	// Expect). Releases before fenced handoff refuse the bit (the cluster
+	// version keeps them from ever meeting it).
+	extFence
 )
 
 // MaxCheckpointBytes bounds a checkpoint's data (64 KiB, the contract's
@@ -167,6 +172,7 @@ func appendExt(b []byte, cmd *Command) []byte {
 		{cmd.Policy != nil, extPolicy},
 		{cmd.Policy != nil && cmd.Policy.TombstoneSet, extTombstoneSet},
 		{cmd.Handoff != nil, extHandoff},
+		{cmd.Handoff != nil && cmd.Handoff.fenced(), extFence},
 	} {
 		if f.on {
 			flags |= f.bit
@@ -182,6 +188,12 @@ func appendExt(b []byte, cmd *Command) []byte {
 	}
 	if h := cmd.Handoff; h != nil {
 		b = appendHandoff(b, h)
+		if h.fenced() {
+			b = binary.AppendUvarint(b, h.Attempt)
+			b = binary.AppendVarint(b, h.Clock)
+			b = binary.AppendUvarint(b, h.Expect.Records)
+			b = binary.BigEndian.AppendUint64(b, h.Expect.Sum)
+		}
 	}
 	return b
 }
@@ -274,7 +286,7 @@ func (d *decoder) policy(tombstoneSet bool) *Policy {
 
 func (d *decoder) ext(cmd *Command) {
 	flags := d.byte()
-	if flags&^(extHandoff<<1-1) != 0 || (flags&extTombstoneSet != 0 && flags&extPolicy == 0) {
+	if flags&^(extFence<<1-1) != 0 || (flags&extTombstoneSet != 0 && flags&extPolicy == 0) || (flags&extFence != 0 && flags&extHandoff == 0) {
 		d.fail("command extension flags")
 		return
 	}
@@ -297,6 +309,16 @@ func (d *decoder) ext(cmd *Command) {
 	}
 	if flags&extHandoff != 0 && d.err == nil {
 		cmd.Handoff = d.handoff()
+	}
+	if flags&extFence != 0 && d.err == nil {
+		h := cmd.Handoff
+		h.Attempt = d.uvarint()
+		h.Clock = d.varint()
+		h.Expect.Records = d.uvarint()
+		h.Expect.Sum = d.uint64()
+		if d.err == nil && !h.fenced() {
+			d.fail("handoff fence") // one encoding per command
+		}
 	}
 }
 
@@ -440,6 +462,16 @@ func (d *decoder) uvarint() uint64 {
 		return 0
 	}
 	d.buf = d.buf[n:]
+	return v
+}
+
+func (d *decoder) uint64() uint64 {
+	if d.err != nil || len(d.buf) < 8 {
+		d.fail("uint64")
+		return 0
+	}
+	v := binary.BigEndian.Uint64(d.buf)
+	d.buf = d.buf[8:]
 	return v
 }
 

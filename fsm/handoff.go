@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/idem-dev/idem/keyspace"
 )
 
@@ -68,6 +70,45 @@ type Handoff struct {
 	Records []KeyedRecord
 	// Limit (drop) bounds the records one drop deletes; 0 means no bound.
 	Limit int
+
+	// Attempt fences the command (freeze, import, open, drop): the handoff
+	// attempt that sends it, an id the meta group recorded before the
+	// attempt's first step and that grows with every attempt (its log
+	// index there). 0 is an unfenced command of a release before fenced
+	// handoff, applied by the rules of that release. See DESIGN.md,
+	// "Fenced attempts".
+	Attempt uint64
+	// Clock (fenced import) is the source's clock when it froze the
+	// partitions (the freeze's Result.Clock): the destination's clock is
+	// raised to it, so that time never goes back for a key that moves.
+	Clock int64
+	// Expect (fenced open) is the digest of every record the attempt
+	// exported: the destination opens only if its imports of this attempt
+	// brought exactly these.
+	Expect Digest
+}
+
+// fenced reports whether h carries the fields of fenced handoff.
+func (h *Handoff) fenced() bool { return h.Attempt != 0 || h.Clock != 0 || h.Expect != (Digest{}) }
+
+// Digest summarises a set of records as an import carries them: how many,
+// and the sum of the xxHash64 of each one's AppendRecord frame. The sum
+// does not depend on the order the records travel in.
+type Digest struct {
+	Records uint64
+	Sum     uint64
+}
+
+// Add counts one record frame (AppendRecord's encoding).
+func (d *Digest) Add(frame []byte) {
+	d.Records++
+	d.Sum += xxhash.Sum64(frame)
+}
+
+// Merge adds o's records to d.
+func (d *Digest) Merge(o Digest) {
+	d.Records += o.Records
+	d.Sum += o.Sum
 }
 
 // partKind is what a group knows of one partition.
@@ -83,6 +124,11 @@ type partState struct {
 	kind  partKind
 	epoch uint64
 	peer  string
+	// attempt is the fenced handoff attempt that froze (out), imports
+	// (incoming) or opened (owned) the partition; 0: none, or unfenced.
+	attempt uint64
+	// digest (incoming, fenced) is what the attempt's imports brought.
+	digest Digest
 }
 
 // partTable is a group's partition table. The zero value (count 0) is a
@@ -144,17 +190,29 @@ func (t *partTable) clone() partTable {
 //
 // listing the partitions the group knows, in partition order (each as its
 // distance from the previous one), so replicas store identical bytes.
-const partTableVersion = 1
+// Version 2, written once any partition has a fenced attempt, adds to each
+// entry: uvarint attempt, and for an incoming one its digest (uvarint
+// records | 8-byte sum). A table without attempts is still version 1, byte
+// for byte.
+const (
+	partTableVersion       = 1
+	partTableVersionFenced = 2
+)
 
 func (t *partTable) encode() []byte {
-	n := 0
+	n, fenced := 0, false
 	for _, s := range t.parts {
 		if s.kind != 0 {
 			n++
+			fenced = fenced || s.attempt != 0 || s.digest != (Digest{})
 		}
 	}
+	version := byte(partTableVersion)
+	if fenced {
+		version = partTableVersionFenced
+	}
 	b := make([]byte, 0, 32+n*4)
-	b = append(b, partTableVersion)
+	b = append(b, version)
 	b = binary.AppendUvarint(b, uint64(t.count))
 	b = binary.AppendUvarint(b, t.tokenBase)
 	b = binary.AppendUvarint(b, uint64(n))
@@ -168,13 +226,21 @@ func (t *partTable) encode() []byte {
 		b = append(b, byte(s.kind))
 		b = binary.AppendUvarint(b, s.epoch)
 		b = appendString(b, s.peer)
+		if fenced {
+			b = binary.AppendUvarint(b, s.attempt)
+			if s.kind == partIncoming {
+				b = binary.AppendUvarint(b, s.digest.Records)
+				b = binary.BigEndian.AppendUint64(b, s.digest.Sum)
+			}
+		}
 	}
 	return b
 }
 
 func decodePartTable(data []byte) (partTable, error) {
 	d := decoder{buf: data}
-	if d.byte() != partTableVersion && d.err == nil {
+	version := d.byte()
+	if version != partTableVersion && version != partTableVersionFenced && d.err == nil {
 		return partTable{}, fmt.Errorf("%w: partition table version", ErrCorrupt)
 	}
 	t := partTable{count: uint32(min(d.uvarint(), MaxPartitionCount+1))}
@@ -193,6 +259,12 @@ func decodePartTable(data []byte) (partTable, error) {
 		}
 		p += delta
 		s := partState{kind: partKind(d.byte()), epoch: d.uvarint(), peer: d.string()}
+		if version == partTableVersionFenced {
+			s.attempt = d.uvarint()
+			if s.kind == partIncoming {
+				s.digest = Digest{Records: d.uvarint(), Sum: d.uint64()}
+			}
+		}
 		if p >= uint64(t.count) || s.kind < partOwned || s.kind > partIncoming {
 			d.fail("partition table entry")
 			break
@@ -243,7 +315,10 @@ func validHandoff(cmd *Command) bool {
 			return false
 		}
 	}
-	if cmd.Op != OpImport && (len(h.Records) > 0 || h.Reset || h.Floor != 0) {
+	if cmd.Op != OpImport && (len(h.Records) > 0 || h.Reset || h.Floor != 0 || h.Clock != 0) {
+		return false
+	}
+	if (cmd.Op != OpOpen && h.Expect != (Digest{})) || (cmd.Op == OpAdopt && h.Attempt != 0) || (h.fenced() && h.Attempt == 0) {
 		return false
 	}
 	if h.Limit < 0 || (cmd.Op != OpDrop && h.Limit != 0) {
@@ -314,35 +389,51 @@ func (f *FSM) adopt(cmd *Command) Result {
 // freeze stops the group admitting work for the partitions: from this
 // entry on, commands on their keys are answered OutcomeMoved (naming Peer,
 // the destination). The result's FencingToken is the highest token the
-// group has issued, the floor the destination's tokens must exceed.
-// Freezing a partition frozen at this or a later epoch is a no-op;
-// freezing one the group does not own is refused.
+// group has issued, the floor the destination's tokens must exceed, and
+// its Clock the group's clock, the floor of the destination's.
+//
+// Unfenced (Attempt 0): freezing a partition frozen at this or a later
+// epoch is a no-op; freezing one the group does not own is refused.
+// Fenced: a partition is frozen only from an epoch below the freeze's (a
+// delayed freeze of an earlier change never strands a partition that came
+// back since), and a freeze sent again is a no-op only for a partition
+// frozen at this very epoch towards the same peer.
 func (f *FSM) freeze(cmd *Command, token uint64) Result {
 	h := cmd.Handoff
 	t, refused := f.handoffTable(h.Count)
 	if refused != nil {
 		return *refused
 	}
-	if r := firstRefused(&t, h.Partitions, func(owned bool, s partState) bool {
+	allowed := func(owned bool, s partState) bool {
 		return owned || (s.kind == partOut && s.epoch >= h.Epoch)
-	}); r != nil {
+	}
+	if h.Attempt != 0 {
+		allowed = func(owned bool, s partState) bool {
+			return (owned && s.epoch < h.Epoch) || (s.kind == partOut && s.epoch == h.Epoch && s.peer == h.Peer)
+		}
+	}
+	if r := firstRefused(&t, h.Partitions, allowed); r != nil {
 		return *r
 	}
 	for _, p := range h.Partitions {
 		if owned, _ := t.owns(p); owned {
-			t.parts[p] = partState{kind: partOut, epoch: h.Epoch, peer: h.Peer}
+			t.parts[p] = partState{kind: partOut, epoch: h.Epoch, peer: h.Peer, attempt: h.Attempt}
 		}
 	}
 	f.savePartTable(t)
-	return Result{Outcome: OutcomeOK, FencingToken: token}
+	return Result{Outcome: OutcomeOK, FencingToken: token, Clock: f.meta.Clock}
 }
 
 // importRecords stores records of partitions the group is taking over and
-// raises its token base above the source's floor. A Reset import starts
-// the partitions (incoming; records the group still holds for them are
-// dropped); later imports add records to incoming partitions only. An
-// import into a partition the group owns is refused: it would overwrite
-// live state.
+// raises its token base above the source's floor (and, fenced, its clock
+// to the source's). A Reset import starts the partitions (incoming;
+// records the group still holds for them are dropped); later imports add
+// records to incoming partitions only. An import into a partition the
+// group owns is refused: it would overwrite live state. Fenced imports
+// belong to one attempt: a Reset starts the attempt's transfer (refused
+// while an attempt as recent or more recent has the partition), and every
+// other import must be of the attempt that holds the partition, so that a
+// deposed driver's late chunks never mix with a newer attempt's.
 func (f *FSM) importRecords(cmd *Command) Result {
 	h := cmd.Handoff
 	t, refused := f.handoffTable(h.Count)
@@ -355,14 +446,15 @@ func (f *FSM) importRecords(cmd *Command) Result {
 	if h.Reset {
 		f.dropPartitions(h.Count, h.Partitions, 0)
 		for _, p := range h.Partitions {
-			t.parts[p] = partState{kind: partIncoming, epoch: h.Epoch, peer: h.Peer}
+			t.parts[p] = partState{kind: partIncoming, epoch: h.Epoch, peer: h.Peer, attempt: h.Attempt}
 		}
 	}
 	base := t.tokenBase
 	f.raiseTokens(&t, h.Floor)
-	if h.Reset || t.tokenBase != base {
-		f.savePartTable(t)
+	if h.Clock > f.meta.Clock {
+		f.meta.Clock = h.Clock
 	}
+	changed := h.Reset || t.tokenBase != base
 	for _, kr := range h.Records {
 		old, ok := f.store.Get(kr.K)
 		if kr.K.Namespace == PolicyNamespace {
@@ -377,22 +469,49 @@ func (f *FSM) importRecords(cmd *Command) Result {
 			}
 			continue
 		}
+		if h.Attempt != 0 {
+			p := PartitionOf(kr.K.Namespace, kr.K.Key, h.Count)
+			t.parts[p].digest.Add(AppendRecord(nil, kr.K, kr.R))
+			changed = true
+		}
 		if !ok {
 			old = nil
 		}
 		rec := *kr.R
 		f.put(kr.K, old, &rec)
 	}
+	if changed {
+		f.savePartTable(t)
+	}
 	return Result{Outcome: OutcomeOK}
 }
 
 // mayImport reports whether an import h may write a partition the group
-// owns (owned) or knows as s: a partition being imported at h's epoch
-// takes more records (or starts over, on a Reset sent again); a Reset
-// starts a partition the group does not serve (one it never had, one that
-// left it at an earlier epoch, an import of an earlier epoch that never
-// opened). Nothing overwrites an owned partition.
+// owns (owned) or knows as s. Nothing overwrites an owned partition.
+//
+// Unfenced: a partition being imported at h's epoch takes more records (or
+// starts over, on a Reset sent again); a Reset starts a partition the
+// group does not serve (one it never had, one that left it at an earlier
+// epoch, an import of an earlier epoch that never opened).
+//
+// Fenced: a Reset starts the partition for h's attempt where no attempt as
+// recent has it (a later attempt of the same epoch takes it over, wiping
+// what the earlier one imported); any other import adds to the partition
+// only while h's attempt holds it.
 func mayImport(owned bool, s partState, h *Handoff) bool {
+	if h.Attempt != 0 {
+		switch {
+		case owned:
+			return false
+		case !h.Reset:
+			return s.kind == partIncoming && s.epoch == h.Epoch && s.attempt == h.Attempt
+		case s.kind == partIncoming && s.epoch == h.Epoch:
+			return s.attempt < h.Attempt
+		case s.kind == partOut || s.kind == partIncoming:
+			return s.epoch < h.Epoch
+		}
+		return true // never had it
+	}
 	switch {
 	case owned:
 		return false // the refusal names the epoch it was opened at: an import that already opened
@@ -420,21 +539,50 @@ func (f *FSM) raiseTokens(t *partTable, floor uint64) {
 }
 
 // open makes incoming partitions the group's own: from this entry on it
-// serves their keys. Opening a partition already owned is a no-op.
+// serves their keys. Unfenced, opening a partition already owned is a
+// no-op. Fenced, the partitions must be incoming for h's attempt and their
+// imports must have brought exactly h.Expect (the records the attempt
+// exported); opening again what this attempt opened is a no-op, and
+// anything else is refused.
 func (f *FSM) open(cmd *Command) Result {
 	h := cmd.Handoff
 	t, refused := f.handoffTable(h.Count)
 	if refused != nil {
 		return *refused
 	}
-	if r := firstRefused(&t, h.Partitions, func(owned bool, s partState) bool {
+	allowed := func(owned bool, s partState) bool {
 		return owned || (s.kind == partIncoming && s.epoch == h.Epoch)
-	}); r != nil {
+	}
+	if h.Attempt != 0 {
+		allowed = func(owned bool, s partState) bool {
+			return s.epoch == h.Epoch && s.attempt == h.Attempt && (owned || s.kind == partIncoming)
+		}
+	}
+	if r := firstRefused(&t, h.Partitions, allowed); r != nil {
 		return *r
+	}
+	if h.Attempt != 0 {
+		var held Digest
+		opened := 0
+		for _, p := range h.Partitions {
+			if t.parts[p].kind == partOwned {
+				opened++
+			}
+			held.Merge(t.parts[p].digest)
+		}
+		switch {
+		case opened == len(h.Partitions):
+			return Result{Outcome: OutcomeOK} // this attempt opened them already
+		case opened > 0 || held != h.Expect:
+			// Some opened and some not cannot happen (an open names the
+			// whole batch); a digest that differs is an import lost or
+			// doubled: the attempt must start over.
+			return Result{Outcome: OutcomeFailedPrecondition, Epoch: h.Epoch}
+		}
 	}
 	for _, p := range h.Partitions {
 		if owned, _ := t.owns(p); !owned {
-			t.parts[p] = partState{kind: partOwned, epoch: h.Epoch}
+			t.parts[p] = partState{kind: partOwned, epoch: h.Epoch, attempt: h.Attempt}
 		}
 	}
 	f.savePartTable(t)
@@ -444,7 +592,9 @@ func (f *FSM) open(cmd *Command) Result {
 // drop deletes up to Limit records of partitions that left the group
 // (frozen here); Result.Swept is how many it deleted, fewer than Limit once
 // none are left. The partitions stay frozen: late commands still learn
-// where they went.
+// where they went. The driver drops only partitions the meta group
+// recorded as moved (opened at the destination), so a drop needs no
+// attempt: whichever attempt opened them, the source's copy is garbage.
 func (f *FSM) drop(cmd *Command) Result {
 	h := cmd.Handoff
 	if _, refused := f.handoffTable(h.Count); refused != nil {
@@ -459,29 +609,22 @@ func (f *FSM) drop(cmd *Command) Result {
 }
 
 // dropPartitions deletes up to limit (0: all) records of the partitions, in
-// the store's ScanPartitions order, and returns how many it deleted.
-//
-// ScanPartitions reads the committed state, and replicas group entries
-// into store batches differently, so what it sees must not decide the
-// outcome: only partitions the group does not serve are dropped, where no
-// command creates a key (key commands are answered MOVED; a sweep only
-// deletes or shrinks records), so the committed keys are a superset of the
-// writer's, and each is checked against the writer's view before it counts.
+// the store's ScanPartitions order, and returns how many it deleted. It
+// reads the keys as the writer sees them (Store.PartitionKeys: the batch
+// being applied included), so the result depends on the log alone, never
+// on where a replica's apply batches were cut: a Reset import that follows
+// another import of the same partitions in one batch drops what that
+// import wrote, as it does on a replica that committed in between.
 func (f *FSM) dropPartitions(count uint32, partitions []uint32, limit int) int {
-	var drop []KeyedRecord
-	err := f.store.ScanPartitions(count, partitions, func(k RecordKey, _ *Record) bool {
-		if cur, ok := f.store.Get(k); ok {
-			drop = append(drop, KeyedRecord{K: k, R: cur})
+	keys := f.store.PartitionKeys(count, partitions, limit)
+	for _, k := range keys {
+		cur, ok := f.store.Get(k)
+		if !ok {
+			panic(fmt.Sprintf("fsm: the writer's partition keys list %s/%s, which it does not hold", k.Namespace, k.Key))
 		}
-		return limit == 0 || len(drop) < limit
-	})
-	if err != nil {
-		panic("fsm: scanning partitions: " + err.Error())
+		f.put(k, cur, nil)
 	}
-	for _, kr := range drop {
-		f.put(kr.K, kr.R, nil)
-	}
-	return len(drop)
+	return len(keys)
 }
 
 // Owns reports whether the group serves (namespace, key) now, and if not,
@@ -492,6 +635,26 @@ func (f *FSM) Owns(namespace, key string) (owned bool, movedTo string, epoch uin
 	defer f.mu.RUnlock()
 	ok, s := f.parts.ownsKey(RecordKey{namespace, key})
 	return ok, s.peer, s.epoch
+}
+
+// Read answers a read of (namespace, key) from one view of the state:
+// whether the group serves the key now (if not, where it went and at which
+// epoch, as Owns), and if it does, the record as of now (as Get). Checking
+// ownership and reading the record under one lock keeps a freeze..drop
+// applied in between from answering "not found" for a key that moved.
+func (f *FSM) Read(namespace, key string, now int64) (rec Record, found, owned bool, movedTo string, epoch uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	owned, s := f.parts.ownsKey(RecordKey{namespace, key})
+	if !owned {
+		return Record{}, false, false, s.peer, s.epoch
+	}
+	r, ok := f.store.Lookup(RecordKey{namespace, key})
+	r, ok = liveRecord(r, ok, max(now, f.meta.Clock), f.policies[namespace])
+	if !ok {
+		return Record{}, false, true, "", 0
+	}
+	return *r, true, true, "", 0
 }
 
 // PartitionCount is the ring's partition count in the group's partition
@@ -510,6 +673,11 @@ type PartitionInfo struct {
 	State string
 	Epoch uint64
 	Peer  string
+	// Attempt is the fenced handoff attempt that froze (moved), imports
+	// (incoming) or opened (owned) it; 0 for none or unfenced.
+	Attempt uint64
+	// Digest (incoming) is what the attempt's imports brought so far.
+	Digest Digest
 }
 
 // Partitions returns the group's partition table: its partition count (0:
@@ -521,7 +689,7 @@ func (f *FSM) Partitions() (count uint32, list []PartitionInfo) {
 	names := [...]string{partOwned: "owned", partOut: "moved", partIncoming: "incoming"}
 	for p, s := range f.parts.parts {
 		if s.kind != 0 {
-			list = append(list, PartitionInfo{Partition: uint32(p), State: names[s.kind], Epoch: s.epoch, Peer: s.peer})
+			list = append(list, PartitionInfo{Partition: uint32(p), State: names[s.kind], Epoch: s.epoch, Peer: s.peer, Attempt: s.attempt, Digest: s.digest})
 		}
 	}
 	return f.parts.count, list

@@ -429,3 +429,33 @@ func TestHandoffCommandsRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// Fenced handoff fields survive encoding, and a table with attempts and
+// digests survives its record (version 2), while one without is still
+// version 1 byte for byte.
+func TestFencedHandoffEncoding(t *testing.T) {
+	h := &Handoff{Count: 8, Partitions: []uint32{1, 5}, Epoch: 3, Peer: "x", Floor: 9, Reset: true, Attempt: 41, Clock: -7,
+		Records: []KeyedRecord{{K: RecordKey{"ns", "k"}, R: &Record{State: StateCompleted, ExpiresAt: 10}}}}
+	for _, cmd := range []*Command{{Op: OpImport, Handoff: h}, {Op: OpOpen, Handoff: &Handoff{Count: 8, Partitions: []uint32{1}, Epoch: 3, Attempt: 2, Expect: Digest{Records: 3, Sum: 1<<63 + 5}}}} {
+		got, err := DecodeCommand(EncodeCommand(cmd))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got.Handoff, cmd.Handoff) {
+			t.Fatalf("decoded %+v, want %+v", got.Handoff, cmd.Handoff)
+		}
+	}
+	plain := partTable{count: 4, parts: []partState{{kind: partOwned, epoch: 1}, {}, {kind: partOut, epoch: 2, peer: "t"}, {}}}
+	if b := plain.encode(); b[0] != partTableVersion {
+		t.Fatalf("a table without attempts is written as version %d", b[0])
+	}
+	fenced := plain.clone()
+	fenced.parts[1] = partState{kind: partIncoming, epoch: 2, peer: "s", attempt: 7, digest: Digest{Records: 2, Sum: 99}}
+	got, err := decodePartTable(fenced.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, fenced) {
+		t.Fatalf("decoded %+v, want %+v", got, fenced)
+	}
+}

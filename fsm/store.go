@@ -69,6 +69,10 @@ type Store interface {
 	// partition table) belong to no partition. Safe concurrently with the
 	// writer.
 	ScanPartitions(count uint32, partitions []uint32, fn func(k RecordKey, r *Record) bool) error
+	// PartitionKeys returns up to limit (0: all) keys of records of the
+	// partitions as the writer sees them (the batch being applied
+	// included), in ScanPartitions' order. Called only by the writer.
+	PartitionKeys(count uint32, partitions []uint32, limit int) []RecordKey
 	// Put replaces old (nil when absent) at k with rec (nil deletes) and
 	// keeps the indexes in step.
 	Put(k RecordKey, old, rec *Record)
@@ -221,6 +225,17 @@ func (s *memStore) Scan(namespace, after string, fn func(string, *Record) bool) 
 }
 
 func (s *memStore) ScanPartitions(count uint32, partitions []uint32, fn func(RecordKey, *Record) bool) error {
+	for _, k := range s.PartitionKeys(count, partitions, 0) {
+		if !fn(k, s.m[k]) {
+			break
+		}
+	}
+	return nil
+}
+
+// PartitionKeys is ScanPartitions' order of keys: the in-memory store has
+// no batches, so the writer's view and the committed one are the same.
+func (s *memStore) PartitionKeys(count uint32, partitions []uint32, limit int) []RecordKey {
 	want := make(map[uint32]bool, len(partitions))
 	for _, p := range partitions {
 		want[p] = true
@@ -237,12 +252,10 @@ func (s *memStore) ScanPartitions(count uint32, partitions []uint32, fn func(Rec
 		}
 		return keys[i].less(keys[j])
 	})
-	for _, k := range keys {
-		if !fn(k, s.m[k]) {
-			break
-		}
+	if limit > 0 && len(keys) > limit {
+		keys = keys[:limit]
 	}
-	return nil
+	return keys
 }
 
 func (s *memStore) ScanInProgress(fn func(RecordKey, *Record) bool) error {

@@ -373,4 +373,7 @@ type Result struct {
 	// ("" while it is being imported here) and the epoch it moved at.
 	MovedTo string
 	Epoch   uint64
+	// Freeze OK: the group's clock (Unix nanoseconds), which the
+	// destination's must not go below (Handoff.Clock).
+	Clock int64
 }

@@ -215,3 +215,70 @@ func (s *ShardStore) ScanPartitions(count uint32, partitions []uint32, fn func(f
 	}
 	return nil
 }
+
+// PartitionKeys implements fsm.Store: the keys of the partitions' records
+// as the writer sees them, through the batch in progress (an indexed batch
+// reads its own writes over the committed state), in ScanPartitions' order.
+func (s *ShardStore) PartitionKeys(count uint32, partitions []uint32, limit int) []fsm.RecordKey {
+	parts := slices.Clone(partitions)
+	slices.Sort(parts)
+	b := s.wb()
+	var keys []fsm.RecordKey
+	full := func() bool { return limit > 0 && len(keys) >= limit }
+	scan := func(lower []byte, each func(key []byte) bool) {
+		it, err := b.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(lower)})
+		if err != nil {
+			panic(fmt.Sprintf("statedb: shard %s: partition keys: %v", s.id, err))
+		}
+		for ok := it.First(); ok && each(it.Key()[len(lower):]); ok = it.Next() {
+		}
+		if err := errors.Join(it.Error(), it.Close()); err != nil {
+			panic(fmt.Sprintf("statedb: shard %s: partition keys: %v", s.id, err))
+		}
+	}
+	decode := func(raw []byte) fsm.RecordKey {
+		k, err := decodeKey(raw)
+		if err != nil {
+			panic(fmt.Sprintf("statedb: shard %s: partition keys: %v", s.id, err))
+		}
+		return k
+	}
+	if s.partitions > 0 && count == s.partitions {
+		for _, p := range parts {
+			if full() {
+				break
+			}
+			scan(binary.BigEndian.AppendUint32(bytes.Clone(s.partPrefix), p), func(raw []byte) bool {
+				keys = append(keys, decode(raw))
+				return !full()
+			})
+		}
+		return keys
+	}
+	want := make(map[uint32]bool, len(parts))
+	for _, p := range parts {
+		want[p] = true
+	}
+	type match struct {
+		p uint32
+		k fsm.RecordKey
+	}
+	var matches []match
+	scan(s.recPrefix, func(raw []byte) bool {
+		k := decode(raw)
+		if k.Namespace != "" && k.Namespace[0] != '!' {
+			if p := fsm.PartitionOf(k.Namespace, k.Key, count); want[p] {
+				matches = append(matches, match{p, k})
+			}
+		}
+		return true
+	})
+	slices.SortStableFunc(matches, func(a, b match) int { return int(a.p) - int(b.p) })
+	for _, m := range matches {
+		if full() {
+			break
+		}
+		keys = append(keys, m.k)
+	}
+	return keys
+}

@@ -164,8 +164,11 @@ func (x *SetTargetRequest) GetDead() []string {
 }
 
 type ShardStateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Shard         string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Shard string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	// Partitions whose handoff state the answer lists (ring partitions, as
+	// the group's partition table knows them); none: no list.
+	Partitions    []uint32 `protobuf:"varint,2,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +210,110 @@ func (x *ShardStateRequest) GetShard() string {
 	return ""
 }
 
+func (x *ShardStateRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+// PartitionState is what a group's partition table says of one partition
+// (fsm.PartitionInfo).
+type PartitionState struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// "owned", "moved", "incoming", or "" when the group never had it.
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Peer  string `protobuf:"bytes,4,opt,name=peer,proto3" json:"peer,omitempty"`
+	// The fenced handoff attempt that froze, imports or opened it (0: none).
+	Attempt uint64 `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// incoming: what the attempt's imports brought so far (fsm.Digest).
+	DigestRecords uint64 `protobuf:"varint,6,opt,name=digest_records,json=digestRecords,proto3" json:"digest_records,omitempty"`
+	DigestSum     uint64 `protobuf:"fixed64,7,opt,name=digest_sum,json=digestSum,proto3" json:"digest_sum,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionState) Reset() {
+	*x = PartitionState{}
+	mi := &file_topology_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionState) ProtoMessage() {}
+
+func (x *PartitionState) ProtoReflect() protoreflect.Message {
+	mi := &file_topology_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionState.ProtoReflect.Descriptor instead.
+func (*PartitionState) Descriptor() ([]byte, []int) {
+	return file_topology_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PartitionState) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionState) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *PartitionState) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PartitionState) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *PartitionState) GetAttempt() uint64 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *PartitionState) GetDigestRecords() uint64 {
+	if x != nil {
+		return x.DigestRecords
+	}
+	return 0
+}
+
+func (x *PartitionState) GetDigestSum() uint64 {
+	if x != nil {
+		return x.DigestSum
+	}
+	return 0
+}
+
 type ShardMember struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -218,7 +325,7 @@ type ShardMember struct {
 
 func (x *ShardMember) Reset() {
 	*x = ShardMember{}
-	mi := &file_topology_proto_msgTypes[4]
+	mi := &file_topology_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -230,7 +337,7 @@ func (x *ShardMember) String() string {
 func (*ShardMember) ProtoMessage() {}
 
 func (x *ShardMember) ProtoReflect() protoreflect.Message {
-	mi := &file_topology_proto_msgTypes[4]
+	mi := &file_topology_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -243,7 +350,7 @@ func (x *ShardMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMember.ProtoReflect.Descriptor instead.
 func (*ShardMember) Descriptor() ([]byte, []int) {
-	return file_topology_proto_rawDescGZIP(), []int{4}
+	return file_topology_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ShardMember) GetId() string {
@@ -283,14 +390,21 @@ type ShardStateResponse struct {
 	// ("partition-handoff": the node applies the partition commands). Still
 	// sent for the movers of such a release during a rolling upgrade; no
 	// longer read (the cluster version gates handoff).
-	Features      []string `protobuf:"bytes,8,rep,name=features,proto3" json:"features,omitempty"`
+	Features []string `protobuf:"bytes,8,rep,name=features,proto3" json:"features,omitempty"`
+	// The partitions the request named, in its order (from the replica's
+	// applied state; a leader's after a read barrier).
+	Partitions []*PartitionState `protobuf:"bytes,9,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	// The time this node would stamp a command of the shard with now (its
+	// quorum time, Unix nanoseconds; 0 when it cannot): a handoff's driver
+	// compares the two groups' clocks with it.
+	Clock         int64 `protobuf:"varint,10,opt,name=clock,proto3" json:"clock,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShardStateResponse) Reset() {
 	*x = ShardStateResponse{}
-	mi := &file_topology_proto_msgTypes[5]
+	mi := &file_topology_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -302,7 +416,7 @@ func (x *ShardStateResponse) String() string {
 func (*ShardStateResponse) ProtoMessage() {}
 
 func (x *ShardStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_topology_proto_msgTypes[5]
+	mi := &file_topology_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -315,7 +429,7 @@ func (x *ShardStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardStateResponse.ProtoReflect.Descriptor instead.
 func (*ShardStateResponse) Descriptor() ([]byte, []int) {
-	return file_topology_proto_rawDescGZIP(), []int{5}
+	return file_topology_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ShardStateResponse) GetHosted() bool {
@@ -374,6 +488,20 @@ func (x *ShardStateResponse) GetFeatures() []string {
 	return nil
 }
 
+func (x *ShardStateResponse) GetPartitions() []*PartitionState {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *ShardStateResponse) GetClock() int64 {
+	if x != nil {
+		return x.Clock
+	}
+	return 0
+}
+
 type ChangeMemberRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Shard string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
@@ -388,7 +516,7 @@ type ChangeMemberRequest struct {
 
 func (x *ChangeMemberRequest) Reset() {
 	*x = ChangeMemberRequest{}
-	mi := &file_topology_proto_msgTypes[6]
+	mi := &file_topology_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +528,7 @@ func (x *ChangeMemberRequest) String() string {
 func (*ChangeMemberRequest) ProtoMessage() {}
 
 func (x *ChangeMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_topology_proto_msgTypes[6]
+	mi := &file_topology_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +541,7 @@ func (x *ChangeMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeMemberRequest.ProtoReflect.Descriptor instead.
 func (*ChangeMemberRequest) Descriptor() ([]byte, []int) {
-	return file_topology_proto_rawDescGZIP(), []int{6}
+	return file_topology_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ChangeMemberRequest) GetShard() string {
@@ -452,7 +580,7 @@ type ChangeMemberResponse struct {
 
 func (x *ChangeMemberResponse) Reset() {
 	*x = ChangeMemberResponse{}
-	mi := &file_topology_proto_msgTypes[7]
+	mi := &file_topology_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -464,7 +592,7 @@ func (x *ChangeMemberResponse) String() string {
 func (*ChangeMemberResponse) ProtoMessage() {}
 
 func (x *ChangeMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_topology_proto_msgTypes[7]
+	mi := &file_topology_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -477,7 +605,7 @@ func (x *ChangeMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeMemberResponse.ProtoReflect.Descriptor instead.
 func (*ChangeMemberResponse) Descriptor() ([]byte, []int) {
-	return file_topology_proto_rawDescGZIP(), []int{7}
+	return file_topology_proto_rawDescGZIP(), []int{8}
 }
 
 type HandoffRequest struct {
@@ -494,14 +622,21 @@ type HandoffRequest struct {
 	ResetPartitions bool  `protobuf:"varint,8,opt,name=reset_partitions,json=resetPartitions,proto3" json:"reset_partitions,omitempty"`
 	Limit           int32 `protobuf:"varint,9,opt,name=limit,proto3" json:"limit,omitempty"`
 	// Records (import), each as fsm.AppendRecord encodes it.
-	Records       [][]byte `protobuf:"bytes,10,rep,name=records,proto3" json:"records,omitempty"`
+	Records [][]byte `protobuf:"bytes,10,rep,name=records,proto3" json:"records,omitempty"`
+	// The fenced handoff attempt (fsm.Handoff.Attempt; 0: unfenced).
+	Attempt uint64 `protobuf:"varint,11,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// import: the source's clock at the freeze (fsm.Handoff.Clock).
+	Clock int64 `protobuf:"varint,12,opt,name=clock,proto3" json:"clock,omitempty"`
+	// open: the digest of the attempt's exported records (fsm.Handoff.Expect).
+	ExpectRecords uint64 `protobuf:"varint,13,opt,name=expect_records,json=expectRecords,proto3" json:"expect_records,omitempty"`
+	ExpectSum     uint64 `protobuf:"fixed64,14,opt,name=expect_sum,json=expectSum,proto3" json:"expect_sum,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandoffRequest) Reset() {
 	*x = HandoffRequest{}
-	mi := &file_topology_proto_msgTypes[8]
+	mi := &file_topology_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +648,7 @@ func (x *HandoffRequest) String() string {
 func (*HandoffRequest) ProtoMessage() {}
 
 func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_topology_proto_msgTypes[8]
+	mi := &file_topology_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +661,7 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
 func (*HandoffRequest) Descriptor() ([]byte, []int) {
-	return file_topology_proto_rawDescGZIP(), []int{8}
+	return file_topology_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HandoffRequest) GetShard() string {
@@ -599,21 +734,51 @@ func (x *HandoffRequest) GetRecords() [][]byte {
 	return nil
 }
 
+func (x *HandoffRequest) GetAttempt() uint64 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetClock() int64 {
+	if x != nil {
+		return x.Clock
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetExpectRecords() uint64 {
+	if x != nil {
+		return x.ExpectRecords
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetExpectSum() uint64 {
+	if x != nil {
+		return x.ExpectSum
+	}
+	return 0
+}
+
 type HandoffResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The fsm outcome ("OK", "FAILED_PRECONDITION", ...).
-	Outcome       string `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
-	FencingToken  uint64 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
-	Swept         int64  `protobuf:"varint,3,opt,name=swept,proto3" json:"swept,omitempty"`
-	MovedTo       string `protobuf:"bytes,4,opt,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
-	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Outcome      string `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	FencingToken uint64 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	Swept        int64  `protobuf:"varint,3,opt,name=swept,proto3" json:"swept,omitempty"`
+	MovedTo      string `protobuf:"bytes,4,opt,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	Epoch        uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// freeze: the group's clock (fsm.Result.Clock).
+	Clock         int64 `protobuf:"varint,6,opt,name=clock,proto3" json:"clock,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandoffResponse) Reset() {
 	*x = HandoffResponse{}
-	mi := &file_topology_proto_msgTypes[9]
+	mi := &file_topology_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +790,7 @@ func (x *HandoffResponse) String() string {
 func (*HandoffResponse) ProtoMessage() {}
 
 func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_topology_proto_msgTypes[9]
+	mi := &file_topology_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +803,7 @@ func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
 func (*HandoffResponse) Descriptor() ([]byte, []int) {
-	return file_topology_proto_rawDescGZIP(), []int{9}
+	return file_topology_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HandoffResponse) GetOutcome() string {
@@ -676,6 +841,13 @@ func (x *HandoffResponse) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *HandoffResponse) GetClock() int64 {
+	if x != nil {
+		return x.Clock
+	}
+	return 0
+}
+
 type ExportPartitionsRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Shard          string                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
@@ -687,7 +859,7 @@ type ExportPartitionsRequest struct {
 
 func (x *ExportPartitionsRequest) Reset() {
 	*x = ExportPartitionsRequest{}
-	mi := &file_topology_proto_msgTypes[10]
+	mi := &file_topology_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +871,7 @@ func (x *ExportPartitionsRequest) String() string {
 func (*ExportPartitionsRequest) ProtoMessage() {}
 
 func (x *ExportPartitionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_topology_proto_msgTypes[10]
+	mi := &file_topology_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +884,7 @@ func (x *ExportPartitionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportPartitionsRequest.ProtoReflect.Descriptor instead.
 func (*ExportPartitionsRequest) Descriptor() ([]byte, []int) {
-	return file_topology_proto_rawDescGZIP(), []int{10}
+	return file_topology_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExportPartitionsRequest) GetShard() string {
@@ -745,7 +917,7 @@ type ExportPartitionsChunk struct {
 
 func (x *ExportPartitionsChunk) Reset() {
 	*x = ExportPartitionsChunk{}
-	mi := &file_topology_proto_msgTypes[11]
+	mi := &file_topology_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +929,7 @@ func (x *ExportPartitionsChunk) String() string {
 func (*ExportPartitionsChunk) ProtoMessage() {}
 
 func (x *ExportPartitionsChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_topology_proto_msgTypes[11]
+	mi := &file_topology_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +942,7 @@ func (x *ExportPartitionsChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportPartitionsChunk.ProtoReflect.Descriptor instead.
 func (*ExportPartitionsChunk) Descriptor() ([]byte, []int) {
-	return file_topology_proto_rawDescGZIP(), []int{11}
+	return file_topology_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExportPartitionsChunk) GetRecords() [][]byte {
@@ -790,13 +962,25 @@ const file_topology_proto_rawDesc = "" +
 	"\x04json\x18\x01 \x01(\fR\x04json\"B\n" +
 	"\x10SetTargetRequest\x12\x1a\n" +
 	"\btopology\x18\x01 \x01(\fR\btopology\x12\x12\n" +
-	"\x04dead\x18\x02 \x03(\tR\x04dead\")\n" +
+	"\x04dead\x18\x02 \x03(\tR\x04dead\"I\n" +
 	"\x11ShardStateRequest\x12\x14\n" +
-	"\x05shard\x18\x01 \x01(\tR\x05shard\"G\n" +
+	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x02 \x03(\rR\n" +
+	"partitions\"\xce\x01\n" +
+	"\x0ePartitionState\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x12\n" +
+	"\x04peer\x18\x04 \x01(\tR\x04peer\x12\x18\n" +
+	"\aattempt\x18\x05 \x01(\x04R\aattempt\x12%\n" +
+	"\x0edigest_records\x18\x06 \x01(\x04R\rdigestRecords\x12\x1d\n" +
+	"\n" +
+	"digest_sum\x18\a \x01(\x06R\tdigestSum\"G\n" +
 	"\vShardMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
-	"\x05voter\x18\x03 \x01(\bR\x05voter\"\x9e\x02\n" +
+	"\x05voter\x18\x03 \x01(\bR\x05voter\"\xed\x02\n" +
 	"\x12ShardStateResponse\x12\x16\n" +
 	"\x06hosted\x18\x01 \x01(\bR\x06hosted\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\bR\x06leader\x12\x1b\n" +
@@ -805,13 +989,18 @@ const file_topology_proto_rawDesc = "" +
 	"\fcommit_index\x18\x05 \x01(\x04R\vcommitIndex\x12.\n" +
 	"\amembers\x18\x06 \x03(\v2\x14.idem.v1.ShardMemberR\amembers\x12'\n" +
 	"\x0fpartition_count\x18\a \x01(\rR\x0epartitionCount\x12\x1a\n" +
-	"\bfeatures\x18\b \x03(\tR\bfeatures\"c\n" +
+	"\bfeatures\x18\b \x03(\tR\bfeatures\x127\n" +
+	"\n" +
+	"partitions\x18\t \x03(\v2\x17.idem.v1.PartitionStateR\n" +
+	"partitions\x12\x14\n" +
+	"\x05clock\x18\n" +
+	" \x01(\x03R\x05clock\"c\n" +
 	"\x13ChangeMemberRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04node\x12\x12\n" +
 	"\x04addr\x18\x04 \x01(\tR\x04addr\"\x16\n" +
-	"\x14ChangeMemberResponse\"\x9a\x02\n" +
+	"\x14ChangeMemberResponse\"\x90\x03\n" +
 	"\x0eHandoffRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12'\n" +
@@ -825,13 +1014,19 @@ const file_topology_proto_rawDesc = "" +
 	"\x10reset_partitions\x18\b \x01(\bR\x0fresetPartitions\x12\x14\n" +
 	"\x05limit\x18\t \x01(\x05R\x05limit\x12\x18\n" +
 	"\arecords\x18\n" +
-	" \x03(\fR\arecords\"\x97\x01\n" +
+	" \x03(\fR\arecords\x12\x18\n" +
+	"\aattempt\x18\v \x01(\x04R\aattempt\x12\x14\n" +
+	"\x05clock\x18\f \x01(\x03R\x05clock\x12%\n" +
+	"\x0eexpect_records\x18\r \x01(\x04R\rexpectRecords\x12\x1d\n" +
+	"\n" +
+	"expect_sum\x18\x0e \x01(\x06R\texpectSum\"\xad\x01\n" +
 	"\x0fHandoffResponse\x12\x18\n" +
 	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12\x14\n" +
 	"\x05swept\x18\x03 \x01(\x03R\x05swept\x12\x19\n" +
 	"\bmoved_to\x18\x04 \x01(\tR\amovedTo\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\"x\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05clock\x18\x06 \x01(\x03R\x05clock\"x\n" +
 	"\x17ExportPartitionsRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\tR\x05shard\x12'\n" +
 	"\x0fpartition_count\x18\x02 \x01(\rR\x0epartitionCount\x12\x1e\n" +
@@ -861,40 +1056,42 @@ func file_topology_proto_rawDescGZIP() []byte {
 	return file_topology_proto_rawDescData
 }
 
-var file_topology_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_topology_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_topology_proto_goTypes = []any{
 	(*GetTopologyRequest)(nil),      // 0: idem.v1.GetTopologyRequest
 	(*TopologyDocument)(nil),        // 1: idem.v1.TopologyDocument
 	(*SetTargetRequest)(nil),        // 2: idem.v1.SetTargetRequest
 	(*ShardStateRequest)(nil),       // 3: idem.v1.ShardStateRequest
-	(*ShardMember)(nil),             // 4: idem.v1.ShardMember
-	(*ShardStateResponse)(nil),      // 5: idem.v1.ShardStateResponse
-	(*ChangeMemberRequest)(nil),     // 6: idem.v1.ChangeMemberRequest
-	(*ChangeMemberResponse)(nil),    // 7: idem.v1.ChangeMemberResponse
-	(*HandoffRequest)(nil),          // 8: idem.v1.HandoffRequest
-	(*HandoffResponse)(nil),         // 9: idem.v1.HandoffResponse
-	(*ExportPartitionsRequest)(nil), // 10: idem.v1.ExportPartitionsRequest
-	(*ExportPartitionsChunk)(nil),   // 11: idem.v1.ExportPartitionsChunk
+	(*PartitionState)(nil),          // 4: idem.v1.PartitionState
+	(*ShardMember)(nil),             // 5: idem.v1.ShardMember
+	(*ShardStateResponse)(nil),      // 6: idem.v1.ShardStateResponse
+	(*ChangeMemberRequest)(nil),     // 7: idem.v1.ChangeMemberRequest
+	(*ChangeMemberResponse)(nil),    // 8: idem.v1.ChangeMemberResponse
+	(*HandoffRequest)(nil),          // 9: idem.v1.HandoffRequest
+	(*HandoffResponse)(nil),         // 10: idem.v1.HandoffResponse
+	(*ExportPartitionsRequest)(nil), // 11: idem.v1.ExportPartitionsRequest
+	(*ExportPartitionsChunk)(nil),   // 12: idem.v1.ExportPartitionsChunk
 }
 var file_topology_proto_depIdxs = []int32{
-	4,  // 0: idem.v1.ShardStateResponse.members:type_name -> idem.v1.ShardMember
-	0,  // 1: idem.v1.Topology.Get:input_type -> idem.v1.GetTopologyRequest
-	2,  // 2: idem.v1.Topology.SetTarget:input_type -> idem.v1.SetTargetRequest
-	3,  // 3: idem.v1.Topology.ShardState:input_type -> idem.v1.ShardStateRequest
-	6,  // 4: idem.v1.Topology.ChangeMember:input_type -> idem.v1.ChangeMemberRequest
-	8,  // 5: idem.v1.Topology.Handoff:input_type -> idem.v1.HandoffRequest
-	10, // 6: idem.v1.Topology.ExportPartitions:input_type -> idem.v1.ExportPartitionsRequest
-	1,  // 7: idem.v1.Topology.Get:output_type -> idem.v1.TopologyDocument
-	1,  // 8: idem.v1.Topology.SetTarget:output_type -> idem.v1.TopologyDocument
-	5,  // 9: idem.v1.Topology.ShardState:output_type -> idem.v1.ShardStateResponse
-	7,  // 10: idem.v1.Topology.ChangeMember:output_type -> idem.v1.ChangeMemberResponse
-	9,  // 11: idem.v1.Topology.Handoff:output_type -> idem.v1.HandoffResponse
-	11, // 12: idem.v1.Topology.ExportPartitions:output_type -> idem.v1.ExportPartitionsChunk
-	7,  // [7:13] is the sub-list for method output_type
-	1,  // [1:7] is the sub-list for method input_type
-	1,  // [1:1] is the sub-list for extension type_name
-	1,  // [1:1] is the sub-list for extension extendee
-	0,  // [0:1] is the sub-list for field type_name
+	5,  // 0: idem.v1.ShardStateResponse.members:type_name -> idem.v1.ShardMember
+	4,  // 1: idem.v1.ShardStateResponse.partitions:type_name -> idem.v1.PartitionState
+	0,  // 2: idem.v1.Topology.Get:input_type -> idem.v1.GetTopologyRequest
+	2,  // 3: idem.v1.Topology.SetTarget:input_type -> idem.v1.SetTargetRequest
+	3,  // 4: idem.v1.Topology.ShardState:input_type -> idem.v1.ShardStateRequest
+	7,  // 5: idem.v1.Topology.ChangeMember:input_type -> idem.v1.ChangeMemberRequest
+	9,  // 6: idem.v1.Topology.Handoff:input_type -> idem.v1.HandoffRequest
+	11, // 7: idem.v1.Topology.ExportPartitions:input_type -> idem.v1.ExportPartitionsRequest
+	1,  // 8: idem.v1.Topology.Get:output_type -> idem.v1.TopologyDocument
+	1,  // 9: idem.v1.Topology.SetTarget:output_type -> idem.v1.TopologyDocument
+	6,  // 10: idem.v1.Topology.ShardState:output_type -> idem.v1.ShardStateResponse
+	8,  // 11: idem.v1.Topology.ChangeMember:output_type -> idem.v1.ChangeMemberResponse
+	10, // 12: idem.v1.Topology.Handoff:output_type -> idem.v1.HandoffResponse
+	12, // 13: idem.v1.Topology.ExportPartitions:output_type -> idem.v1.ExportPartitionsChunk
+	8,  // [8:14] is the sub-list for method output_type
+	2,  // [2:8] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_topology_proto_init() }
@@ -908,7 +1105,7 @@ func file_topology_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_topology_proto_rawDesc), len(file_topology_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
