@@ -43,11 +43,18 @@
 //     voters' clock readings (fsm.QuorumTime).
 //   - admission.go: 429 for data-adding writes below the disk reserve; the
 //     admission type takes further checks (a state-size limit).
+//   - mover.go, meta.go, elastic.go, topology_api.go: topology changes (the
+//     meta group's state machine, seats, the mover's membership steps, the
+//     topology API); handoff.go: the node's side of moving partitions, the
+//     Cluster that package handoff's driver acts on (its decisions and the
+//     fencing argument are in package handoff and fsm/DESIGN.md).
+//   - firststart.go: the first start of a new cluster's nodes, and the
+//     refusal of a data dir that lost its state.
 //   - version.go: the cluster version (as etcd's): each node advertises its
 //     release's on Admin.Clock, the meta group's leader raises the stored
 //     cluster version to the minimum over the topology's nodes, and features
 //     switch on when it reaches the version that brought them (packing with
-//     --raft-pack-commands=auto, partition handoff); a release below the
+//     --raft-pack-commands=auto, fenced partition handoff); a release below the
 //     data dir's cluster version refuses to start (raftstore/DESIGN.md,
 //     "Switching packing on").
 //

@@ -538,7 +538,7 @@ func (n *Node) leaderDropped(ctx context.Context, v *view, id string) bool {
 	if !ok {
 		return false
 	}
-	ls, err := n.leaderState(ctx, id, info.Voters, nil)
+	ls, err := n.leaderState(ctx, id, info.Voters, nil, nil)
 	if err != nil {
 		return false
 	}

@@ -208,7 +208,7 @@ func (n *Node) awaitJoin(ctx context.Context) error {
 	defer stop()
 	fs.setWaiting(ids)
 	return pollPeers(ctx, func() (bool, error) {
-		answer, stop := n.statesOf(ctx, ids, MetaGroupID)
+		answer, stop := n.statesOf(ctx, ids, MetaGroupID, nil)
 		defer stop()
 		var heard []string
 		for i, id := range ids {
@@ -250,7 +250,7 @@ func groupName(id string) string {
 func (n *Node) peerHoldsState(ctx context.Context, id string, groups []string) (group string, holds bool, err error) {
 	ctx = metadata.AppendToOutgoingContext(ctx, firstStartMetadata, n.cfg.NodeID)
 	for _, g := range groups {
-		st, err := n.shardStateOf(ctx, id, g)
+		st, err := n.shardStateOf(ctx, id, g, nil)
 		if err != nil {
 			return "", false, err
 		}

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/testutil"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/topology"
@@ -85,4 +88,50 @@ func TestEmptyDataDirWithLaterFile(t *testing.T) {
 		t.Fatalf("start with no peer answering: %v, want it to wait until stopped", err)
 	}
 	empty(dir)
+}
+
+// A node whose data dir lost everything but its identity file (raft,
+// seats, state and the cluster version record deleted) refuses to start
+// with one line naming the data dir and idemctl replace-node, whether it is
+// a dev node (alone) or one of a region's: it ran before, and starting
+// would begin its groups over with no log and no vote.
+func TestLostStateButIdentityRefused(t *testing.T) {
+	for _, size := range []int{1, 3} {
+		t.Run(strconv.Itoa(size)+" nodes", func(t *testing.T) {
+			r := startRegion(t, size, nil)
+			last := size - 1
+			r.cancels[last]()
+			if err := r.nodes[last].Close(); err != nil {
+				t.Fatal(err)
+			}
+			dir := r.nodes[last].cfg.DataDir
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if e.Name() != datadir.IdentityFile {
+					if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			cfg := r.nodes[last].cfg
+			cfg.Registry = nil
+			again, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer again.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			err = again.StartContext(ctx)
+			if !errors.Is(err, ErrStateLost) || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "idemctl replace-node") {
+				t.Fatalf("start on a data dir that kept only %s: %v, want ErrStateLost naming %s and idemctl replace-node", datadir.IdentityFile, err, dir)
+			}
+			if left, _ := os.ReadDir(dir); len(left) != 1 {
+				t.Fatalf("the refused start wrote into the data dir: %v", left)
+			}
+		})
+	}
 }

@@ -15,20 +15,23 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/handoff"
 	"github.com/idem-dev/idem/security/auth"
 	"github.com/idem-dev/idem/topology"
 )
 
 // Keys that change shard (a changed shards_per_region, regions added or
 // removed) move as whole ring partitions, by the state machine's handoff
-// commands (fsm/DESIGN.md, "Partitions and handoff"). The mover drives it
-// once every shard of the target has its voters: each group that gives or
-// takes partitions adopts a partition table, then batches of partitions
-// move from their active shard to their target shard, one batch per step
-// (freeze at the source, export, import, open at the destination, record
-// the batch as moved in the meta group, drop the source's copy). Nodes
-// place keys with a blend of the active and the target ring (view.placer):
-// a moved partition by the target's.
+// commands (fsm/DESIGN.md, "Partitions and handoff" and "Fenced
+// attempts"). The mover drives it once every shard of the target has its
+// voters: each group that gives or takes partitions adopts a partition
+// table, then batches of partitions move from their active shard to their
+// target shard. Package handoff decides each batch's steps from what the
+// meta group and the two groups' leaders say (record the batch, record an
+// attempt, freeze + copy + open, record it as moved, drop); this file is
+// the node's side: the Cluster those steps act on. Nodes place keys with a
+// blend of the active and the target ring (view.placer): a moved partition
+// by the target's.
 
 const (
 	// A batch's keys pause (answered 503 with Retry-After) from its freeze
@@ -61,6 +64,26 @@ const (
 
 // handoffOp maps the RPC's op names to the state machine's.
 var handoffOp = map[string]fsm.Op{"adopt": fsm.OpAdopt, "freeze": fsm.OpFreeze, "import": fsm.OpImport, "open": fsm.OpOpen, "drop": fsm.OpDrop}
+
+// handoffOpName is the RPC's name of op.
+func handoffOpName(op fsm.Op) string {
+	for name, o := range handoffOp {
+		if o == op {
+			return name
+		}
+	}
+	return ""
+}
+
+// outcomeNamed is the outcome whose String is name (0 for none).
+func outcomeNamed(name string) fsm.Outcome {
+	for o := fsm.Outcome(1); o <= fsm.OutcomeMoved; o++ {
+		if o.String() == name {
+			return o
+		}
+	}
+	return 0
+}
 
 // handoffLocal proposes a partition command to this node's replica of
 // shard id, which must lead. Handoff commands carry no time (Now 0): they
@@ -96,7 +119,8 @@ func (t *topologyService) Handoff(ctx context.Context, req *idemv1.HandoffReques
 		return nil, status.Errorf(codes.InvalidArgument, "unknown handoff op %q", req.GetOp())
 	}
 	h := fsm.Handoff{Count: req.GetPartitionCount(), Partitions: req.GetPartitions(), Epoch: req.GetEpoch(), Peer: req.GetPeer(),
-		Floor: req.GetFloor(), Reset: req.GetResetPartitions(), Limit: int(req.GetLimit())}
+		Floor: req.GetFloor(), Reset: req.GetResetPartitions(), Limit: int(req.GetLimit()), Attempt: req.GetAttempt(), Clock: req.GetClock(),
+		Expect: fsm.Digest{Records: req.GetExpectRecords(), Sum: req.GetExpectSum()}}
 	for _, frame := range req.GetRecords() {
 		k, r, err := fsm.DecodeRecord(frame)
 		if err != nil {
@@ -112,7 +136,8 @@ func (t *topologyService) Handoff(ctx context.Context, req *idemv1.HandoffReques
 }
 
 func handoffResponse(res fsm.Result) *idemv1.HandoffResponse {
-	return &idemv1.HandoffResponse{Outcome: res.Outcome.String(), FencingToken: res.FencingToken, Swept: int64(res.Swept), MovedTo: res.MovedTo, Epoch: res.Epoch}
+	return &idemv1.HandoffResponse{Outcome: res.Outcome.String(), FencingToken: res.FencingToken, Swept: int64(res.Swept), MovedTo: res.MovedTo, Epoch: res.Epoch,
+		Clock: res.Clock}
 }
 
 // ExportPartitions implements the Topology service's ExportPartitions: the
@@ -170,30 +195,32 @@ func (n *Node) exportLocal(ctx context.Context, id string, count uint32, parts [
 }
 
 // handoffOn runs one partition command on the leader of shard id.
-func (n *Node) handoffOn(ctx context.Context, mv metaView, id string, op string, h fsm.Handoff) (*idemv1.HandoffResponse, error) {
-	ls, err := n.leaderState(ctx, id, mv.voters(id), mv.dead)
+func (n *Node) handoffOn(ctx context.Context, mv metaView, id string, op fsm.Op, h fsm.Handoff) (fsm.Result, error) {
+	ls, err := n.leaderState(ctx, id, mv.voters(id), mv.dead, nil)
 	if err != nil {
-		return nil, err
-	}
-	req := &idemv1.HandoffRequest{Shard: id, Op: op, PartitionCount: h.Count, Partitions: h.Partitions, Epoch: h.Epoch, Peer: h.Peer,
-		Floor: h.Floor, ResetPartitions: h.Reset, Limit: int32(h.Limit)}
-	for _, kr := range h.Records {
-		req.Records = append(req.Records, fsm.AppendRecord(nil, kr.K, kr.R))
+		return fsm.Result{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if ls.node == n.cfg.NodeID {
-		res, err := n.handoffLocal(ctx, id, handoffOp[op], h)
-		if err != nil {
-			return nil, err
-		}
-		return handoffResponse(res), nil
+		return n.handoffLocal(ctx, id, op, h)
+	}
+	req := &idemv1.HandoffRequest{Shard: id, Op: handoffOpName(op), PartitionCount: h.Count, Partitions: h.Partitions, Epoch: h.Epoch, Peer: h.Peer,
+		Floor: h.Floor, ResetPartitions: h.Reset, Limit: int32(h.Limit), Attempt: h.Attempt, Clock: h.Clock,
+		ExpectRecords: h.Expect.Records, ExpectSum: h.Expect.Sum}
+	for _, kr := range h.Records {
+		req.Records = append(req.Records, fsm.AppendRecord(nil, kr.K, kr.R))
 	}
 	conn, err := n.fwd.Conn(ls.node)
 	if err != nil {
-		return nil, err
+		return fsm.Result{}, err
 	}
-	return idemv1.NewTopologyClient(conn).Handoff(ctx, req)
+	resp, err := idemv1.NewTopologyClient(conn).Handoff(ctx, req)
+	if err != nil {
+		return fsm.Result{}, err
+	}
+	return fsm.Result{Outcome: outcomeNamed(resp.GetOutcome()), FencingToken: resp.GetFencingToken(), Swept: int(resp.GetSwept()),
+		MovedTo: resp.GetMovedTo(), Epoch: resp.GetEpoch(), Clock: resp.GetClock()}, nil
 }
 
 // layoutStep is the next step of moving partitions: ok is false when no
@@ -212,7 +239,7 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView, known map[string]sha
 	// A replica of a release without the partition commands would refuse
 	// what its peers apply, and diverge: no partition moves before every
 	// node supports them.
-	if err := n.needVersion(mv, VersionPartitionHandoff, "moving keys between shards"); err != nil {
+	if err := n.needVersion(mv, VersionFencedHandoff, "moving keys between shards"); err != nil {
 		return moveStep{}, false, err
 	}
 	involved := map[string]bool{}
@@ -224,7 +251,7 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView, known map[string]sha
 		if ls, ok := known[ids[i]]; ok {
 			return ls, nil // read in this tick already
 		}
-		return n.leaderState(ctx, ids[i], mv.voters(ids[i]), mv.dead)
+		return n.leaderState(ctx, ids[i], mv.voters(ids[i]), mv.dead, nil)
 	})
 	defer stop()
 	for i, id := range ids {
@@ -237,8 +264,11 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView, known map[string]sha
 		}
 		return moveStep{shard: id, op: "adopt"}, true, nil
 	}
-	if src, dst, batch := nextBatch(moves, mv.moved, n.batches.size(mv.target.EffectiveVersion())); len(batch) > 0 {
-		return moveStep{shard: src, op: "handoff", node: dst, partitions: batch}, true, nil
+	if b := mv.batch; b != nil {
+		return moveStep{shard: b.Source, op: "handoff", node: b.Dest, partitions: b.Partitions}, true, nil
+	}
+	if b, ok := handoff.NextBatch(moves, mv.moved, n.batches.size(mv.target.EffectiveVersion())); ok {
+		return moveStep{shard: b.Source, op: "handoff", node: b.Dest, partitions: b.Partitions}, true, nil
 	}
 	// Every partition is recorded as moved: no source keeps a copy of one
 	// after the change (a batch whose own drop failed leaves one).
@@ -246,25 +276,6 @@ func (n *Node) layoutStep(ctx context.Context, mv metaView, known map[string]sha
 		return step, true, nil
 	}
 	return moveStep{}, false, nil
-}
-
-// nextBatch picks the next batch of partitions to move: up to size of the
-// first (source, destination) pair with partitions not moved yet.
-func nextBatch(moves []topology.Move, moved map[uint32]bool, size int) (src, dst string, batch []uint32) {
-	for _, m := range moves {
-		for _, p := range m.Partitions {
-			if !moved[p] {
-				batch = append(batch, p)
-				if len(batch) == size {
-					break
-				}
-			}
-		}
-		if len(batch) > 0 {
-			return m.From, m.To, batch
-		}
-	}
-	return "", "", nil
 }
 
 // batchSizer sizes the batches of the change this node drives (see
@@ -310,36 +321,61 @@ func (b *batchSizer) moved(version, partitions, records int) {
 	b.version, b.next = version, min(max(next, handoffBatchMin), handoffBatchMax)
 }
 
-// handoffSteps moves the step's batch and then, within handoffStepTime,
-// the batches after it (each computed afresh from the meta state), so that
-// a change's pace is set by the batches, not by the step's checks of every
-// shard (which cost a round trip per shard, seconds across a WAN).
-func (n *Node) handoffSteps(ctx context.Context, step moveStep) error {
+// handoffSteps runs the handoff driver (package handoff) for up to
+// handoffStepTime: each of its steps is decided afresh from what the meta
+// group and the two groups' leaders say, so that a change's pace is set by
+// the batches, not by the mover's checks of every shard (a round trip per
+// shard, seconds across a WAN).
+func (n *Node) handoffSteps(ctx context.Context) error {
 	start := time.Now()
-	mv, _ := n.meta.read()
-	from, to, err := n.rings.rings(mv)
-	if err != nil {
-		return err
+	for first := true; ; first = false {
+		if !first && (time.Since(start) > handoffStepTime || ctx.Err() != nil || !n.metaGroup.IsLeader()) {
+			return nil
+		}
+		res, err := n.driver.Step(ctx)
+		step := res.Step
+		if !first && step.Kind != handoff.Done {
+			n.topoMetrics.steps.WithLabelValues("handoff").Inc()
+		}
+		if res.Moved.Records > 0 || step.Kind == handoff.Record {
+			n.movedBatch(step.Batch, res.Moved)
+		}
+		var dropErr *handoff.DropError
+		switch {
+		case errors.As(err, &dropErr):
+			// The batch moved; what the source kept is dropped again
+			// before the change activates (layoutStep's drop step).
+			n.log.Warn("topology change: dropping moved records at the source failed; retried before the change activates", "shard", dropErr.Shard, "error", dropErr.Err)
+		case err != nil:
+			return fmt.Errorf("%s: %w", step, err)
+		}
+		switch step.Kind {
+		case handoff.Done:
+			return nil
+		case handoff.Wait:
+			return errors.New(step.Reason)
+		case handoff.Choose, handoff.Attempt:
+			n.log.Info("topology change: handoff batch recorded", "step", step.Kind.String(), "from", step.Batch.Source, "to", step.Batch.Dest,
+				"partitions", len(step.Batch.Partitions))
+		}
 	}
-	moves := from.Moves(to)
-	src, dst, batch := step.shard, step.node, step.partitions
-	for {
-		if err := n.handoff(ctx, mv, src, dst, batch); err != nil {
-			return err
+}
+
+// movedBatch counts and logs a batch the driver recorded as moved (moved
+// is zero when an earlier attempt or driver had opened it).
+func (n *Node) movedBatch(b handoff.Batch, moved handoff.Moved) {
+	n.topoMetrics.keysMoved.Add(float64(moved.Records))
+	n.topoMetrics.bytesMoved.Add(float64(moved.Bytes))
+	n.topoMetrics.partitionsMoved.Add(float64(len(b.Partitions)))
+	if moved.Pause > 0 {
+		n.topoMetrics.pause.Observe(moved.Pause.Seconds())
+		mv, _ := n.meta.read()
+		if mv.target != nil {
+			n.batches.moved(mv.target.EffectiveVersion(), len(b.Partitions), moved.Records)
 		}
-		if time.Since(start) > handoffStepTime || ctx.Err() != nil || !n.metaGroup.IsLeader() {
-			return nil
-		}
-		next, _ := n.meta.read()
-		if next.target == nil || next.target.EffectiveVersion() != mv.target.EffectiveVersion() {
-			return nil
-		}
-		mv = next
-		if src, dst, batch = nextBatch(moves, mv.moved, n.batches.size(mv.target.EffectiveVersion())); len(batch) == 0 {
-			return nil
-		}
-		n.topoMetrics.steps.WithLabelValues("handoff").Inc()
 	}
+	n.log.Info("topology change: partitions moved", "from", b.Source, "to", b.Dest, "partitions", len(b.Partitions), "attempt", b.Attempt,
+		"records", moved.Records, "bytes", moved.Bytes, "paused", moved.Pause.Round(time.Microsecond))
 }
 
 // adopt gives shard id its partition table: the partitions the active ring
@@ -349,63 +385,12 @@ func (n *Node) adopt(ctx context.Context, mv metaView, id string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := n.handoffOn(ctx, mv, id, "adopt", fsm.Handoff{Count: from.PartitionCount(), Partitions: from.PartitionsOf(id), Epoch: uint64(mv.active.EffectiveVersion())})
+	res, err := n.handoffOn(ctx, mv, id, fsm.OpAdopt, fsm.Handoff{Count: from.PartitionCount(), Partitions: from.PartitionsOf(id), Epoch: uint64(mv.active.EffectiveVersion())})
 	if err != nil {
 		return err
 	}
-	if resp.GetOutcome() != fsm.OutcomeOK.String() {
-		return fmt.Errorf("shard %s refused its partition table: %s", id, resp.GetOutcome())
-	}
-	return nil
-}
-
-// handoff moves partitions from shard src to shard dst: freeze, export,
-// import, open, record, drop. Every part is safe to repeat after a failure
-// (the next step starts over with the partitions not recorded as moved).
-func (n *Node) handoff(ctx context.Context, mv metaView, src, dst string, parts []uint32) error {
-	ring, err := n.rings.ring(mv.active)
-	if err != nil {
-		return err
-	}
-	count, epoch := ring.PartitionCount(), uint64(mv.target.EffectiveVersion())
-	start := time.Now()
-	fr, err := n.handoffOn(ctx, mv, src, "freeze", fsm.Handoff{Count: count, Partitions: parts, Epoch: epoch, Peer: dst})
-	if err != nil {
-		return fmt.Errorf("freezing at %s: %w", src, err)
-	}
-	if fr.GetOutcome() != fsm.OutcomeOK.String() {
-		return fmt.Errorf("%s refused to freeze: %s (moved to %q at %d)", src, fr.GetOutcome(), fr.GetMovedTo(), fr.GetEpoch())
-	}
-	records, bytes, opened, err := n.transfer(ctx, mv, src, dst, fsm.Handoff{Count: count, Partitions: parts, Epoch: epoch, Peer: src, Floor: fr.GetFencingToken()})
-	if err != nil {
-		return err
-	}
-	if !opened {
-		op, err := n.handoffOn(ctx, mv, dst, "open", fsm.Handoff{Count: count, Partitions: parts, Epoch: epoch, Peer: src})
-		if err != nil {
-			return fmt.Errorf("opening at %s: %w", dst, err)
-		}
-		if op.GetOutcome() != fsm.OutcomeOK.String() {
-			return fmt.Errorf("%s refused to open: %s", dst, op.GetOutcome())
-		}
-	}
-	pause := time.Since(start)
-	if err := n.proposeMeta(ctx, metaCommand{Op: "moved", Version: int(epoch), Partitions: parts}); err != nil {
-		return fmt.Errorf("recording the move: %w", err)
-	}
-	n.topoMetrics.keysMoved.Add(float64(records))
-	n.topoMetrics.bytesMoved.Add(float64(bytes))
-	n.topoMetrics.partitionsMoved.Add(float64(len(parts)))
-	n.topoMetrics.pause.Observe(pause.Seconds())
-	if !opened { // an earlier try copied the records: this one counted none
-		n.batches.moved(int(epoch), len(parts), records)
-	}
-	n.log.Info("topology change: partitions moved", "from", src, "to", dst, "partitions", len(parts), "records", records, "bytes", bytes,
-		"paused", pause.Round(time.Microsecond), "took", time.Since(start).Round(time.Microsecond))
-	// What the source kept is garbage now. A drop that fails here is done
-	// again before the change activates (layoutStep's drop step).
-	if _, err := n.dropMoved(ctx, mv, src, parts); err != nil {
-		n.log.Warn("topology change: dropping moved records at the source failed; retried before the change activates", "shard", src, "error", err)
+	if res.Outcome != fsm.OutcomeOK {
+		return fmt.Errorf("shard %s refused its partition table: %s", id, res.Outcome)
 	}
 	return nil
 }
@@ -431,15 +416,15 @@ func (n *Node) dropMoved(ctx context.Context, mv metaView, src string, parts []u
 			if n.dropFaults.Load() > 0 && n.dropFaults.Add(-1) >= 0 {
 				return dropped, fmt.Errorf("dropping at %s: injected failure (--testing-fail-drops)", src)
 			}
-			dr, err := n.handoffOn(ctx, mv, src, "drop", fsm.Handoff{Count: count, Partitions: chunk, Epoch: epoch, Limit: dropLimit})
+			dr, err := n.handoffOn(ctx, mv, src, fsm.OpDrop, fsm.Handoff{Count: count, Partitions: chunk, Epoch: epoch, Limit: dropLimit})
 			if err != nil {
 				return dropped, fmt.Errorf("dropping at %s: %w", src, err)
 			}
-			if dr.GetOutcome() != fsm.OutcomeOK.String() {
-				return dropped, fmt.Errorf("%s refused to drop: %s", src, dr.GetOutcome())
+			if dr.Outcome != fsm.OutcomeOK {
+				return dropped, fmt.Errorf("%s refused to drop: %s", src, dr.Outcome)
 			}
-			dropped += int(dr.GetSwept())
-			if dr.GetSwept() < dropLimit {
+			dropped += dr.Swept
+			if dr.Swept < dropLimit {
 				break
 			}
 		}
@@ -517,72 +502,92 @@ func (n *Node) dropSteps(ctx context.Context, step moveStep) error {
 	return nil
 }
 
-// transfer streams the frozen partitions' records from src's leader into
-// dst's (the first import resets the partitions there). opened is true when
-// dst had already opened them at this epoch (an earlier try got that far).
-func (n *Node) transfer(ctx context.Context, mv metaView, src, dst string, h fsm.Handoff) (records int, bytes int64, opened bool, err error) {
-	ls, err := n.leaderState(ctx, src, mv.voters(src), mv.dead)
+// nodeCluster is the handoff driver's Cluster on this node, which leads
+// the meta group: the meta group through its own replica, the groups
+// through their leaders (here, or over the Topology service).
+type nodeCluster struct{ n *Node }
+
+func (c nodeCluster) Meta(ctx context.Context) (handoff.Meta, bool, error) {
+	n := c.n
+	mv, _ := n.meta.read()
+	if mv.target == nil {
+		return handoff.Meta{}, false, nil
+	}
+	from, to, err := n.rings.rings(mv)
 	if err != nil {
-		return 0, 0, false, err
+		return handoff.Meta{}, false, err
 	}
-	first := true
-	imp := func(frames [][]byte) error {
-		req := h
-		req.Reset = first
-		for _, f := range frames {
-			k, r, err := fsm.DecodeRecord(f)
-			if err != nil {
-				return err
-			}
-			req.Records = append(req.Records, fsm.KeyedRecord{K: k, R: r})
-			if k.Namespace != fsm.PolicyNamespace {
-				records++
-				bytes += int64(len(f))
-			}
-		}
-		resp, err := n.handoffOn(ctx, mv, dst, "import", req)
-		if err != nil {
-			return fmt.Errorf("importing at %s: %w", dst, err)
-		}
-		if first && resp.GetOutcome() == fsm.OutcomeFailedPrecondition.String() && resp.GetEpoch() == h.Epoch && resp.GetMovedTo() == "" {
-			opened = true // opened at this epoch by an earlier try
-			return errOpened
-		}
-		if resp.GetOutcome() != fsm.OutcomeOK.String() {
-			return fmt.Errorf("%s refused an import: %s", dst, resp.GetOutcome())
-		}
-		first = false
-		return nil
+	version := mv.target.EffectiveVersion()
+	m := handoff.Meta{Epoch: uint64(version), Count: from.PartitionCount(), Moves: from.Moves(to), Moved: mv.moved,
+		Size: n.batches.size(version), MaxGap: n.clocks.stampBound}
+	if b := mv.batch; b != nil {
+		m.Batch = &handoff.Batch{Source: b.Source, Dest: b.Dest, Partitions: b.Partitions, Attempt: b.Attempt}
+		m.Nonce = b.Nonce
 	}
-	ectx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	if ls.node == n.cfg.NodeID {
-		err = n.exportLocal(ectx, src, h.Count, h.Partitions, imp)
-	} else {
-		conn, cerr := n.fwd.Conn(ls.node)
-		if cerr != nil {
-			return 0, 0, false, cerr
-		}
-		var stream idemv1.Topology_ExportPartitionsClient
-		stream, err = idemv1.NewTopologyClient(conn).ExportPartitions(ectx, &idemv1.ExportPartitionsRequest{Shard: src, PartitionCount: h.Count, Partitions: h.Partitions})
-		for err == nil {
-			var chunk *idemv1.ExportPartitionsChunk
-			if chunk, err = stream.Recv(); err == nil {
-				err = imp(chunk.GetRecords())
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			err = nil
-		}
-	}
-	if errors.Is(err, errOpened) {
-		return 0, 0, true, nil
-	}
-	if err != nil {
-		return 0, 0, false, fmt.Errorf("moving records %s -> %s: %w", src, dst, err)
-	}
-	return records, bytes, false, nil
+	return m, true, nil
 }
 
-// errOpened stops a transfer whose destination had opened the partitions.
-var errOpened = errors.New("node: the destination already opened the partitions")
+func (c nodeCluster) RecordBatch(ctx context.Context, epoch uint64, b handoff.Batch, nonce uint64) error {
+	return c.n.proposeMeta(ctx, metaCommand{Op: "batch", Version: int(epoch), Source: b.Source, Dest: b.Dest, Partitions: b.Partitions, Nonce: nonce})
+}
+
+func (c nodeCluster) RecordMoved(ctx context.Context, epoch uint64, b handoff.Batch) error {
+	return c.n.proposeMeta(ctx, metaCommand{Op: "moved", Version: int(epoch), Partitions: b.Partitions})
+}
+
+func (c nodeCluster) Read(ctx context.Context, shard string, parts []uint32) (handoff.Reading, error) {
+	mv, _ := c.n.meta.read()
+	ls, err := c.n.leaderState(ctx, shard, mv.voters(shard), mv.dead, parts)
+	if err != nil {
+		return handoff.Reading{}, err
+	}
+	if ls.clock == 0 {
+		return handoff.Reading{}, fmt.Errorf("the leader of %s (%s) cannot tell its clock (its voters' clocks disagree or are unknown)", shard, ls.node)
+	}
+	side := make(handoff.Side, len(ls.partitions))
+	for _, pi := range ls.partitions {
+		side[pi.Partition] = pi
+	}
+	return handoff.Reading{Side: side, Offset: time.Duration(ls.clock - ls.localMid), Uncertainty: ls.rtt / 2}, nil
+}
+
+func (c nodeCluster) Handoff(ctx context.Context, shard string, op fsm.Op, h fsm.Handoff) (fsm.Result, error) {
+	mv, _ := c.n.meta.read()
+	return c.n.handoffOn(ctx, mv, shard, op, h)
+}
+
+// Export streams the frozen partitions' records from shard's leader.
+func (c nodeCluster) Export(ctx context.Context, shard string, count uint32, parts []uint32, send func([][]byte) error) error {
+	n := c.n
+	mv, _ := n.meta.read()
+	ls, err := n.leaderState(ctx, shard, mv.voters(shard), mv.dead, nil)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if ls.node == n.cfg.NodeID {
+		return n.exportLocal(ctx, shard, count, parts, send)
+	}
+	conn, err := n.fwd.Conn(ls.node)
+	if err != nil {
+		return err
+	}
+	stream, err := idemv1.NewTopologyClient(conn).ExportPartitions(ctx, &idemv1.ExportPartitionsRequest{Shard: shard, PartitionCount: count, Partitions: parts})
+	for err == nil {
+		var chunk *idemv1.ExportPartitionsChunk
+		if chunk, err = stream.Recv(); err == nil {
+			err = send(chunk.GetRecords())
+		}
+	}
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+func (c nodeCluster) Drop(ctx context.Context, shard string, _ uint64, parts []uint32) error {
+	mv, _ := c.n.meta.read()
+	_, err := c.n.dropMoved(ctx, mv, shard, parts)
+	return err
+}

@@ -53,36 +53,6 @@ func TestBatchSizerSizesByRecords(t *testing.T) {
 	}
 }
 
-// nextBatch takes up to size partitions not moved yet, all of the first
-// (source, destination) pair that has any.
-func TestNextBatchTakesSizeOfOnePair(t *testing.T) {
-	moves := []topology.Move{{From: "a", To: "b", Partitions: []uint32{1, 2, 3, 4, 5}}, {From: "a", To: "c", Partitions: []uint32{6, 7}}}
-	moved := map[uint32]bool{2: true}
-	for _, c := range []struct {
-		size     int
-		src, dst string
-		want     []uint32
-	}{
-		{2, "a", "b", []uint32{1, 3}},
-		{10, "a", "b", []uint32{1, 3, 4, 5}},
-	} {
-		src, dst, batch := nextBatch(moves, moved, c.size)
-		if src != c.src || dst != c.dst || !slices.Equal(batch, c.want) {
-			t.Fatalf("size %d: %s -> %s %v, want %s -> %s %v", c.size, src, dst, batch, c.src, c.dst, c.want)
-		}
-	}
-	for _, p := range []uint32{1, 3, 4, 5} {
-		moved[p] = true
-	}
-	if src, dst, batch := nextBatch(moves, moved, 10); src != "a" || dst != "c" || !slices.Equal(batch, []uint32{6, 7}) {
-		t.Fatalf("after the first pair: %s -> %s %v", src, dst, batch)
-	}
-	moved[6], moved[7] = true, true
-	if _, _, batch := nextBatch(moves, moved, 10); len(batch) != 0 {
-		t.Fatalf("all moved, yet a batch %v", batch)
-	}
-}
-
 // Once every batch is moved, the drop step names each source not yet
 // confirmed clean in this change with every partition it handed off, in
 // order (a partition command's requirement), whatever its destinations; a

@@ -37,6 +37,25 @@ type metaCommand struct {
 	// ClusterVersion ("cluster-version") raises the cluster version to it;
 	// one at or below the stored version changes nothing.
 	ClusterVersion int `json:"cluster_version,omitempty"`
+	// Source, Dest and Nonce ("batch", with Version and Partitions) record
+	// the running change's next batch, or a new attempt of the recorded
+	// one, tagged with the driver's nonce.
+	Source string `json:"source,omitempty"`
+	Dest   string `json:"dest,omitempty"`
+	Nonce  uint64 `json:"nonce,omitempty"`
+}
+
+// metaBatch is the batch of partitions the running change moves now, as
+// the meta group recorded it before its first freeze (handoff.Batch).
+type metaBatch struct {
+	Source     string   `json:"source"`
+	Dest       string   `json:"dest"`
+	Partitions []uint32 `json:"partitions"`
+	// Attempt is the meta log index of the entry that recorded the
+	// attempt moving it now: every attempt's is higher than the last's.
+	Attempt uint64 `json:"attempt"`
+	// Nonce is the recording driver's tag for the attempt.
+	Nonce uint64 `json:"nonce"`
 }
 
 // metaRecord is the meta state as stored in snapshots.
@@ -55,6 +74,8 @@ type metaRecord struct {
 	// ClusterVersion is the cluster version (version.go); 0 until the
 	// meta group's leader first raised it (VersionBaseline).
 	ClusterVersion int `json:"cluster_version,omitempty"`
+	// Batch is the running change's batch being moved (nil: none).
+	Batch *metaBatch `json:"batch,omitempty"`
 }
 
 // metaView is a consistent read of the meta state. active is nil until
@@ -70,6 +91,8 @@ type metaView struct {
 	// clusterVersion is the stored cluster version (0: none yet, read as
 	// VersionBaseline by effectiveVersion).
 	clusterVersion int
+	// batch is the batch being moved (nil: none; shared, read-only).
+	batch *metaBatch
 }
 
 // voters returns shard id's voters in the active topology, then those
@@ -160,7 +183,7 @@ func (m *metaSM) Apply(index uint64, data []byte) any {
 				return fmt.Errorf("--dead %s: the new topology still lists it; a dead node must leave", d)
 			}
 		}
-		rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left, rec.Moved = cmd.Topology, slices.Clone(cmd.Dead), cmd.At, cmd.At, nil, nil
+		rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left, rec.Moved, rec.Batch = cmd.Topology, slices.Clone(cmd.Dead), cmd.At, cmd.At, nil, nil, nil
 	case "activate":
 		if m.view.target == nil || m.view.target.EffectiveVersion() != cmd.Version {
 			return nil // already activated: a repeated step
@@ -171,7 +194,7 @@ func (m *metaSM) Apply(index uint64, data []byte) any {
 				left = append(left, nd.ID)
 			}
 		}
-		rec.Active, rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left, rec.Moved = rec.Target, nil, nil, 0, 0, left, nil
+		rec.Active, rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left, rec.Moved, rec.Batch = rec.Target, nil, nil, 0, 0, left, nil, nil
 	case "moved":
 		if m.view.target == nil || m.view.target.EffectiveVersion() != cmd.Version {
 			return fmt.Errorf("meta: partitions moved for version %d, the running change is %d", cmd.Version, versionOf(m.view.target))
@@ -184,6 +207,26 @@ func (m *metaSM) Apply(index uint64, data []byte) any {
 		}
 		slices.Sort(moved)
 		rec.Moved = moved
+		if b := rec.Batch; b != nil && slices.Equal(b.Partitions, cmd.Partitions) {
+			rec.Batch = nil // the batch is done
+		}
+	case "batch":
+		if m.view.target == nil || m.view.target.EffectiveVersion() != cmd.Version {
+			return fmt.Errorf("meta: a batch for version %d, the running change is %d", cmd.Version, versionOf(m.view.target))
+		}
+		if b := rec.Batch; b != nil && (b.Source != cmd.Source || b.Dest != cmd.Dest || !slices.Equal(b.Partitions, cmd.Partitions)) {
+			return fmt.Errorf("meta: a batch of %d partitions %s -> %s is being moved; another cannot start before it is recorded as moved",
+				len(b.Partitions), b.Source, b.Dest)
+		}
+		if len(cmd.Partitions) == 0 || !slices.IsSorted(cmd.Partitions) || cmd.Source == "" || cmd.Dest == "" || cmd.Nonce == 0 {
+			return errors.New("meta: a batch names its source, destination, nonce and ascending partitions")
+		}
+		for _, p := range cmd.Partitions {
+			if m.view.moved[p] {
+				return fmt.Errorf("meta: partition %d is moved already", p)
+			}
+		}
+		rec.Batch = &metaBatch{Source: cmd.Source, Dest: cmd.Dest, Partitions: slices.Clone(cmd.Partitions), Attempt: index, Nonce: cmd.Nonce}
 	case "cluster-version":
 		if cmd.ClusterVersion <= rec.ClusterVersion {
 			return nil // never lower; a repeated raise
@@ -215,7 +258,7 @@ func (m *metaSM) set(rec metaRecord, applied uint64) error {
 		moved[p] = true
 	}
 	m.view = metaView{active: active, target: target, dead: rec.Dead, left: rec.Left, changeStarted: rec.ChangeStarted, lastProgress: rec.LastProgress,
-		applied: applied, moved: moved, clusterVersion: rec.ClusterVersion}
+		applied: applied, moved: moved, clusterVersion: rec.ClusterVersion, batch: rec.Batch}
 	close(m.changed)
 	m.changed = make(chan struct{})
 	return nil

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/raftstore"
 )
 
@@ -70,8 +71,11 @@ func (n *Node) runMover(ctx context.Context) {
 			return
 		}
 		step, done, err := n.nextStep(ctx, mv)
+		n.moveWait.Store(nil)
 		switch {
 		case err != nil:
+			reason := err.Error()
+			n.moveWait.Store(&reason)
 			n.log.Warn("topology change: waiting", "target_version", mv.target.EffectiveVersion(), "reason", err)
 		case done:
 			if err := n.proposeMeta(ctx, metaCommand{Op: "activate", Version: mv.target.EffectiveVersion()}); err != nil {
@@ -82,6 +86,8 @@ func (n *Node) runMover(ctx context.Context) {
 				"took", time.Duration(time.Now().UnixNano()-mv.changeStarted).Round(time.Millisecond))
 		default:
 			if err := n.takeStep(ctx, step); err != nil {
+				reason := step.String() + ": " + err.Error()
+				n.moveWait.Store(&reason)
 				n.log.Warn("topology change: step failed, retrying", "step", step.String(), "error", err)
 				return
 			}
@@ -102,11 +108,19 @@ type shardState struct {
 	members []raftstore.Member
 	// partitionCount is the group's partition table's (0: none adopted).
 	partitionCount uint32
+	// partitions are the table's states of the partitions asked for.
+	partitions []fsm.PartitionInfo
+	// clock is the time the node would stamp a command of the shard with
+	// (0: it cannot); localMid is this node's clock halfway through the
+	// call that read it, and rtt the call's round trip.
+	clock, localMid int64
+	rtt             time.Duration
 }
 
-// localShardState is this node's ShardState for shard id.
-func (n *Node) localShardState(id string) shardState {
-	st := shardState{node: n.cfg.NodeID}
+// localShardState is this node's ShardState for shard id, with the states
+// of parts in its partition table.
+func (n *Node) localShardState(id string, parts []uint32) shardState {
+	st := shardState{node: n.cfg.NodeID, localMid: n.localNow()}
 	var g *raftstore.Group
 	if id == MetaGroupID {
 		g = n.metaGroup
@@ -121,14 +135,27 @@ func (n *Node) localShardState(id string) shardState {
 	st.members, _ = g.Members()
 	if s := n.shard(id); s != nil {
 		st.partitionCount = s.fsm.PartitionCount()
+		if len(parts) > 0 {
+			states := s.fsm.PartitionStates()
+			for _, p := range parts {
+				pi := states[p]
+				pi.Partition = p
+				st.partitions = append(st.partitions, pi)
+			}
+		}
+		var stamped fsm.Command
+		if n.clocks.stamp(&stamped, n.voters(id, false)) == nil {
+			st.clock = stamped.Now
+		}
 	}
 	return st
 }
 
-// shardStateOf asks node id (this node directly) for its view of shard.
-func (n *Node) shardStateOf(ctx context.Context, id, shard string) (shardState, error) {
+// shardStateOf asks node id (this node directly) for its view of shard
+// (and of the partitions parts in its table).
+func (n *Node) shardStateOf(ctx context.Context, id, shard string, parts []uint32) (shardState, error) {
 	if id == n.cfg.NodeID {
-		return n.localShardState(shard), nil
+		return n.localShardState(shard, parts), nil
 	}
 	conn, err := n.fwd.Conn(id)
 	if err != nil {
@@ -136,12 +163,18 @@ func (n *Node) shardStateOf(ctx context.Context, id, shard string) (shardState, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	resp, err := idemv1.NewTopologyClient(conn).ShardState(ctx, &idemv1.ShardStateRequest{Shard: shard})
+	start, local := time.Now(), n.localNow()
+	resp, err := idemv1.NewTopologyClient(conn).ShardState(ctx, &idemv1.ShardStateRequest{Shard: shard, Partitions: parts})
 	if err != nil {
 		return shardState{}, err
 	}
+	rtt := time.Since(start)
 	st := shardState{node: id, hosted: resp.GetHosted(), leader: resp.GetLeader(), applied: resp.GetAppliedIndex(), commit: resp.GetCommitIndex(),
-		partitionCount: resp.GetPartitionCount()}
+		partitionCount: resp.GetPartitionCount(), clock: resp.GetClock(), localMid: local + int64(rtt/2), rtt: rtt}
+	for _, ps := range resp.GetPartitions() {
+		st.partitions = append(st.partitions, fsm.PartitionInfo{Partition: ps.GetPartition(), State: ps.GetState(), Epoch: ps.GetEpoch(), Peer: ps.GetPeer(),
+			Attempt: ps.GetAttempt(), Digest: fsm.Digest{Records: ps.GetDigestRecords(), Sum: ps.GetDigestSum()}})
+	}
 	for _, m := range resp.GetMembers() {
 		st.members = append(st.members, raftstore.Member{ID: m.GetId(), Addr: m.GetAddr(), Voter: m.GetVoter()})
 	}
@@ -174,20 +207,20 @@ func inOrder[T any](ctx context.Context, count int, ask func(ctx context.Context
 	}, cancel
 }
 
-// statesOf asks every node of ids for its state of shard at once
-// (shardStateOf); answer(i) is the i-th node's (inOrder).
-func (n *Node) statesOf(ctx context.Context, ids []string, shard string) (answer func(i int) (shardState, error), stop func()) {
+// statesOf asks every node of ids for its state of shard (and of parts)
+// at once (shardStateOf); answer(i) is the i-th node's (inOrder).
+func (n *Node) statesOf(ctx context.Context, ids []string, shard string, parts []uint32) (answer func(i int) (shardState, error), stop func()) {
 	return inOrder(ctx, len(ids), func(ctx context.Context, i int) (shardState, error) {
-		return n.shardStateOf(ctx, ids[i], shard)
+		return n.shardStateOf(ctx, ids[i], shard, parts)
 	})
 }
 
 // leaderState finds the leader of shard among candidates and returns its
-// view: the first candidate, in their order, that says it leads (all are
-// asked at once).
-func (n *Node) leaderState(ctx context.Context, shard string, candidates []string, dead []string) (shardState, error) {
+// view (with the states of parts in its partition table): the first
+// candidate, in their order, that says it leads (all are asked at once).
+func (n *Node) leaderState(ctx context.Context, shard string, candidates []string, dead []string, parts []uint32) (shardState, error) {
 	candidates = slices.DeleteFunc(slices.Clone(candidates), func(id string) bool { return slices.Contains(dead, id) })
-	answer, stop := n.statesOf(ctx, candidates, shard)
+	answer, stop := n.statesOf(ctx, candidates, shard, parts)
 	defer stop()
 	var errs []error
 	for i, id := range candidates {
@@ -244,7 +277,7 @@ func (n *Node) nextStep(ctx context.Context, mv metaView) (moveStep, bool, error
 	}
 	shards := target.Shards()
 	leaderOf, stop := inOrder(ctx, len(shards), func(ctx context.Context, i int) (shardState, error) {
-		return n.leaderState(ctx, shards[i].ID, mv.voters(shards[i].ID), mv.dead)
+		return n.leaderState(ctx, shards[i].ID, mv.voters(shards[i].ID), mv.dead, nil)
 	})
 	defer stop()
 	states := make(map[string]shardState, len(shards))
@@ -265,7 +298,7 @@ func (n *Node) nextStep(ctx context.Context, mv metaView) (moveStep, bool, error
 	}
 	// The meta group: promote its target voters, then remove the members
 	// that leave (after handing its leadership over if this node leaves).
-	metaLeader := n.localShardState(MetaGroupID)
+	metaLeader := n.localShardState(MetaGroupID, nil)
 	step, ok, err := n.shardStep(ctx, MetaGroupID, metaVoters, metaLeader, addrOf)
 	if err != nil || ok {
 		return step, false, err
@@ -299,7 +332,7 @@ func (n *Node) shardStep(ctx context.Context, shard string, voters []string, ls 
 		if member[id].Voter {
 			continue
 		}
-		st, err := n.shardStateOf(ctx, id, shard)
+		st, err := n.shardStateOf(ctx, id, shard, nil)
 		if err != nil {
 			return moveStep{}, false, fmt.Errorf("learner %s of %s: %w", id, shard, err)
 		}
@@ -334,7 +367,7 @@ func (n *Node) takeStep(ctx context.Context, step moveStep) error {
 		mv, _ := n.meta.read()
 		return n.adopt(ctx, mv, step.shard)
 	case "handoff":
-		return n.handoffSteps(ctx, step)
+		return n.handoffSteps(ctx)
 	case "drop":
 		return n.dropSteps(ctx, step)
 	}
@@ -343,7 +376,7 @@ func (n *Node) takeStep(ctx context.Context, step moveStep) error {
 		leader = n.cfg.NodeID
 	} else {
 		mv, _ := n.meta.read()
-		ls, err := n.leaderState(ctx, step.shard, mv.voters(step.shard), mv.dead)
+		ls, err := n.leaderState(ctx, step.shard, mv.voters(step.shard), mv.dead, nil)
 		if err != nil {
 			return err
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/handoff"
 	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
@@ -95,11 +96,17 @@ type Node struct {
 	marked   sync.Map                         // seat markers known to exist (elastic.go)
 	// meta is the meta group's state machine (the replicated topology)
 	// and metaGroup its Raft group; topoMetrics its metrics.
-	meta           *metaSM
-	metaGroup      *raftstore.Group
-	topoMetrics    *topoMetrics
-	batches        batchSizer // of the partition moves this node drives
-	drops          dropLedger // sources this node confirmed clean, per change
+	meta        *metaSM
+	metaGroup   *raftstore.Group
+	topoMetrics *topoMetrics
+	batches     batchSizer // of the partition moves this node drives
+	drops       dropLedger // sources this node confirmed clean, per change
+	// driver drives the partition handoffs of a change while this node
+	// leads the meta group (package handoff).
+	driver *handoff.Driver
+	// moveWait is why the mover's last tick took no step (nil: it took
+	// one), for topology status on the meta leader.
+	moveWait       atomic.Pointer[string]
 	dropFaults     atomic.Int64
 	httpLn, grpcLn net.Listener
 	servers        []serving.Server
@@ -290,7 +297,11 @@ func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (
 	if s := n.shard(info.ID); s != nil {
 		err := s.group.ReadBarrier(ctx)
 		if err == nil {
-			if owned, movedTo, _ := s.fsm.Owns(namespace, key); !owned {
+			// Ownership and the record in one view of the state: a freeze
+			// and drop applied between two reads would answer not found
+			// for a key that moved.
+			rec, ok, owned, movedTo, _ := s.fsm.Read(namespace, key, n.now())
+			if !owned {
 				var rec fsm.Record
 				var found bool
 				_, leader, err := n.movedAway(ctx, info, namespace, key, movedTo, hops, func(hops int) (fsm.Result, string, error) {
@@ -301,7 +312,6 @@ func (n *Node) GetRouted(ctx context.Context, namespace, key string, hops int) (
 				})
 				return rec, found, leader, err
 			}
-			rec, ok := s.fsm.Get(namespace, key, n.now())
 			return rec, ok, n.cfg.NodeID, nil
 		}
 		var nle *raftstore.NotLeaderError

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"path/filepath"
 	"strings"
 	"time"
@@ -16,6 +17,7 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/handoff"
 	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/raftstore"
@@ -50,6 +52,7 @@ func New(cfg Config) (*Node, error) {
 		failed:      make(chan struct{}),
 	}
 	n.dropFaults.Store(int64(cfg.Testing.FailDrops))
+	n.driver = handoff.NewDriver(nodeCluster{n}, func() uint64 { return rand.Uint64() | 1 }, importBytes)
 	n.viewp.Store(v)
 	n.shardsp.Store(&map[string]*shard{})
 	// Forwarded replays carry whole stored responses: allow messages as
@@ -69,7 +72,7 @@ func New(cfg Config) (*Node, error) {
 	n.unsafeGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_unsafe_settings",
 		Help: "1 for each setting in force that turns a safety check off (insecure: --insecure; clock_check_off: --max-clock-offset 0; fault_injection: a --testing-* flag); absent otherwise."}, []string{"setting"})
 	n.clusterVersionGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_cluster_version",
-		Help: "The cluster version as this node's replica of the meta group holds it: 1 baseline, 2 packed entries, 3 partition handoff (docs/operations.md, \"Upgrades and the cluster version\")."})
+		Help: "The cluster version as this node's replica of the meta group holds it: 1 baseline, 2 packed entries, 3 partition handoff, 4 fenced handoff (docs/operations.md, \"Upgrades and the cluster version\")."})
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
 		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings, Topology: n.topologyHTTP(), LeaderAddr: n.httpAddrOf,
@@ -125,6 +128,11 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	n.identity = id
 	if id.Rejoining {
 		n.log.Warn("data dir was emptied by idemctl replace-node: joining every shard as a fresh replica", "data_dir", cfg.DataDir)
+	}
+	if existed && !id.Rejoining {
+		if err := n.checkStateKept(); err != nil {
+			return err
+		}
 	}
 	if existed {
 		n.markSeatsOfOlderRelease()

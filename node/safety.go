@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -39,6 +41,25 @@ func (n *Node) startError(shard string, err error) error {
 		return fmt.Errorf("node: shard %s: %s", shard, oneLine(err))
 	}
 	return err
+}
+
+// checkStateKept refuses a data dir whose identity file says it ran but
+// whose Raft state is gone: with no log, this node would start its groups
+// (the meta group first) over with no term and no vote, elect itself where
+// it can, and never serve the shards its peers wait on.
+func (n *Node) checkStateKept() error {
+	entries, err := os.ReadDir(filepath.Join(n.cfg.DataDir, "raft"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("node: data dir %s: %w", n.cfg.DataDir, err)
+	}
+	if len(entries) > 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: data dir %s has %s but no Raft state (its raft directory is missing or empty): it ran before and lost its log, "+
+		"so starting on it would make fencing tokens go back and could elect it with no vote recorded; this node refuses: bring it back as a fresh replica with "+
+		"`idemctl replace-node --config FILE --id %s --data-dir %s` (it empties the dir and rejoins the node, which catches up from its peers), "+
+		"or, for a single dev node whose data may go, start it on an empty --data-dir",
+		ErrStateLost, n.cfg.DataDir, datadir.IdentityFile, n.cfg.NodeID, n.cfg.DataDir)
 }
 
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }

@@ -17,6 +17,7 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/security/auth"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/topology"
@@ -53,7 +54,9 @@ type TopologyProgress struct {
 	PartitionsMoved int `json:"partitions_moved"`
 	// Waiting says why the change cannot move its keys yet, when the node
 	// answering can tell: the cluster version is below what moving keys
-	// between shards needs, and which nodes hold it back.
+	// between shards needs, and which nodes hold it back; or why the meta
+	// leader's last step did not go through (two shards' clocks further
+	// apart than a move accepts, a leader it cannot reach).
 	Waiting string `json:"waiting,omitempty"`
 }
 
@@ -86,7 +89,7 @@ func (n *Node) topologyDocument(ctx context.Context) (*TopologyDocument, error) 
 	holding := map[string]bool{}
 	for _, s := range mv.target.Shards() {
 		p.ShardsTotal++
-		ls, err := n.leaderState(ctx, s.ID, mv.voters(s.ID), mv.dead)
+		ls, err := n.leaderState(ctx, s.ID, mv.voters(s.ID), mv.dead, nil)
 		if err != nil {
 			p.LeaderUnknown = append(p.LeaderUnknown, s.ID)
 			continue
@@ -113,8 +116,10 @@ func (n *Node) topologyDocument(ctx context.Context) (*TopologyDocument, error) 
 	}
 	p.PartitionsMoved = len(mv.moved)
 	if p.PartitionsMoved < p.PartitionsTotal {
-		if short := n.versionShortfall(mv, VersionPartitionHandoff, "moving keys between shards"); short != "" {
+		if short := n.versionShortfall(mv, VersionFencedHandoff, "moving keys between shards"); short != "" {
 			p.Waiting = "cluster version " + short
+		} else if w := n.moveWait.Load(); w != nil && n.metaGroup.IsLeader() {
+			p.Waiting = *w // the driver's last word: what its step waits for (clocks apart, a leader unknown)
 		}
 	}
 	for _, s := range mv.active.Shards() {
@@ -285,9 +290,16 @@ func (t *topologyService) ShardState(ctx context.Context, req *idemv1.ShardState
 	if !auth.FromNodePeer(ctx) {
 		return nil, status.Error(codes.PermissionDenied, "ShardState answers node peers only")
 	}
-	st := t.n.localShardState(req.GetShard())
+	if len(req.GetPartitions()) > fsm.MaxHandoffPartitions {
+		return nil, status.Errorf(codes.InvalidArgument, "ShardState lists at most %d partitions", fsm.MaxHandoffPartitions)
+	}
+	st := t.n.localShardState(req.GetShard(), req.GetPartitions())
 	resp := &idemv1.ShardStateResponse{Hosted: st.hosted, Leader: st.leader, AppliedIndex: st.applied, CommitIndex: st.commit,
-		PartitionCount: st.partitionCount}
+		PartitionCount: st.partitionCount, Clock: st.clock}
+	for _, pi := range st.partitions {
+		resp.Partitions = append(resp.Partitions, &idemv1.PartitionState{Partition: pi.Partition, State: pi.State, Epoch: pi.Epoch, Peer: pi.Peer,
+			Attempt: pi.Attempt, DigestRecords: pi.Digest.Records, DigestSum: pi.Digest.Sum})
+	}
 	if t.n.advertisedVersion() >= VersionPartitionHandoff {
 		resp.Features = []string{featurePartitionHandoff} // for a mover of a release before the cluster version
 	}

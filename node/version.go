@@ -97,9 +97,14 @@ const (
 	// (adopt, freeze, import, open, drop); the mover moves keys between
 	// shards from here on.
 	VersionPartitionHandoff = 3
+	// VersionFencedHandoff: replicas apply fenced partition commands (the
+	// attempt, the source's clock and the open's digest: fsm DESIGN.md,
+	// "Fenced attempts"); the mover moves keys between shards from here on,
+	// and only with them.
+	VersionFencedHandoff = 4
 
 	// ReleaseVersion is the cluster version this release supports.
-	ReleaseVersion = VersionPartitionHandoff
+	ReleaseVersion = VersionFencedHandoff
 )
 
 // featurePackedEntries is what releases before the cluster version
@@ -117,6 +122,7 @@ var versionNames = map[int]string{
 	VersionBaseline:         "baseline",
 	VersionPackedEntries:    "packed entries",
 	VersionPartitionHandoff: "partition handoff",
+	VersionFencedHandoff:    "fenced handoff",
 }
 
 // versionName is v with what it brought, e.g. "2 (packed entries)".
