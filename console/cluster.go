@@ -202,10 +202,7 @@ func summarize(doc topologyDoc, now time.Time) Progress {
 	if !pr.StartedAt.IsZero() {
 		p.StartedAt = pr.StartedAt.UTC().Format(time.RFC3339)
 	}
-	done, total := pr.ShardsDone+pr.PartitionsMoved, pr.ShardsTotal+pr.PartitionsTotal
-	if total > 0 {
-		p.Percent = 100 * done / total
-	}
+	p.Percent = percent(pr.ShardsDone, pr.ShardsTotal, pr.PartitionsMoved, pr.PartitionsTotal)
 	switch {
 	case len(pr.Left) > 0 && pr.PartitionsMoved == 0 && pr.PartitionsTotal > 0:
 		l := pr.Left[0]
@@ -234,12 +231,27 @@ func summarize(doc topologyDoc, now time.Time) Progress {
 		waits = append(waits, "no step for a while (stalled): check the nodes' logs")
 	}
 	p.WaitingFor = strings.Join(waits, "; ")
-	if done > 0 && done < total && !pr.StartedAt.IsZero() {
+	// The time left, at the rate partitions moved so far (seating voters
+	// before the first move is not counted: it has no rate to go by).
+	if pr.PartitionsMoved > 0 && pr.PartitionsMoved < pr.PartitionsTotal && !pr.StartedAt.IsZero() {
 		elapsed := now.Sub(pr.StartedAt)
-		left := time.Duration(float64(elapsed) * float64(total-done) / float64(done))
+		left := time.Duration(float64(elapsed) * float64(pr.PartitionsTotal-pr.PartitionsMoved) / float64(pr.PartitionsMoved))
 		p.Remaining = "about " + left.Round(time.Second).String()
 	}
 	return p
+}
+
+// percent weighs a change's work: seating voters a fifth, moving
+// partitions the rest (a change that moves none is all seating).
+func percent(shardsDone, shardsTotal, moved, partitions int) int {
+	seats := 1.0
+	if shardsTotal > 0 {
+		seats = float64(shardsDone) / float64(shardsTotal)
+	}
+	if partitions == 0 {
+		return int(100 * seats)
+	}
+	return int(20*seats + 80*float64(moved)/float64(partitions))
 }
 
 func list(s []string) string {

@@ -116,7 +116,7 @@ func New(cfg Config) (*Console, error) {
 	if _, err := rand.Read(c.csrfKey); err != nil {
 		return nil, fmt.Errorf("console: csrf key: %w", err)
 	}
-	pages, err := parsePages()
+	pages, err := parsePages(cfg.Now)
 	if err != nil {
 		return nil, err
 	}

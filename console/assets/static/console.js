@@ -67,10 +67,9 @@ function chart(box, series, unit) {
   box.replaceChildren();
   if (n < 1) { var p = document.createElement("p"); p.className = "muted"; p.textContent = "Waiting for two samples…"; box.appendChild(p); return; }
   if (max === 0) { max = 1; }
-  var W = 600, H = 180, L = 48, B = 18, T = 8;
+  var W = 1000, H = 200, L = 64, B = 8, T = 10;
   var svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("viewBox", "0 0 " + W + " " + H);
-  svg.setAttribute("preserveAspectRatio", "none");
   function line(x1, y1, x2, y2, stroke) {
     var l = document.createElementNS(SVG, "line");
     l.setAttribute("x1", x1); l.setAttribute("y1", y1); l.setAttribute("x2", x2); l.setAttribute("y2", y2);
@@ -79,7 +78,7 @@ function chart(box, series, unit) {
   }
   function label(x, y, s) {
     var t = document.createElementNS(SVG, "text");
-    t.setAttribute("x", x); t.setAttribute("y", y); t.setAttribute("font-size", "11"); t.setAttribute("fill", "#667085");
+    t.setAttribute("x", x); t.setAttribute("y", y); t.setAttribute("font-size", "13"); t.setAttribute("fill", "#667085");
     t.textContent = s;
     svg.appendChild(t);
   }
@@ -103,6 +102,14 @@ function chart(box, series, unit) {
     pl.setAttribute("stroke", colorOf(k, i));
     pl.setAttribute("stroke-width", "2");
     svg.appendChild(pl);
+    pts.forEach(function (xy) {
+      var c = document.createElementNS(SVG, "circle");
+      c.setAttribute("cx", xy.split(",")[0]);
+      c.setAttribute("cy", xy.split(",")[1]);
+      c.setAttribute("r", "3");
+      c.setAttribute("fill", colorOf(k, i));
+      svg.appendChild(c);
+    });
     var last = series[k][series[k].length - 1];
     var s = document.createElement("span");
     s.style.color = colorOf(k, i);
@@ -110,8 +117,19 @@ function chart(box, series, unit) {
     legend.appendChild(s);
   });
   box.appendChild(svg);
+  var axis = document.createElement("div");
+  axis.className = "axis";
+  var from = document.createElement("span");
+  from.textContent = "−" + Math.round(n * interval) + " s";
+  var to = document.createElement("span");
+  to.textContent = "now";
+  axis.appendChild(from);
+  axis.appendChild(to);
+  box.appendChild(axis);
   box.appendChild(legend);
 }
+
+var interval = 5;
 
 function fmt(v, unit) {
   if (unit === "s") {
@@ -127,6 +145,7 @@ function pollTraffic(box) {
   var holder = document.getElementById("namespaces-charts");
   function tick() {
     fetch(src, { credentials: "same-origin", cache: "no-store" }).then(function (r) { return r.json(); }).then(function (t) {
+      interval = t.interval_s || interval;
       chart(document.getElementById("latency"), t.latency, "s");
       var names = Object.keys(t.namespaces).sort();
       names.forEach(function (ns) {
