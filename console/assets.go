@@ -4,6 +4,7 @@ import (
 	"embed"
 	"fmt"
 	"html/template"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -19,8 +20,9 @@ var pageNames = []string{"search", "key", "stuck", "cluster", "namespaces", "tra
 
 func parsePages(now func() time.Time) (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
-		"join": strings.Join,
-		"when": func(t string) string { return when(t, now()) },
+		"join":       strings.Join,
+		"pathEscape": url.PathEscape,
+		"when":       func(t string) string { return when(t, now()) },
 	}
 	pages := map[string]*template.Template{}
 	for _, name := range pageNames {

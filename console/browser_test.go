@@ -234,7 +234,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(form+` input[name="confirm"]`)),
 		chromedp.Click(chromedp.CSS(form+` button`)),
 		chromedp.WaitVisible(chromedp.CSS("#flash")))
-	if s := admin.text(t, "#flash"); !strings.Contains(s, "Force-released by ops") {
+	if s := admin.text(t, "#flash"); !strings.Contains(s, "payments/charge-7 was force-released") {
 		t.Fatalf("after the force-release: %q", s)
 	}
 	if r := must(t, 200)(api.Reserve(ctx, "payments", "charge-7", map[string]any{"owner_token": "owner-token-retry-1"})); r.Str("outcome") != "RECLAIMED" {

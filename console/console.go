@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/security/auth"
 )
 
@@ -272,7 +273,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	}
 	p := principal(r)
 	pg := page{Title: titleOf(name, data), Nav: name, Process: c.cfg.Process, User: p.Name, Role: p.Role.String(),
-		CSRF: c.csrfToken(p), Flash: r.URL.Query().Get("flash"), Data: data}
+		CSRF: c.csrfToken(p), Flash: flash(r.URL.Query()), Data: data}
 	var b strings.Builder
 	if err := t.ExecuteTemplate(&b, "layout", pg); err != nil {
 		c.log.Error("console page", "page", name, "error", err)
@@ -282,6 +283,26 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(b.String()))
+}
+
+// flash is the message after an action (the redirect's ?done=...), built
+// here from checked names and digits: a link cannot put words of its own
+// on a console page.
+func flash(q url.Values) string {
+	ns, key, prev := q.Get("ns"), q.Get("key"), q.Get("prev")
+	if !contract.ValidNamespace(ns) {
+		return ""
+	}
+	switch q.Get("done") {
+	case "released":
+		if contract.CheckKey(key) != nil || prev == "" || strings.Trim(prev, "0123456789") != "" {
+			return ""
+		}
+		return fmt.Sprintf("%s/%s was force-released (its owner held fencing token %s): the next reserve reclaims it.", ns, key, prev)
+	case "policy":
+		return "The new policy of " + ns + " is in force."
+	}
+	return ""
 }
 
 func titleOf(name string, data any) string {

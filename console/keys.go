@@ -234,7 +234,7 @@ func whoMayAct(rec record, found bool, now time.Time) string {
 
 // serveForceRelease force-releases a key through the API (the same
 // handler, log line and metric as POST ...:force-release).
-func (c *Console) serveForceRelease(w http.ResponseWriter, r *http.Request, p *auth.Principal) {
+func (c *Console) serveForceRelease(w http.ResponseWriter, r *http.Request, _ *auth.Principal) {
 	ns, key := r.PathValue("ns"), r.PathValue("key")
 	reason := strings.TrimSpace(r.PostForm.Get("reason"))
 	back := r.PostForm.Get("back")
@@ -262,10 +262,10 @@ func (c *Console) serveForceRelease(w http.ResponseWriter, r *http.Request, p *a
 		Previous string `json:"previous_fencing_token"`
 	}
 	_ = reply.Decode(&out)
-	flash := fmt.Sprintf("Force-released by %s (fencing token %s): the next reserve reclaims the key.", p.Name, out.Previous)
 	to := "/ui/keys/" + url.PathEscape(ns) + "/" + url.PathEscape(key)
 	if back == "stuck" {
 		to = "/ui/stuck"
 	}
-	http.Redirect(w, r, to+"?flash="+url.QueryEscape(flash), http.StatusSeeOther)
+	q := url.Values{"done": {"released"}, "ns": {ns}, "key": {key}, "prev": {out.Previous}}
+	http.Redirect(w, r, to+"?"+q.Encode(), http.StatusSeeOther)
 }

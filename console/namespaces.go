@@ -116,7 +116,8 @@ func (c *Console) serveSetPolicy(w http.ResponseWriter, r *http.Request, _ *auth
 	} else {
 		reply := c.call(r, http.MethodPut, nsPath(ns, "policy"), nil, body)
 		if reply.OK() {
-			http.Redirect(w, r, "/ui/namespaces?show="+url.QueryEscape(ns)+"&flash="+url.QueryEscape("The policy of "+ns+" is in force."), http.StatusSeeOther)
+			q := url.Values{"done": {"policy"}, "ns": {ns}, "show": {ns}}
+			http.Redirect(w, r, "/ui/namespaces?"+q.Encode(), http.StatusSeeOther)
 			return
 		}
 		code, msg := reply.Error()
