@@ -68,31 +68,30 @@ type ShardView struct {
 
 // topologyDoc is the JSON API's GET /v1/topology.
 type topologyDoc struct {
-	ActiveVersion int `json:"active_version"`
-	TargetVersion int `json:"target_version"`
-	Progress      *struct {
-		ShardsDone  int `json:"shards_done"`
-		ShardsTotal int `json:"shards_total"`
-		Left        []struct {
-			Shard    string   `json:"shard"`
-			Voters   []string `json:"voters"`
-			Learners []string `json:"learners"`
-			Want     []string `json:"want"`
-		} `json:"left"`
-		Dead            []string  `json:"dead"`
-		MayStop         []string  `json:"may_stop"`
-		StartedAt       time.Time `json:"started_at"`
-		LastStepAt      time.Time `json:"last_step_at"`
-		Stalled         bool      `json:"stalled"`
-		LeaderUnknown   []string  `json:"leader_unknown"`
-		PartitionsTotal int       `json:"partitions_total"`
-		PartitionsMoved int       `json:"partitions_moved"`
-		Waiting         string    `json:"waiting"`
-		Change          *struct {
-			Joining []string `json:"joining"`
-			Leaving []string `json:"leaving"`
-		} `json:"change"`
-	} `json:"progress"`
+	ActiveVersion int               `json:"active_version"`
+	TargetVersion int               `json:"target_version"`
+	Progress      *topologyProgress `json:"progress"`
+}
+
+// topologyProgress is the document's progress of a running change.
+type topologyProgress struct {
+	ShardsDone  int `json:"shards_done"`
+	ShardsTotal int `json:"shards_total"`
+	Left        []struct {
+		Shard    string   `json:"shard"`
+		Voters   []string `json:"voters"`
+		Learners []string `json:"learners"`
+		Want     []string `json:"want"`
+	} `json:"left"`
+	Dead            []string  `json:"dead"`
+	MayStop         []string  `json:"may_stop"`
+	StartedAt       time.Time `json:"started_at"`
+	LastStepAt      time.Time `json:"last_step_at"`
+	Stalled         bool      `json:"stalled"`
+	LeaderUnknown   []string  `json:"leader_unknown"`
+	PartitionsTotal int       `json:"partitions_total"`
+	PartitionsMoved int       `json:"partitions_moved"`
+	Waiting         string    `json:"waiting"`
 }
 
 // Progress is the summary of a topology change the cluster page shows and

@@ -60,29 +60,7 @@ func TestSummarize(t *testing.T) {
 	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var doc topologyDoc
 	doc.ActiveVersion, doc.TargetVersion = 1, 2
-	doc.Progress = &struct {
-		ShardsDone  int `json:"shards_done"`
-		ShardsTotal int `json:"shards_total"`
-		Left        []struct {
-			Shard    string   `json:"shard"`
-			Voters   []string `json:"voters"`
-			Learners []string `json:"learners"`
-			Want     []string `json:"want"`
-		} `json:"left"`
-		Dead            []string  `json:"dead"`
-		MayStop         []string  `json:"may_stop"`
-		StartedAt       time.Time `json:"started_at"`
-		LastStepAt      time.Time `json:"last_step_at"`
-		Stalled         bool      `json:"stalled"`
-		LeaderUnknown   []string  `json:"leader_unknown"`
-		PartitionsTotal int       `json:"partitions_total"`
-		PartitionsMoved int       `json:"partitions_moved"`
-		Waiting         string    `json:"waiting"`
-		Change          *struct {
-			Joining []string `json:"joining"`
-			Leaving []string `json:"leaving"`
-		} `json:"change"`
-	}{ShardsDone: 2, ShardsTotal: 2, PartitionsTotal: 100, PartitionsMoved: 25, StartedAt: start, Waiting: "cluster version 2 < 3"}
+	doc.Progress = &topologyProgress{ShardsDone: 2, ShardsTotal: 2, PartitionsTotal: 100, PartitionsMoved: 25, StartedAt: start, Waiting: "cluster version 2 < 3"}
 	p := summarize(doc, start.Add(10*time.Second))
 	if !p.Running || p.Percent != 40 || p.Remaining != "about 30s" || !strings.Contains(p.Step, "25 of 100") || p.WaitingFor != "cluster version 2 < 3" {
 		t.Errorf("running change: %+v", p)
