@@ -63,6 +63,11 @@ func (r *recorder) WriteHeader(code int) {
 // authorizes it as if the browser had sent it. body, when not nil, is sent
 // as JSON.
 func (c *Console) call(from *http.Request, method, path string, query url.Values, body any) apiReply {
+	return c.callAs(from, from.Header.Get("Authorization"), method, path, query, body)
+}
+
+// callAs is call with the Authorization header authorization ("" none).
+func (c *Console) callAs(from *http.Request, authorization, method, path string, query url.Values, body any) apiReply {
 	var rd io.Reader = http.NoBody
 	if body != nil {
 		data, err := json.Marshal(body)
@@ -80,8 +85,8 @@ func (c *Console) call(from *http.Request, method, path string, query url.Values
 		return apiReply{Status: http.StatusBadRequest, Body: []byte(err.Error())}
 	}
 	req.Host, req.RemoteAddr, req.TLS = from.Host, from.RemoteAddr, from.TLS
-	if a := from.Header.Get("Authorization"); a != "" {
-		req.Header.Set("Authorization", a)
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")

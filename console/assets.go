@@ -16,7 +16,7 @@ import (
 var assets embed.FS
 
 // pageNames are the templates under assets/, each drawn inside layout.html.
-var pageNames = []string{"search", "key", "stuck", "cluster", "namespaces", "traffic", "error"}
+var pageNames = []string{"login", "search", "key", "stuck", "cluster", "namespaces", "traffic", "error"}
 
 func parsePages(now func() time.Time) (map[string]*template.Template, error) {
 	funcs := template.FuncMap{

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
 	"github.com/idem-dev/idem/internal/cluster"
@@ -29,14 +28,13 @@ var (
 
 func TestMain(m *testing.M) { cluster.RunTests(m, &binaries, "idemnode") }
 
-// browser is one headless Chromium tab that sends token on every request
-// (the console's pages and the fetches of its script).
+// browser is one headless Chromium tab.
 type browser struct {
 	ctx  context.Context
 	base string
 }
 
-func newBrowser(t *testing.T, parent context.Context, exe, base, token string) *browser {
+func newBrowser(t *testing.T, parent context.Context, exe, base string) *browser {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(exe),
@@ -48,11 +46,30 @@ func newBrowser(t *testing.T, parent context.Context, exe, base, token string) *
 	actx, cancelAlloc := chromedp.NewExecAllocator(parent, opts...)
 	ctx, cancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
 	t.Cleanup(func() { cancel(); cancelAlloc() })
-	if _, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders,
-		network.SetExtraHTTPHeadersParams{Headers: network.Headers{"Authorization": "Bearer " + token}}); err != nil {
+	if err := chromedp.Do(ctx); err != nil { // starts the browser on the long-lived context
 		t.Fatalf("starting Chromium: %v", err)
 	}
 	return &browser{ctx: ctx, base: base}
+}
+
+// signIn opens a page, is sent to the sign-in page, and signs in with
+// token as a person would.
+func (b *browser) signIn(t *testing.T, token, want, shot string) {
+	t.Helper()
+	b.open(t, "/ui/stuck")
+	if s := b.body(t); !strings.Contains(s, "Sign in") || !strings.Contains(s, "not signed in") {
+		t.Fatalf("a page before signing in:\n%s", s)
+	}
+	if shot != "" {
+		b.shot(t, shot)
+	}
+	b.run(t, "sign in",
+		chromedp.SendKeys(chromedp.CSS(`input[name="token"]`), token),
+		chromedp.Click(chromedp.CSS(`main form button`)),
+		chromedp.WaitVisible(chromedp.CSS(`form.signout`)))
+	if s := b.text(t, ".who"); !strings.HasPrefix(s, want) {
+		t.Fatalf("signed in as %q, want %q", s, want)
+	}
 }
 
 // step bounds one interaction with the page.
@@ -180,7 +197,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	api.RetryUnavailable = 20 * time.Second
 	base := "https://" + addr
-	admin := newBrowser(t, ctx, exe, base, "ops-token")
+	admin := newBrowser(t, ctx, exe, base)
+	admin.signIn(t, "ops-token", "ops · admin", "login")
 	go load(ctx, api)
 
 	// The key inspector: reserved, then completed with a markup body.
@@ -243,12 +261,13 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// A reader of another namespace sees neither the key nor the stuck work.
 	must(t, 200)(api.Reserve(ctx, "ledger", "entry-1", map[string]any{"owner_token": "owner-token-ledger-1"}))
-	reader := newBrowser(t, ctx, exe, base, "reader-token")
+	reader := newBrowser(t, ctx, exe, base)
+	reader.signIn(t, "reader-token", "ledger-reader · reader", "")
 	reader.open(t, "/ui/stuck?older_than_s=0")
 	if s := reader.body(t); strings.Contains(s, "payments") || strings.Contains(s, "refund-3") || !strings.Contains(s, "ledger") {
 		t.Fatalf("the ledger reader's stuck work:\n%s", s)
 	}
-	if forms := get(t, reader, "count the actions", chromedp.Evaluate[int](`document.querySelectorAll("form[method=post]").length`)); forms != 0 {
+	if forms := get(t, reader, "count the actions", chromedp.Evaluate[int](`document.querySelectorAll("main form[method=post]").length`)); forms != 0 {
 		t.Fatalf("the reader is offered %d actions", forms)
 	}
 	reader.shot(t, "stuck-reader")

@@ -166,6 +166,9 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /ui/{$}", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/ui/keys", http.StatusSeeOther)
 	})
+	m.HandleFunc("GET /ui/login", c.serveLogin)
+	m.HandleFunc("POST /ui/login", c.serveSignIn)
+	m.HandleFunc("POST /ui/logout", c.action(c.serveSignOut))
 	m.HandleFunc("GET /ui/keys", c.serveSearch)
 	m.HandleFunc("GET /ui/keys/{ns}/{key}", c.serveKey)
 	m.HandleFunc("POST /ui/keys/{ns}/{key}/force-release", c.action(c.serveForceRelease))
@@ -183,14 +186,14 @@ func (c *Console) routes() {
 	})
 }
 
-// principal is the caller as the API's authentication named it; without
-// authentication every caller is root, admin on every namespace, as the
-// API treats it.
+// principal is the caller as the API's authentication named it (without
+// an auth file, root). A request the authentication did not look at (the
+// sign-in page) has none: it may read and do nothing.
 func principal(r *http.Request) *auth.Principal {
 	if p, ok := auth.PrincipalFrom(r.Context()); ok && p != nil {
 		return p
 	}
-	return &auth.Principal{Name: "root", Role: auth.RoleAdmin, Namespaces: []string{"*"}, Internal: true}
+	return &auth.Principal{}
 }
 
 // isAdmin reports whether p may act (force-release, set a policy) on ns.
@@ -250,14 +253,16 @@ func (c *Console) action(h func(http.ResponseWriter, *http.Request, *auth.Princi
 
 // page is what every template gets.
 type page struct {
-	Title   string
-	Nav     string
-	Process string
-	User    string
-	Role    string
-	CSRF    string
-	Flash   string
-	Data    any
+	// SignedIn: the browser holds a session cookie (it may sign out).
+	SignedIn bool
+	Title    string
+	Nav      string
+	Process  string
+	User     string
+	Role     string
+	CSRF     string
+	Flash    string
+	Data     any
 }
 
 type errorPage struct {
@@ -274,6 +279,9 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	p := principal(r)
 	pg := page{Title: titleOf(name, data), Nav: name, Process: c.cfg.Process, User: p.Name, Role: p.Role.String(),
 		CSRF: c.csrfToken(p), Flash: flash(r.URL.Query()), Data: data}
+	if ck, err := r.Cookie(sessionCookie); err == nil && ck.Value != "" {
+		pg.SignedIn = true
+	}
 	var b strings.Builder
 	if err := t.ExecuteTemplate(&b, "layout", pg); err != nil {
 		c.log.Error("console page", "page", name, "error", err)

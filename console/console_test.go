@@ -70,7 +70,7 @@ func newStack(t *testing.T) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	outer = authz.Middleware(api.HTTPHandler(), auth.JSONAPITarget, nil)
+	outer = console.Sessions(authz.Middleware(api.HTTPHandler(), auth.JSONAPITarget, nil))
 	s := &stack{srv: httptest.NewServer(outer)}
 	t.Cleanup(s.srv.Close)
 	return s
@@ -168,8 +168,45 @@ func TestConsoleOverTheAPI(t *testing.T) {
 		}
 	})
 	t.Run("no credentials", func(t *testing.T) {
-		if r := s.do(t, "", "GET", "/ui/keys", nil, ""); r.status != http.StatusUnauthorized {
-			t.Fatalf("console without credentials: %d", r.status)
+		if r := s.do(t, "", "GET", "/ui/keys/payments/order-1", nil, ""); r.status != http.StatusSeeOther ||
+			!strings.HasPrefix(r.header.Get("Location"), "/ui/login?next=") || strings.Contains(r.body, "fp-1") {
+			t.Fatalf("a page without credentials: %d %q %s", r.status, r.header.Get("Location"), r.body)
+		}
+		if r := s.do(t, "", "GET", "/ui/stuck.json?older_than_s=0", nil, ""); r.status != http.StatusUnauthorized || strings.Contains(r.body, "payments") {
+			t.Fatalf("the export without credentials: %d %s", r.status, r.body)
+		}
+		if r := s.do(t, "", "GET", "/ui/login", nil, ""); r.status != 200 || !strings.Contains(r.body, "not signed in") {
+			t.Fatalf("the sign-in page: %d %s", r.status, r.body)
+		}
+	})
+	t.Run("sign in", func(t *testing.T) {
+		if r := s.do(t, "", "POST", "/ui/login", url.Values{"token": {"wrong"}}, s.srv.URL); r.status != http.StatusUnauthorized || r.header.Get("Set-Cookie") != "" {
+			t.Fatalf("sign-in with a wrong token: %d %v", r.status, r.header)
+		}
+		if r := s.do(t, "", "POST", "/ui/login", url.Values{"token": {adminToken}}, "https://evil.example"); r.status != http.StatusForbidden || r.header.Get("Set-Cookie") != "" {
+			t.Fatalf("cross-origin sign-in: %d", r.status)
+		}
+		r := s.do(t, "", "POST", "/ui/login", url.Values{"token": {adminToken}, "next": {"https://evil.example/"}}, s.srv.URL)
+		ck := r.header.Get("Set-Cookie")
+		if r.status != http.StatusSeeOther || r.header.Get("Location") != "/ui/keys" || !strings.Contains(ck, "HttpOnly") || !strings.Contains(ck, "SameSite=Strict") || !strings.Contains(ck, "Path=/ui/") {
+			t.Fatalf("sign-in: %d Location %q cookie %q", r.status, r.header.Get("Location"), ck)
+		}
+		req, _ := http.NewRequest("GET", s.srv.URL+"/ui/keys/payments/order-1", nil)
+		req.Header.Set("Cookie", strings.SplitN(ck, ";", 2)[0])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(data), "ops · admin") || !strings.Contains(string(data), "Sign out") {
+			t.Fatalf("a page with the session cookie: %d\n%s", resp.StatusCode, data)
+		}
+		// The JSON API never reads the cookie.
+		req, _ = http.NewRequest("GET", s.srv.URL+"/v1/namespaces/payments/keys/order-1", nil)
+		req.Header.Set("Cookie", strings.SplitN(ck, ";", 2)[0])
+		if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("the API with only the console's cookie: %v %v", resp.StatusCode, err)
 		}
 	})
 	t.Run("reader of another namespace", func(t *testing.T) {

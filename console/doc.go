@@ -12,7 +12,8 @@
 //	cfg.Locate = locate        // a key's shard, home region, partition and leader
 //	cfg.Cluster = clusterView  // a node's view of the cluster; nil on a router
 //	c, err := console.New(cfg)
-//	// serve c.Handler() for "/ui/" behind the same authentication as the API
+//	// serve c.Handler() for "/ui/" behind the same authentication as the
+//	// API, and wrap what the listener serves in console.Sessions
 //	defer c.Close()
 //
 // # What it guarantees
@@ -27,6 +28,12 @@
 // message. Pages list only the namespaces the principal may read: those its
 // grants name and those this process served (idem_api_namespace_requests_total)
 // that its grants cover, plus one the operator types.
+//
+// A browser cannot send a bearer token by itself: /ui/login checks one
+// against the API and keeps it in an HttpOnly, SameSite=Strict cookie for
+// /ui/ only, which Sessions (mounted in front of the API's authentication)
+// turns back into the Authorization header; a client certificate needs no
+// sign-in.
 //
 // Actions are POSTs with a CSRF token (an HMAC of the principal's name under
 // a key made at start) and are refused unless the request is same-origin

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/console"
 	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/datadir"
@@ -268,7 +269,7 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	if n.httpLn, err = cfg.Security.ListenAPI(cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
 		return fmt.Errorf("node: http listener: %w", err)
 	}
-	n.httpHandler = cfg.Security.HTTPHandler(n.api.HTTPHandler())
+	n.httpHandler = console.Sessions(cfg.Security.HTTPHandler(n.api.HTTPHandler()))
 	n.servers = append(n.servers, serving.HTTPWithTimeouts("node: http", n.httpLn, n.httpHandler, n.log, cfg.Security.HTTPTimeouts()))
 	if n.grpcLn, err = cfg.Security.ListenGRPC(cmp.Or(cfg.GRPCAddr, n.self.GRPCAddr)); err != nil {
 		return fmt.Errorf("node: grpc listener: %w", err)

@@ -198,7 +198,7 @@ func (p *Process) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	httpHandler = cfg.Security.HTTPHandler(api.HTTPHandler())
+	httpHandler = console.Sessions(cfg.Security.HTTPHandler(api.HTTPHandler()))
 	httpLn, err := p.listen("http", cfg.HTTPAddr)
 	if err != nil {
 		return err
