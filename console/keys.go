@@ -125,10 +125,10 @@ func nextRetry(rec record, found bool, now time.Time) string {
 	case "IN_PROGRESS":
 		lease, err := time.Parse(time.RFC3339Nano, rec.LeaseExpiresAt)
 		if err == nil && now.Before(lease) {
-			return fmt.Sprintf("A retry %s gets IN_PROGRESS, to retry in about %s: the owner holding fencing token %s has the lease until %s; after that, unless it heartbeats or completes, the next reserve RECLAIMS the key with a larger fencing token%s.",
+			return fmt.Sprintf("A retry %s gets IN_PROGRESS, to retry in about %s: the owner holding fencing token %s has the lease until %s; after that and the store's clock-skew margin, unless it heartbeats or completes, the next reserve RECLAIMS the key with a larger fencing token%s.",
 				fp, lease.Sub(now).Round(time.Second), rec.FencingToken, show(rec.LeaseExpiresAt), other)
 		}
-		return fmt.Sprintf("The lease ended at %s: a retry %s RECLAIMS the key with a fencing token larger than %s and runs the work again, and the previous owner's complete is refused as NOT_OWNER%s.",
+		return fmt.Sprintf("The lease ended at %s: once the store's clock-skew margin has passed too, a retry %s RECLAIMS the key with a fencing token larger than %s and runs the work again, and the previous owner's complete is refused as NOT_OWNER%s.",
 			show(rec.LeaseExpiresAt), fp, rec.FencingToken, other)
 	}
 	return "The key is in state " + rec.State + "."
