@@ -25,8 +25,8 @@ function pollProgress(box) {
       text("progress-versions", p.running ? p.active_version + " → " + p.target_version : String(p.active_version));
       text("progress-state", p.running ? "running" : "done");
       text("progress-step", p.step);
-      text("progress-shards", p.shards_done + " of " + p.shards_total + " shards seated");
-      text("progress-partitions", p.partitions_moved + " of " + p.partitions_total + " moved");
+      text("progress-shards", p.running ? p.shards_done + " of " + p.shards_total + " shards seated" : "–");
+      text("progress-partitions", p.running ? p.partitions_moved + " of " + p.partitions_total + " moved" : "–");
       text("progress-waiting", p.waiting_for || "nothing");
       text("progress-remaining", p.remaining || "–");
       setBar(p.percent, !p.running);
