@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idem-dev/idem/backend"
+	"github.com/idem-dev/idem/console"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/fsm"
@@ -78,6 +80,11 @@ type Node struct {
 	applied *view
 	fwd     *forward.Forwarder
 	api     *server.Server
+	// console is the operator console at /ui/; httpHandler is what the
+	// HTTP listener serves (the API behind its authentication), through
+	// which the console reads and acts.
+	console     *console.Console
+	httpHandler http.Handler
 	// unsafeGauge is idem_node_unsafe_settings (safety.go).
 	unsafeGauge *prometheus.GaugeVec
 	// waiting counts the reserves with a wait in ApplyRouted (bounded by

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/console"
 	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/handoff"
@@ -73,9 +75,14 @@ func New(cfg Config) (*Node, error) {
 		Help: "1 for each setting in force that turns a safety check off (insecure: --insecure; clock_check_off: --max-clock-offset 0; fault_injection: a --testing-* flag); absent otherwise."}, []string{"setting"})
 	n.clusterVersionGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_cluster_version",
 		Help: "The cluster version as this node's replica of the meta group holds it: 1 baseline, 2 packed entries, 3 partition handoff, 4 fenced handoff (docs/operations.md, \"Upgrades and the cluster version\")."})
+	if n.console, err = n.newConsole(&n.httpHandler); err != nil {
+		n.fwd.Close()
+		return nil, err
+	}
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
 		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings, Topology: n.topologyHTTP(), LeaderAddr: n.httpAddrOf,
+		ExtraRoutes: map[string]http.Handler{"/ui/": n.console.Handler()},
 	}); err != nil {
 		n.fwd.Close()
 		return nil, err
@@ -270,7 +277,8 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	if n.httpLn, err = cfg.Security.ListenAPI(cmp.Or(cfg.HTTPAddr, n.self.HTTPAddr)); err != nil {
 		return fmt.Errorf("node: http listener: %w", err)
 	}
-	n.servers = append(n.servers, serving.HTTPWithTimeouts("node: http", n.httpLn, cfg.Security.HTTPHandler(n.api.HTTPHandler()), n.log, cfg.Security.HTTPTimeouts()))
+	n.httpHandler = console.Sessions(cfg.Security.HTTPHandler(n.api.HTTPHandler()))
+	n.servers = append(n.servers, serving.HTTPWithTimeouts("node: http", n.httpLn, n.httpHandler, n.log, cfg.Security.HTTPTimeouts()))
 	if n.grpcLn, err = cfg.Security.ListenGRPC(cmp.Or(cfg.GRPCAddr, n.self.GRPCAddr)); err != nil {
 		return fmt.Errorf("node: grpc listener: %w", err)
 	}
@@ -344,6 +352,7 @@ func (n *Node) closeAll(ctx context.Context) error {
 	n.closeOnce.Do(func() {
 		var errs []error
 		n.stopLoops()
+		n.console.Close()
 		if n.served.Load() {
 			errs = append(errs, serving.Drain(ctx, n.servers))
 		} else {

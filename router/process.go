@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/console"
 	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/internal/serving"
 	"github.com/idem-dev/idem/proxy"
@@ -118,6 +120,7 @@ type Process struct {
 	servers []serving.Server
 	addrs   map[string]string // listener -> bound address
 	started atomic.Bool
+	console *console.Console // the operator console at /ui/
 }
 
 // NewProcess validates cfg. It opens nothing and starts no goroutine: Start
@@ -178,15 +181,29 @@ func (p *Process) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	api, err := server.New(server.Config{Backend: p.backend, Logger: p.log, Registry: cfg.Registry, Version: cfg.Version, MaxResponseBytes: cfg.MaxResponseBytes})
+	// The console reads through the API as the listener serves it
+	// (authentication in front), which exists once the API does.
+	var httpHandler http.Handler
+	ccfg := console.DefaultConfig()
+	ccfg.API = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { httpHandler.ServeHTTP(w, r) })
+	ccfg.Logger, ccfg.Process = p.log, "idemrouter"
+	if cfg.Registry != nil {
+		ccfg.Registry = cfg.Registry
+	}
+	if p.console, err = console.New(ccfg); err != nil {
+		return err
+	}
+	api, err := server.New(server.Config{Backend: p.backend, Logger: p.log, Registry: cfg.Registry, Version: cfg.Version, MaxResponseBytes: cfg.MaxResponseBytes,
+		ExtraRoutes: map[string]http.Handler{"/ui/": p.console.Handler()}})
 	if err != nil {
 		return err
 	}
+	httpHandler = console.Sessions(cfg.Security.HTTPHandler(api.HTTPHandler()))
 	httpLn, err := p.listen("http", cfg.HTTPAddr)
 	if err != nil {
 		return err
 	}
-	p.servers = append(p.servers, serving.HTTPWithTimeouts("http", httpLn, cfg.Security.HTTPHandler(api.HTTPHandler()), p.log, cfg.Security.HTTPTimeouts()))
+	p.servers = append(p.servers, serving.HTTPWithTimeouts("http", httpLn, httpHandler, p.log, cfg.Security.HTTPTimeouts()))
 	grpcLn, err := p.listen("grpc", cfg.GRPCAddr)
 	if err != nil {
 		return err
@@ -265,6 +282,7 @@ func (p *Process) Serve(ctx context.Context) error {
 		return errors.New("router: process not started (call Start, or Run)")
 	}
 	defer p.backend.Close()
+	defer p.console.Close()
 	t := p.cfg.Backend.Topology
 	p.log.Info("idemrouter serving", "cluster", t.Cluster, "http", p.HTTPAddr(),
 		"grpc", p.GRPCAddr(), "tls", p.cfg.Security.Secure(), "auth_file", p.cfg.Security.Authorizer().Enabled(), "nodes", len(t.Nodes()), "request_timeout", p.cfg.Backend.RequestTimeout, "version", p.cfg.Version)

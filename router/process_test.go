@@ -83,6 +83,17 @@ func TestProcessServesAndDrains(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, resp.Status + " " + string(body)
 	})
+	// The operator console is served on the same port, with its headers.
+	resp, err := http.Get("http://" + p.HTTPAddr() + "/ui/keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), "idemrouter") ||
+		!strings.Contains(resp.Header.Get("Content-Security-Policy"), "script-src 'self'") {
+		t.Fatalf("the router's console: %s %v\n%s", resp.Status, resp.Header, page)
+	}
 	cancel()
 	select {
 	case err := <-done:

@@ -163,9 +163,16 @@
 // gRPC routing, batch, admin_<method> and "other";
 // outcome is the reserve outcome (ACQUIRED, RECLAIMED, IN_PROGRESS,
 // COMPLETED, FINGERPRINT_MISMATCH), OK for other successes, or the error
-// code. No label carries a key or namespace. Each operation of a Batch RPC
-// is counted (and timed) as its unary RPC, and the batch once as endpoint
-// batch.
+// code. No label of these carries a key or namespace. Each operation of a
+// Batch RPC is counted (and timed) as its unary RPC, and the batch once as
+// endpoint batch.
+//
+// Requests that name a valid namespace are also counted by namespace (for
+// the console's traffic view), with a bounded label: the first
+// MaxNamespaceLabels namespaces the process served keep their name, later
+// ones count as OtherNamespace:
+//
+//	idem_api_namespace_requests_total{namespace, outcome}
 //
 // Batch (gRPC only) runs up to idemv1.MaxBatchOps operations, each through
 // the interceptors registered for operations (idemv1.WithBatchOpInterceptor:

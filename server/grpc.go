@@ -9,6 +9,7 @@ import (
 	"time"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/wire"
 	"google.golang.org/grpc"
@@ -334,7 +335,11 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 			s.log.Error("panic in grpc handler", "method", info.FullMethod, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			resp, err = nil, (&Error{Code: CodeInternal, Message: internalMessage}).GRPCStatus().Err()
 		}
-		s.metrics.observe("grpc", grpcEndpoint(info.FullMethod), grpcOutcome(resp, err), time.Since(start))
+		outcome := grpcOutcome(resp, err)
+		s.metrics.observe("grpc", grpcEndpoint(info.FullMethod), outcome, time.Since(start))
+		if n, ok := req.(interface{ GetNamespace() string }); ok && contract.ValidNamespace(n.GetNamespace()) {
+			s.metrics.observeNamespace(n.GetNamespace(), outcome)
+		}
 	}()
 	if info.FullMethod == idemv1.Idempotency_Batch_FullMethodName {
 		// Each operation is recorded (and recovered) as its unary RPC;

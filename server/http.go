@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-dev/idem/api/openapi"
+	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 )
 
@@ -309,9 +310,10 @@ func parsePolicyRoute(method, rawNamespace string) (route, *Error) {
 func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
-	endpoint, outcome := endpointUnknown, ""
+	endpoint, outcome, namespace := endpointUnknown, "", ""
 	defer func() {
 		h.s.metrics.observe("http", endpoint, outcome, time.Since(start))
+		h.s.metrics.observeNamespace(namespace, outcome)
 	}()
 	defer h.recoverPanic(sw, r, &outcome)
 
@@ -321,6 +323,9 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 	}
 	rt, e := parseRoute(r.Method, raw)
 	endpoint = rt.endpoint
+	if e == nil && contract.ValidNamespace(rt.namespace) {
+		namespace = rt.namespace
+	}
 	if e != nil {
 		if rt.allow != "" {
 			sw.Header().Set("Allow", rt.allow)

@@ -19,6 +19,14 @@ import (
 type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	// byNamespace counts requests that name a namespace by namespace and
+	// outcome, for the console's traffic view. Its namespace label takes
+	// the first MaxNamespaceLabels namespaces this process served; later
+	// ones count as OtherNamespace, so a caller inventing names cannot grow
+	// the series without bound.
+	byNamespace *prometheus.CounterVec
+	nsMu        sync.Mutex
+	nsSeen      map[string]bool
 
 	// The children by label values, so a request does not hash its labels
 	// into the vectors' maps (GetMetricWithLabelValues showed in profiles);
@@ -39,6 +47,10 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 		Help:    "Time to serve an API request, by api and endpoint.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"api", "endpoint"})
+	byNamespace := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idem_api_namespace_requests_total",
+		Help: "API requests that name a namespace, by namespace (the first 32 this process served; later ones as \"_other\") and outcome (reserve outcome, OK, or error code).",
+	}, []string{"namespace", "outcome"})
 	var err error
 	if requests, err = register(reg, requests); err != nil {
 		return nil, err
@@ -46,7 +58,10 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 	if duration, err = register(reg, duration); err != nil {
 		return nil, err
 	}
-	return &metrics{requests: requests, duration: duration}, nil
+	if byNamespace, err = register(reg, byNamespace); err != nil {
+		return nil, err
+	}
+	return &metrics{requests: requests, duration: duration, byNamespace: byNamespace, nsSeen: map[string]bool{}}, nil
 }
 
 // register registers c on reg, or returns the identical collector already
@@ -62,6 +77,31 @@ func register[C prometheus.Collector](reg *prometheus.Registry, c C) (C, error) 
 		return c, fmt.Errorf("server: register metrics: %w", err)
 	}
 	return c, nil
+}
+
+// MaxNamespaceLabels bounds the namespace label of
+// idem_api_namespace_requests_total; OtherNamespace stands for the rest.
+const (
+	MaxNamespaceLabels = 32
+	OtherNamespace     = "_other"
+)
+
+// observeNamespace counts a request of namespace ns (validated: an invalid
+// name is never a label) with outcome.
+func (m *metrics) observeNamespace(ns, outcome string) {
+	if ns == "" || outcome == "" {
+		return
+	}
+	m.nsMu.Lock()
+	if !m.nsSeen[ns] {
+		if len(m.nsSeen) < MaxNamespaceLabels {
+			m.nsSeen[ns] = true
+		} else {
+			ns = OtherNamespace
+		}
+	}
+	m.nsMu.Unlock()
+	m.byNamespace.WithLabelValues(ns, outcome).Inc()
 }
 
 func (m *metrics) observe(api, endpoint, outcome string, elapsed time.Duration) {

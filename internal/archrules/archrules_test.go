@@ -150,6 +150,19 @@ func TestPurePackages(t *testing.T) {
 	g.linksOnly(t, "topology", "topology imports of idem only contract and keyspace", ownIn("contract", "keyspace"))
 }
 
+// The console reads and acts through the JSON API handler it is given, so
+// it needs none of the serving or storage code: only the contract's rules
+// and the principal of a request (security/auth, with what that links:
+// backend and fsm for the error set).
+func TestConsoleReadsThroughTheAPI(t *testing.T) {
+	g := loadGraph(t)
+	forbidden := []string{"server", "node", "raftstore", "statedb", "router", "proxy", "forward", "internal/wire"}
+	g.linksOnly(t, "console", "console reads through the JSON API and links no serving or storage code", func(p *pkg) bool {
+		rel, ok := own(p.ImportPath)
+		return !ok || !slices.Contains(forbidden, rel)
+	})
+}
+
 func TestRaftstoreImportsOnlyLeaves(t *testing.T) {
 	g := loadGraph(t)
 	leaves := []string{"internal/durable", "security/pki"}
@@ -220,6 +233,9 @@ func TestImporters(t *testing.T) {
 	g.importers(t, "test harnesses are imported by tests only",
 		func(rel string) bool { return slices.Contains(harness, rel) },
 		func(rel string) bool { return slices.Contains(harness, rel) })
+	g.importers(t, "only the processes that serve the JSON API (node, router) import console",
+		func(rel string) bool { return rel == "console" },
+		func(rel string) bool { return rel == "node" || rel == "router" })
 	g.importers(t, "internal/cli is the commands' kit: only cmd/* import it",
 		func(rel string) bool { return rel == "internal/cli" },
 		func(rel string) bool { return under(rel, "cmd") })

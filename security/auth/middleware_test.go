@@ -308,6 +308,14 @@ func TestJSONAPITarget(t *testing.T) {
 	}{
 		{"GET", "/healthz", Target{}, false},
 		{"GET", "/readyz", Target{}, false},
+		// The console's sign-in page and static files; nothing else of it.
+		{"GET", "/ui/login", Target{}, false},
+		{"POST", "/ui/login", Target{}, false},
+		{"GET", "/ui/static/console.js", Target{}, false},
+		{"GET", "/ui/static/../keys/pay/k", Target{Verb: VerbAuthenticate}, true},
+		{"GET", "/ui/static/%2e%2e/keys/pay/k", Target{Verb: VerbAuthenticate}, true},
+		{"GET", "/ui/keys/pay/k", Target{Verb: VerbAuthenticate}, true},
+		{"POST", "/ui/logout", Target{Verb: VerbAuthenticate}, true},
 		{"GET", "/v1/namespaces/pay/keys/k1", Target{"pay", VerbGet}, true},
 		{"GET", "/v1/namespaces/pay/keys", Target{"pay", VerbList}, true},
 		{"POST", "/v1/namespaces/pay/keys", Target{"pay", VerbUnknown}, true},

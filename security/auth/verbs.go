@@ -72,6 +72,17 @@ type Target struct {
 // /readyz and /metrics need no credentials").
 var probePaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true, "/openapi.json": true}
 
+// consolePublic reports the operator console's paths a browser loads before
+// it has a principal: the sign-in page and the console's script and styles,
+// which reveal nothing. A path with ".." or an escape is never one (the
+// console's mux would clean it into another page).
+func consolePublic(raw string) bool {
+	if strings.Contains(raw, "..") || strings.Contains(raw, "%") {
+		return false
+	}
+	return raw == "/ui/login" || strings.HasPrefix(raw, "/ui/static/")
+}
+
 // JSONAPITarget classifies a request to the JSON API (docs/api.md): ok=false
 // for the probes, which need no credentials; everything else needs a known
 // principal. Paths it does not recognise under /v1/namespaces/{ns}/keys are
@@ -80,7 +91,7 @@ var probePaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": 
 // caller. A wiring whose router grows a new endpoint adds it here.
 func JSONAPITarget(r *http.Request) (Target, bool) {
 	raw := r.URL.EscapedPath()
-	if probePaths[raw] {
+	if probePaths[raw] || consolePublic(raw) {
 		return Target{}, false
 	}
 	if raw == "/v1/topology" {
