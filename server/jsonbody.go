@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Request bodies are decoded in two steps: first into the object's members
@@ -17,6 +18,12 @@ import (
 // field names are matched exactly (encoding/json would also accept
 // "Lease_MS") and every unknown field, top level or nested, is named in the
 // error; then field by field, so that each type error names its field.
+//
+// A body is refused (400 INVALID_ARGUMENT) rather than rewritten when it is
+// not valid UTF-8, when a string escapes half of a UTF-16 surrogate pair
+// (encoding/json would store either as U+FFFD, so that two different
+// fingerprints would compare equal), or when an object names a member twice
+// (encoding/json would keep the last silently).
 
 // The fields each request body may hold.
 var (
@@ -41,6 +48,10 @@ type fieldsBuf [8]jsonField
 func jsonObject(p *problems, data []byte, allowed []string, where string, buf jsonFields) jsonFields {
 	data = bytes.TrimSpace(data)
 	if len(data) == 0 {
+		return nil
+	}
+	if !utf8.Valid(data) {
+		p.addf("%s is not valid UTF-8 (byte %d): JSON text is UTF-8; send strings as UTF-8 text", where, invalidUTF8At(data))
 		return nil
 	}
 	if data[0] != '{' {
@@ -81,10 +92,96 @@ func jsonObjectSlow(p *problems, data []byte, where string, buf jsonFields) (jso
 		}
 		return nil, false
 	}
+	if dup, ok := duplicateMember(data); ok {
+		p.addf("%s names %s twice: send each field once", where, dup)
+		return nil, false
+	}
 	for name, raw := range fields {
 		buf = append(buf, jsonField{name: []byte(name), raw: raw})
 	}
 	return buf, true
+}
+
+// invalidUTF8At is the offset of the first byte of data that is not part of
+// valid UTF-8.
+func invalidUTF8At(data []byte) int {
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return len(data)
+}
+
+// duplicateMember reports a member name that the object data holds twice.
+// Only data's own members are checked: the objects nested in a request body
+// (response, its headers, batch items) are decoded by jsonObject and
+// jsonHeaders, which check their own. data must be a valid JSON object.
+func duplicateMember(data []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return "", false
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		name, _ := tok.(string)
+		if seen[name] {
+			return "field " + strconv.Quote(truncate(name, 64)), true
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", false
+		}
+	}
+	return "", false
+}
+
+// loneSurrogate reports whether the JSON string literal raw escapes half of a
+// UTF-16 surrogate pair (\ud800 not followed by \udc00-\udfff, or a low
+// half alone), which encoding/json decodes to U+FFFD.
+func loneSurrogate(raw []byte) bool {
+	hex4 := func(b []byte) (rune, bool) {
+		if len(b) < 4 {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(b[:4]), 16, 16)
+		return rune(n), err == nil
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		i++
+		if i >= len(raw) || raw[i] != 'u' {
+			continue // a one-character escape: skipped whole
+		}
+		r, ok := hex4(raw[i+1:])
+		if !ok {
+			return false // not valid JSON: encoding/json says so
+		}
+		i += 4
+		switch {
+		case r >= 0xdc00 && r <= 0xdfff:
+			return true
+		case r >= 0xd800 && r <= 0xdbff:
+			if i+6 >= len(raw) || raw[i+1] != '\\' || raw[i+2] != 'u' {
+				return true
+			}
+			low, ok := hex4(raw[i+3:])
+			if !ok || low < 0xdc00 || low > 0xdfff {
+				return true
+			}
+			i += 6
+		}
+	}
+	return false
 }
 
 func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
@@ -101,6 +198,10 @@ func jsonString(p *problems, fields jsonFields, name, path string) string {
 	var s string
 	if raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
 		p.addf("%s must be a JSON string", path)
+		return ""
+	}
+	if loneSurrogate(raw) {
+		p.addf("%s escapes half of a UTF-16 surrogate pair (\\ud800-\\udfff without its other half): send valid UTF-8 text", path)
 		return ""
 	}
 	return s
@@ -297,11 +398,19 @@ func jsonHeaders(p *problems, fields jsonFields) map[string]string {
 		p.addf("response.headers must be a JSON object of strings like {\"Content-Type\": \"application/json\"}")
 		return nil
 	}
+	if dup, ok := duplicateMember(raw); ok {
+		p.addf("response.headers names %s twice: send each header once (join multiple values with \", \")", dup)
+		return nil
+	}
 	out := make(map[string]string, len(headers))
 	for name, value := range headers {
 		var s string
 		if len(value) == 0 || value[0] != '"' || json.Unmarshal(value, &s) != nil {
 			p.addf("response.headers[%q] must be a string (join multiple values with \", \")", truncate(name, 64))
+			continue
+		}
+		if loneSurrogate(value) {
+			p.addf("response.headers[%q] escapes half of a UTF-16 surrogate pair: send valid UTF-8 text", truncate(name, 64))
 			continue
 		}
 		out[name] = s
