@@ -102,6 +102,66 @@ func jsonObjectSlow(p *problems, data []byte, where string, buf jsonFields) (jso
 	return buf, true
 }
 
+// CheckJSONText is the INVALID_ARGUMENT for what a JSON request body holds
+// that encoding/json would decode into something else than was sent: bytes
+// that are not UTF-8, or an object, at any depth, that names a member twice
+// (encoding/json keeps the last). nil when there is neither, or when data is
+// not valid JSON (encoding/json says so). For handlers that decode a body
+// with encoding/json (a node's topology API); this package's own decoding
+// refuses the same and more.
+func CheckJSONText(data []byte) *Error {
+	var p problems
+	if !utf8.Valid(data) {
+		p.addf("request body is not valid UTF-8 (byte %d): JSON text is UTF-8; send strings as UTF-8 text", invalidUTF8At(data))
+		return p.err()
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	// walk reads one value; a member named twice is reported by its path.
+	var walk func(path string) (string, bool)
+	walk = func(path string) (string, bool) {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		switch tok {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				tok, err := dec.Token()
+				if err != nil {
+					return "", false
+				}
+				name, _ := tok.(string)
+				member := name
+				if path != "" {
+					member = path + "." + name
+				}
+				if seen[name] {
+					return member, true
+				}
+				seen[name] = true
+				if dup, ok := walk(member); ok {
+					return dup, true
+				}
+			}
+			_, _ = dec.Token() // '}'
+		case json.Delim('['):
+			for i := 0; dec.More(); i++ {
+				if dup, ok := walk(path + "[" + strconv.Itoa(i) + "]"); ok {
+					return dup, true
+				}
+			}
+			_, _ = dec.Token() // ']'
+		}
+		return "", false
+	}
+	if dup, ok := walk(""); ok {
+		p.addf("request body names field %q twice: send each field once", truncate(dup, 128))
+	}
+	return p.err()
+}
+
 // invalidUTF8At is the offset of the first byte of data that is not part of
 // valid UTF-8.
 func invalidUTF8At(data []byte) int {

@@ -174,3 +174,30 @@ func TestHTTPDeleteOfAVerbPath(t *testing.T) {
 		t.Fatalf("DELETE m1:other: %d %s, want 404 (no such key)", r.status, r)
 	}
 }
+
+// TestCheckJSONText: what handlers that decode with encoding/json use to
+// refuse what it would rewrite, at any depth.
+func TestCheckJSONText(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"topology":{"cluster":"a"},"dead":[]}`:                      "",
+		`{"a":[{"b":1},{"b":2}],"c":{"d":{"e":1}}}`:                   "",
+		`{"topology":"x","topology":"y"}`:                             `names field "topology" twice`,
+		`{"topology":{"regions":[{"name":"a","name":"b"}]}}`:          `names field "topology.regions[0].name" twice`,
+		`{"a":{"b":1},"c":{"b":1,"d":{"e":1,"e":2}}}`:                 `"c.d.e" twice`,
+		"{\"topology\":\"\xff\"}":                                     "not valid UTF-8 (byte 13)",
+		`{"topology":`:                                                "", // invalid JSON: encoding/json says so
+		`{"a":1,"\u0061":2}`:                                          `"a" twice`,
+		`[{"a":1},{"a":1}]`:                                           "",
+		`{"list":[{"k":1,"k":1}]}`:                                    `"list[0].k" twice`,
+		`{"x":"{\"a\":1,\"a\":2}"}`:                                   "", // a string, not an object
+		`{"dead":["n1","n1"],"topology":{"cluster":"c","version":1}}`: "",
+	} {
+		e := CheckJSONText([]byte(body))
+		switch {
+		case want == "" && e != nil:
+			t.Errorf("%s: %v, want nil", body, e)
+		case want != "" && (e == nil || e.Code != CodeInvalidArgument || !strings.Contains(e.Message, want)):
+			t.Errorf("%s: %v, want INVALID_ARGUMENT naming %q", body, e, want)
+		}
+	}
+}
