@@ -92,8 +92,8 @@ func jsonObjectSlow(p *problems, data []byte, where string, buf jsonFields) (jso
 		}
 		return nil, false
 	}
-	if dup, ok := duplicateMember(data); ok {
-		p.addf("%s names %s twice: send each field once", where, dup)
+	if dup, ok := duplicateMember(data, false); ok {
+		p.addf("%s names field %q twice: send each field once", where, truncate(dup, 64))
 		return nil, false
 	}
 	for name, raw := range fields {
@@ -115,11 +115,29 @@ func CheckJSONText(data []byte) *Error {
 		p.addf("request body is not valid UTF-8 (byte %d): JSON text is UTF-8; send strings as UTF-8 text", invalidUTF8At(data))
 		return p.err()
 	}
+	if dup, ok := duplicateMember(data, true); ok {
+		p.addf("request body names field %q twice: send each field once", truncate(dup, 128))
+	}
+	return p.err()
+}
+
+// duplicateMember reports a member that an object of data holds twice, by
+// its path ("response.status", "regions[0].name"). Deep or not: only the
+// members of data's own object when not, since the objects nested in a
+// request body (response, its headers, batch items) are decoded by
+// jsonObject and jsonHeaders, which check their own. data must be valid
+// JSON; a path is reported only for valid JSON.
+func duplicateMember(data []byte, deep bool) (string, bool) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	// walk reads one value; a member named twice is reported by its path.
-	var walk func(path string) (string, bool)
-	walk = func(path string) (string, bool) {
+	var walk func(path string, depth int) (string, bool)
+	walk = func(path string, depth int) (string, bool) {
+		if depth > 0 && !deep {
+			var skip json.RawMessage
+			_ = dec.Decode(&skip)
+			return "", false
+		}
 		tok, err := dec.Token()
 		if err != nil {
 			return "", false
@@ -141,14 +159,14 @@ func CheckJSONText(data []byte) *Error {
 					return member, true
 				}
 				seen[name] = true
-				if dup, ok := walk(member); ok {
+				if dup, ok := walk(member, depth+1); ok {
 					return dup, true
 				}
 			}
 			_, _ = dec.Token() // '}'
 		case json.Delim('['):
 			for i := 0; dec.More(); i++ {
-				if dup, ok := walk(path + "[" + strconv.Itoa(i) + "]"); ok {
+				if dup, ok := walk(path+"["+strconv.Itoa(i)+"]", depth+1); ok {
 					return dup, true
 				}
 			}
@@ -156,10 +174,7 @@ func CheckJSONText(data []byte) *Error {
 		}
 		return "", false
 	}
-	if dup, ok := walk(""); ok {
-		p.addf("request body names field %q twice: send each field once", truncate(dup, 128))
-	}
-	return p.err()
+	return walk("", 0)
 }
 
 // invalidUTF8At is the offset of the first byte of data that is not part of
@@ -173,34 +188,6 @@ func invalidUTF8At(data []byte) int {
 		i += n
 	}
 	return len(data)
-}
-
-// duplicateMember reports a member name that the object data holds twice.
-// Only data's own members are checked: the objects nested in a request body
-// (response, its headers, batch items) are decoded by jsonObject and
-// jsonHeaders, which check their own. data must be a valid JSON object.
-func duplicateMember(data []byte) (string, bool) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return "", false
-	}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return "", false
-		}
-		name, _ := tok.(string)
-		if seen[name] {
-			return "field " + strconv.Quote(truncate(name, 64)), true
-		}
-		seen[name] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return "", false
-		}
-	}
-	return "", false
 }
 
 // loneSurrogate reports whether the JSON string literal raw escapes half of a
@@ -458,8 +445,8 @@ func jsonHeaders(p *problems, fields jsonFields) map[string]string {
 		p.addf("response.headers must be a JSON object of strings like {\"Content-Type\": \"application/json\"}")
 		return nil
 	}
-	if dup, ok := duplicateMember(raw); ok {
-		p.addf("response.headers names %s twice: send each header once (join multiple values with \", \")", dup)
+	if dup, ok := duplicateMember(raw, false); ok {
+		p.addf("response.headers names field %q twice: send each header once (join multiple values with \", \")", truncate(dup, 64))
 		return nil
 	}
 	out := make(map[string]string, len(headers))
