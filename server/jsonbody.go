@@ -50,16 +50,17 @@ func jsonObject(p *problems, data []byte, allowed []string, where string, buf js
 	if len(data) == 0 {
 		return nil
 	}
-	if !utf8.Valid(data) {
-		p.addf("%s is not valid UTF-8 (byte %d): JSON text is UTF-8; send strings as UTF-8 text", where, invalidUTF8At(data))
-		return nil
-	}
 	if data[0] != '{' {
 		p.addf("%s must be a JSON object like {\"%s\": ...}", where, allowed[0])
 		return nil
 	}
+	// The fast path takes only valid UTF-8; the slow one checks it first.
 	fields, ok := scanObject(data, buf)
 	if !ok {
+		if !utf8.Valid(data) {
+			p.addf("%s is not valid UTF-8 (byte %d): JSON text is UTF-8; send strings as UTF-8 text", where, invalidUTF8At(data))
+			return nil
+		}
 		if fields, ok = jsonObjectSlow(p, data, where, buf); !ok {
 			return nil
 		}
