@@ -65,7 +65,7 @@ func scanObject(data []byte, buf jsonFields) (fields jsonFields, ok bool) {
 			}
 			for i := range fields {
 				if string(fields[i].name) == string(name) {
-					return nil, false // encoding/json keeps the last; the slow path decides
+					return nil, false // the slow path refuses a member named twice
 				}
 			}
 			s.space()
