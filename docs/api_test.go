@@ -317,7 +317,7 @@ func TestAPIDocLimits(t *testing.T) {
 			"values " + kib(contract.MaxHeaderValueBytes), kib(contract.MaxHeadersTotalBytes) + " in all"},
 		"response status":   {fmt.Sprintf("%d..%d", contract.MinStatus, contract.MaxStatus)},
 		"checkpoint":        {"data " + kib(fsm.MaxCheckpointBytes)},
-		"operator `reason`": {fmt.Sprintf("%d bytes", server.MaxReasonBytes)},
+		"operator `reason`": {fmt.Sprintf("%d characters", server.MaxReasonChars)},
 		"batch calls": {fmt.Sprintf("1-%d items", server.MaxBatchItems),
 			fmt.Sprintf("%d operations, %s", idemv1.MaxBatchOps, kib(idemv1.MaxBatchBytes))},
 		"key listing":     {fmt.Sprintf("`limit` 1..%d, default %d", backend.MaxListLimit, backend.DefaultListLimit)},

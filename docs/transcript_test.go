@@ -64,6 +64,7 @@ func TestTranscripts(t *testing.T) {
 	devAddrs := devDefaults(string(help))
 	for _, d := range docs {
 		t.Run(d.path, func(t *testing.T) {
+			needsOfPage(t, d)
 			// Other test processes that start examples on these fixed
 			// ports (deploy's scripts) take turns with this one.
 			need := neededPorts(d, devAddrs, "..")
@@ -87,6 +88,29 @@ func TestTranscripts(t *testing.T) {
 				t.Log(r.logTails())
 			}
 		})
+	}
+}
+
+// pageNeeds are what a page's commands need beyond Go and curl: a command
+// containing the key needs check to succeed (install says how), else the
+// page skips, or fails under CI=true (.ci/run installs them).
+var pageNeeds = map[string]struct {
+	check   []string
+	install string
+}{
+	"node examples/express/": {[]string{"bash", "-c", "NODE_PATH=/usr/share/nodejs node -e 'require(\"express\")'"}, "apt-get install nodejs node-express"},
+	"examples/fastapi/":      {[]string{"/usr/bin/python3", "-c", "import fastapi, uvicorn"}, "apt-get install python3-fastapi python3-uvicorn"},
+}
+
+func needsOfPage(t *testing.T, d *doc) {
+	t.Helper()
+	for key, need := range pageNeeds {
+		if !slices.ContainsFunc(d.cmds, func(c command) bool { return strings.Contains(c.text, key) }) {
+			continue
+		}
+		if out, err := exec.Command(need.check[0], need.check[1:]...).CombinedOutput(); err != nil {
+			testutil.Missing(t, fmt.Sprintf("%s needs what %q checks (%v: %s): %s", d.path, strings.Join(need.check, " "), err, strings.TrimSpace(string(out)), need.install))
+		}
 	}
 }
 

@@ -93,11 +93,14 @@
 // (Connection and the headers it names, Keep-Alive, Proxy-Connection,
 // Proxy-Authenticate, Proxy-Authorization, TE, Trailer, Transfer-Encoding,
 // Upgrade), Set-Cookie and Set-Cookie2 (the first caller still gets them),
-// Content-Length (recomputed on replay), Idempotent-Replayed,
+// Content-Length (recomputed on replay), Date (a replay is a new message,
+// dated when it is sent), Idempotent-Replayed,
 // Idempotent-Body-Omitted and Idempotency-Key-Expires, trailers, StoredHeaderDeny, and, when
 // StoredHeaderAllow is set, every header it does not name. Headers beyond
 // the store's bounds (100 headers, 256-byte names, 8 KiB values without
-// control characters, 64 KiB in all) are left out with a warning.
+// control characters, 64 KiB in all) are left out with a warning. A
+// record completed by another producer that holds any of the excluded
+// headers is replayed without them.
 //
 // # Failures after the work
 //

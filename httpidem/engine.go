@@ -315,8 +315,8 @@ func (e *Engine) replay(w http.ResponseWriter, ns, key string, resp Response, ex
 		return
 	}
 	h := w.Header()
-	for name, value := range resp.Headers {
-		h[name] = []string{value}
+	for name, values := range replayedHeaders(resp.Headers) {
+		h[name] = values
 	}
 	h.Set(HeaderReplayed, "true")
 	setExpires(h, expiresAt)

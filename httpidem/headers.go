@@ -15,8 +15,10 @@ import (
 // hop-by-hop headers (RFC 9110 7.6.1, plus the legacy Keep-Alive and
 // Proxy-Connection), cookies (a replay must not hand one caller's session to
 // a retry, and Set-Cookie cannot be joined with ", "), Content-Length (a
-// replay's framing is recomputed; the body may have been omitted), and the
-// engine's own replay markers (set by the engine alone).
+// replay's framing is recomputed; the body may have been omitted), Date (a
+// replay is a new message, which the server dates), and the engine's own
+// replay markers (set by the engine alone). A record completed by another
+// producer (the JSON API) may hold them: replays leave them out too.
 var neverStored = map[string]bool{
 	"Connection":          true,
 	"Keep-Alive":          true,
@@ -30,9 +32,34 @@ var neverStored = map[string]bool{
 	"Set-Cookie":          true,
 	"Set-Cookie2":         true,
 	"Content-Length":      true,
+	"Date":                true,
 	HeaderReplayed:        true,
 	HeaderBodyOmitted:     true,
 	HeaderKeyExpires:      true,
+}
+
+// replayedHeaders are the stored headers a replay sends: all but those
+// never stored (except HeaderBodyOmitted, which the engine stores itself)
+// and those a stored Connection header names.
+func replayedHeaders(stored map[string]string) http.Header {
+	connection := make(map[string]bool)
+	for name, value := range stored {
+		if http.CanonicalHeaderKey(name) != "Connection" {
+			continue
+		}
+		for n := range strings.SplitSeq(value, ",") {
+			if n = textproto.TrimString(n); n != "" {
+				connection[http.CanonicalHeaderKey(n)] = true
+			}
+		}
+	}
+	out := make(http.Header, len(stored))
+	for name, value := range stored {
+		if canon := http.CanonicalHeaderKey(name); canon == HeaderBodyOmitted || !neverStored[canon] && !connection[canon] {
+			out[name] = []string{value}
+		}
+	}
+	return out
 }
 
 // headerPolicy decides which response headers are stored.

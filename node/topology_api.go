@@ -350,6 +350,12 @@ func (n *Node) topologyHTTP() http.Handler {
 			}
 			data, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 			if err == nil {
+				// Refused rather than decoded into something else than
+				// was sent: a member named twice, bytes not UTF-8.
+				if e := server.CheckJSONText(data); e != nil {
+					writeHTTPError(w, e)
+					return
+				}
 				err = json.Unmarshal(data, &body)
 			}
 			if err != nil || len(body.Topology) == 0 {

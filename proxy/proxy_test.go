@@ -875,3 +875,53 @@ func TestPolicyMaxLeaseCapsTheProxyLease(t *testing.T) {
 		})
 	}
 }
+
+// TestReplayLeavesOutPerResponseHeaders: a replay is a new message, so the
+// server dates and frames it; a stored Date, Content-Length,
+// Transfer-Encoding or Connection (and what it names) is never replayed,
+// even from a record that holds them (completed through the JSON API).
+func TestReplayLeavesOutPerResponseHeaders(t *testing.T) {
+	const stale = "Mon, 01 Jan 2001 00:00:00 GMT"
+	be := newBackend(time.Second)
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Date", stale)
+		w.Header().Set("X-Kept", "kept")
+		w.WriteHeader(201)
+		fmt.Fprint(w, "ok")
+	})
+	srv, _ := startProxy(t, startUpstreamHandler(t, up), proxy.BackendStore(be))
+	first := send(t, srv.URL, "POST", "/", "", "Idempotency-Key", "k-date")
+	rec, _ := be.record(t, "default", "k-date")
+	if first.Status != 201 || rec.Response == nil {
+		t.Fatalf("first: %d %v", first.Status, rec)
+	}
+	if _, ok := rec.Response.Headers["Date"]; ok {
+		t.Errorf("Date stored: %v", rec.Response.Headers)
+	}
+	// The same request's record, completed by another producer with the
+	// per-response headers in it.
+	ctx := t.Context()
+	apply := func(cmd *fsm.Command) {
+		t.Helper()
+		if _, err := be.Apply(ctx, cmd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(&fsm.Command{Op: fsm.OpDelete, Namespace: "default", Key: "k-date"})
+	owner := "owner-token-replay-1"
+	apply(&fsm.Command{Op: fsm.OpReserve, Namespace: "default", Key: "k-date", Fingerprint: rec.Fingerprint, OwnerToken: owner, Lease: int64(time.Minute)})
+	apply(&fsm.Command{Op: fsm.OpComplete, Namespace: "default", Key: "k-date", OwnerToken: owner, Retention: int64(time.Hour),
+		Response: &fsm.Response{Status: 201, Body: []byte("ok"), Headers: map[string]string{
+			"Date": stale, "Content-Length": "999", "Transfer-Encoding": "chunked", "Connection": "X-Hop", "X-Hop": "1", "X-Kept": "kept",
+		}}})
+	again := send(t, srv.URL, "POST", "/", "", "Idempotency-Key", "k-date")
+	if again.Status != 201 || again.Body != "ok" || again.Header.Get("Idempotent-Replayed") != "true" || again.Header.Get("X-Kept") != "kept" {
+		t.Fatalf("replay: %d %q %v", again.Status, again.Body, again.Header)
+	}
+	if d := again.Header.Values("Date"); len(d) != 1 || d[0] == stale {
+		t.Errorf("replay Date %q, want one, the replay's own", d)
+	}
+	if again.Header.Get("X-Hop") != "" || again.Header.Get("Content-Length") == "999" {
+		t.Errorf("replay headers %v", again.Header)
+	}
+}

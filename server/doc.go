@@ -127,7 +127,7 @@
 // fields are); older_than_s compares with created_at (when the current
 // owner reserved the key) by the shard leader's clock, for both states.
 // POST .../keys/{key}:force-release and DELETE .../keys/{key} take
-// {"reason": "..."}: the reason is optional here (at most 1024 bytes of text
+// {"reason": "..."}: the reason is optional here (at most 1024 characters of text
 // without control characters; idemctl insists on one) and goes to the log
 // only. A force-released key reads as IN_PROGRESS with its lease ended until
 // the next reserve reclaims it, and a retried force-release answers 200 with

@@ -110,8 +110,27 @@ func (h *httpAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeError(w, errorf(CodeNotFound, "unknown path %q: the API is /v1/namespaces/{namespace}/keys/{key} (GET) and .../keys/{key}:reserve|heartbeat|complete|release (POST)", truncate(raw, 128)))
+	writeError(w, errorf(CodeNotFound, "unknown path %q: %s", truncate(raw, 128), routesUsage))
 }
+
+// verbList is the verbs of POST .../keys/{key}:{verb} as a message lists
+// them: ":reserve, :heartbeat, ... or :force-release".
+func verbList() string {
+	names := []string{"reserve", "heartbeat", "complete", "release", "checkpoint", "force-release"}
+	for i, n := range names {
+		names[i] = ":" + n
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// routesUsage is every route of the JSON API, for the message of an
+// unknown path.
+var routesUsage = "the API is GET or DELETE /v1/namespaces/{namespace}/keys/{key}; " +
+	"POST /v1/namespaces/{namespace}/keys/{key}" + strings.ReplaceAll(strings.ReplaceAll(verbList(), ", ", "|"), " or ", "|") + "; " +
+	"GET /v1/namespaces/{namespace}/keys (list); " +
+	"POST /v1/namespaces/{namespace}/keys:batch-reserve|:batch-complete; " +
+	"GET or PUT /v1/namespaces/{namespace}/policy; GET or PUT /v1/topology (nodes); " +
+	"GET /healthz, /readyz, /metrics, /openapi.json"
 
 func (h *httpAPI) serveReady(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), h.s.cfg.readyTimeout())
@@ -181,7 +200,7 @@ type route struct {
 // only when the key would otherwise end in ":<verb>". The namespace and key
 // are decoded afterwards.
 func parseRoute(method, raw string) (route, *Error) {
-	const usage = "the API is GET /v1/namespaces/{namespace}/keys/{key} and POST /v1/namespaces/{namespace}/keys/{key}:reserve|heartbeat|complete|release|force-release, DELETE .../keys/{key}, GET /v1/namespaces/{namespace}/keys (list)"
+	usage := routesUsage
 	unknown := func() (route, *Error) {
 		return route{endpoint: endpointUnknown}, errorf(CodeNotFound, "unknown path %q: %s", truncate(raw, 128), usage)
 	}
@@ -215,17 +234,25 @@ func parseRoute(method, raw string) (route, *Error) {
 	case http.MethodGet, http.MethodHead:
 		rt.endpoint = endpointGet
 	case http.MethodDelete:
+		// A delete is not undone: a path that reads as a verb call
+		// (.../keys/m1:reserve) is refused rather than taken as the key
+		// "m1:reserve", as POST would read it.
+		if i := strings.LastIndexByte(rawKey, ':'); i >= 0 && verbs[rawKey[i+1:]] != "" {
+			return route{endpoint: endpointUnknown, allow: "POST"}, errorf(CodeMethodNotAllowed,
+				"DELETE is not allowed on .../keys/{key}:%s, which is POST: to delete a key whose name ends in %q, percent-encode its ':' as %%3A",
+				rawKey[i+1:], ":"+rawKey[i+1:])
+		}
 		rt.endpoint = endpointDelete
 	case http.MethodPost:
 		i := strings.LastIndexByte(rawKey, ':')
 		if i < 0 {
 			return route{endpoint: endpointUnknown, allow: "GET, HEAD, DELETE"}, &Error{Code: CodeMethodNotAllowed,
-				Message: "POST needs a verb after the key: POST .../keys/{key}:reserve, :heartbeat, :complete or :release; reading a key is GET"}
+				Message: "POST needs a verb after the key: POST .../keys/{key}" + verbList() + "; reading a key is GET, deleting it DELETE"}
 		}
 		endpoint, ok := verbs[rawKey[i+1:]]
 		if !ok {
 			return route{endpoint: endpointUnknown}, errorf(CodeNotFound,
-				"unknown verb %q: use :reserve, :heartbeat, :complete, :release or :force-release (a ':' inside a key must be percent-encoded as %%3A)", truncate(rawKey[i+1:], 32))
+				"unknown verb %q: use %s (a ':' inside a key must be percent-encoded as %%3A)", truncate(rawKey[i+1:], 32), verbList())
 		}
 		rt.endpoint = endpoint
 		rawKey = rawKey[:i]
@@ -347,7 +374,7 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 		outcome = h.serveGetPolicy(sw, r, rt, fail)
 		return
 	}
-	body, e := h.readBody(r, sw)
+	body, e := h.readBody(r, sw, endpoint)
 	if e != nil {
 		fail(e)
 		return
@@ -471,13 +498,16 @@ func readAllLimited(w http.ResponseWriter, r *http.Request, limit int64) ([]byte
 	}
 }
 
-// readBody reads the request body up to MaxRequestBytes.
-func (h *httpAPI) readBody(r *http.Request, w http.ResponseWriter) ([]byte, *Error) {
+// readBody reads the request body of endpoint up to MaxRequestBytes.
+func (h *httpAPI) readBody(r *http.Request, w http.ResponseWriter, endpoint string) ([]byte, *Error) {
 	limit := h.s.cfg.maxRequestBytes()
 	tooLarge := func() *Error {
-		return errorf(CodePayloadTooLarge,
-			"payload too large: the request body exceeds %d bytes; a stored response body is at most %d bytes (decoded)",
-			limit, h.s.validate.maxResponseBytes)
+		if endpoint == endpointComplete {
+			return errorf(CodePayloadTooLarge,
+				"payload too large: a complete's request body is at most %d bytes, room for a stored response body of at most %d bytes (decoded, --max-response-bytes)",
+				limit, h.s.validate.maxResponseBytes)
+		}
+		return errorf(CodePayloadTooLarge, "payload too large: a JSON request body is at most %d bytes", limit)
 	}
 	if r.ContentLength > limit {
 		return nil, tooLarge()

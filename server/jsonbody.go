@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Request bodies are decoded in two steps: first into the object's members
@@ -17,6 +18,12 @@ import (
 // field names are matched exactly (encoding/json would also accept
 // "Lease_MS") and every unknown field, top level or nested, is named in the
 // error; then field by field, so that each type error names its field.
+//
+// A body is refused (400 INVALID_ARGUMENT) rather than rewritten when it is
+// not valid UTF-8, when a string escapes half of a UTF-16 surrogate pair
+// (encoding/json would store either as U+FFFD, so that two different
+// fingerprints would compare equal), or when an object names a member twice
+// (encoding/json would keep the last silently).
 
 // The fields each request body may hold.
 var (
@@ -47,8 +54,13 @@ func jsonObject(p *problems, data []byte, allowed []string, where string, buf js
 		p.addf("%s must be a JSON object like {\"%s\": ...}", where, allowed[0])
 		return nil
 	}
+	// The fast path takes only valid UTF-8; the slow one checks it first.
 	fields, ok := scanObject(data, buf)
 	if !ok {
+		if !utf8.Valid(data) {
+			p.addf("%s is not valid UTF-8 (byte %d): JSON text is UTF-8; send strings as UTF-8 text", where, invalidUTF8At(data))
+			return nil
+		}
 		if fields, ok = jsonObjectSlow(p, data, where, buf); !ok {
 			return nil
 		}
@@ -81,10 +93,143 @@ func jsonObjectSlow(p *problems, data []byte, where string, buf jsonFields) (jso
 		}
 		return nil, false
 	}
+	if dup, ok := duplicateMember(data, false); ok {
+		p.addf("%s names field %q twice: send each field once", where, truncate(dup, 64))
+		return nil, false
+	}
 	for name, raw := range fields {
 		buf = append(buf, jsonField{name: []byte(name), raw: raw})
 	}
 	return buf, true
+}
+
+// CheckJSONText is the INVALID_ARGUMENT for what a JSON request body holds
+// that encoding/json would decode into something else than was sent: bytes
+// that are not UTF-8, or an object, at any depth, that names a member twice
+// (encoding/json keeps the last). nil when there is neither, or when data is
+// not valid JSON (encoding/json says so). For handlers that decode a body
+// with encoding/json (a node's topology API); this package's own decoding
+// refuses the same and more.
+func CheckJSONText(data []byte) *Error {
+	var p problems
+	if !utf8.Valid(data) {
+		p.addf("request body is not valid UTF-8 (byte %d): JSON text is UTF-8; send strings as UTF-8 text", invalidUTF8At(data))
+		return p.err()
+	}
+	if dup, ok := duplicateMember(data, true); ok {
+		p.addf("request body names field %q twice: send each field once", truncate(dup, 128))
+	}
+	return p.err()
+}
+
+// duplicateMember reports a member that an object of data holds twice, by
+// its path ("response.status", "regions[0].name"). Deep or not: only the
+// members of data's own object when not, since the objects nested in a
+// request body (response, its headers, batch items) are decoded by
+// jsonObject and jsonHeaders, which check their own. data must be valid
+// JSON; a path is reported only for valid JSON.
+func duplicateMember(data []byte, deep bool) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	// walk reads one value; a member named twice is reported by its path.
+	var walk func(path string, depth int) (string, bool)
+	walk = func(path string, depth int) (string, bool) {
+		if depth > 0 && !deep {
+			var skip json.RawMessage
+			_ = dec.Decode(&skip)
+			return "", false
+		}
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		switch tok {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				tok, err := dec.Token()
+				if err != nil {
+					return "", false
+				}
+				name, _ := tok.(string)
+				member := name
+				if path != "" {
+					member = path + "." + name
+				}
+				if seen[name] {
+					return member, true
+				}
+				seen[name] = true
+				if dup, ok := walk(member, depth+1); ok {
+					return dup, true
+				}
+			}
+			_, _ = dec.Token() // '}'
+		case json.Delim('['):
+			for i := 0; dec.More(); i++ {
+				if dup, ok := walk(path+"["+strconv.Itoa(i)+"]", depth+1); ok {
+					return dup, true
+				}
+			}
+			_, _ = dec.Token() // ']'
+		}
+		return "", false
+	}
+	return walk("", 0)
+}
+
+// invalidUTF8At is the offset of the first byte of data that is not part of
+// valid UTF-8.
+func invalidUTF8At(data []byte) int {
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return len(data)
+}
+
+// loneSurrogate reports whether the JSON string literal raw escapes half of a
+// UTF-16 surrogate pair (\ud800 not followed by \udc00-\udfff, or a low
+// half alone), which encoding/json decodes to U+FFFD.
+func loneSurrogate(raw []byte) bool {
+	hex4 := func(b []byte) (rune, bool) {
+		if len(b) < 4 {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(b[:4]), 16, 16)
+		return rune(n), err == nil
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		i++
+		if i >= len(raw) || raw[i] != 'u' {
+			continue // a one-character escape: skipped whole
+		}
+		r, ok := hex4(raw[i+1:])
+		if !ok {
+			return false // not valid JSON: encoding/json says so
+		}
+		i += 4
+		switch {
+		case r >= 0xdc00 && r <= 0xdfff:
+			return true
+		case r >= 0xd800 && r <= 0xdbff:
+			if i+6 >= len(raw) || raw[i+1] != '\\' || raw[i+2] != 'u' {
+				return true
+			}
+			low, ok := hex4(raw[i+3:])
+			if !ok || low < 0xdc00 || low > 0xdfff {
+				return true
+			}
+			i += 6
+		}
+	}
+	return false
 }
 
 func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
@@ -101,6 +246,10 @@ func jsonString(p *problems, fields jsonFields, name, path string) string {
 	var s string
 	if raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
 		p.addf("%s must be a JSON string", path)
+		return ""
+	}
+	if loneSurrogate(raw) {
+		p.addf("%s escapes half of a UTF-16 surrogate pair (\\ud800-\\udfff without its other half): send valid UTF-8 text", path)
 		return ""
 	}
 	return s
@@ -297,11 +446,19 @@ func jsonHeaders(p *problems, fields jsonFields) map[string]string {
 		p.addf("response.headers must be a JSON object of strings like {\"Content-Type\": \"application/json\"}")
 		return nil
 	}
+	if dup, ok := duplicateMember(raw, false); ok {
+		p.addf("response.headers names field %q twice: send each header once (join multiple values with \", \")", truncate(dup, 64))
+		return nil
+	}
 	out := make(map[string]string, len(headers))
 	for name, value := range headers {
 		var s string
 		if len(value) == 0 || value[0] != '"' || json.Unmarshal(value, &s) != nil {
 			p.addf("response.headers[%q] must be a string (join multiple values with \", \")", truncate(name, 64))
+			continue
+		}
+		if loneSurrogate(value) {
+			p.addf("response.headers[%q] escapes half of a UTF-16 surrogate pair: send valid UTF-8 text", truncate(name, 64))
 			continue
 		}
 		out[name] = s

@@ -1,13 +1,18 @@
 package server
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"unicode/utf8"
+)
 
 // The fast path of request decoding: one pass over a body that splits an
 // object into its members without building a map or copying a value. It
-// takes only what it decodes exactly as encoding/json would (valid JSON,
-// member names of printable ASCII without escapes, no name twice, nesting
-// at most maxScanDepth deep); anything else answers false and goes the
-// slow way, through encoding/json, which also writes the error messages.
+// takes only what it decodes exactly as encoding/json would (valid JSON in
+// valid UTF-8, member names of printable ASCII without escapes, no name
+// twice, nesting at most maxScanDepth deep); anything else answers false
+// and goes the slow way, through encoding/json, which also writes the error
+// messages (and refuses what is not UTF-8, which encoding/json would turn
+// into U+FFFD).
 // So the fast path changes what a body costs, never what it means.
 
 // jsonField is one member of a JSON object: its name and its raw value
@@ -60,7 +65,7 @@ func scanObject(data []byte, buf jsonFields) (fields jsonFields, ok bool) {
 			}
 			for i := range fields {
 				if string(fields[i].name) == string(name) {
-					return nil, false // encoding/json keeps the last; the slow path decides
+					return nil, false // the slow path refuses a member named twice
 				}
 			}
 			s.space()
@@ -206,9 +211,8 @@ func (s *scanner) literal(lit string) bool {
 	return true
 }
 
-// str skips a string: no control characters, valid escapes. Bytes >= 0x80
-// pass unchecked, as in encoding/json (which decodes invalid UTF-8 to
-// U+FFFD).
+// str skips a string: no control characters, valid escapes, valid UTF-8
+// (outside strings, JSON text is ASCII).
 func (s *scanner) str() bool {
 	s.i++ // the opening quote
 	for s.i < len(s.data) {
@@ -240,6 +244,12 @@ func (s *scanner) str() bool {
 			default:
 				return false
 			}
+		case c >= utf8.RuneSelf:
+			r, n := utf8.DecodeRune(s.data[s.i:])
+			if r == utf8.RuneError && n == 1 {
+				return false
+			}
+			s.i += n
 		default:
 			s.i++
 		}

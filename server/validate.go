@@ -273,8 +273,9 @@ func (v validator) policyCommand(r policyParams) (*fsm.Command, *Error) {
 	return &fsm.Command{Op: fsm.OpSetPolicy, Namespace: r.Namespace, Policy: &pol}, nil
 }
 
-// MaxReasonBytes bounds an operator action's reason.
-const MaxReasonBytes = 1024
+// MaxReasonChars bounds an operator action's reason, in Unicode code points
+// (as the OpenAPI document's maxLength counts).
+const MaxReasonChars = 1024
 
 // operatorCommand is the force-release (op fsm.OpForceRelease) or delete
 // (fsm.OpDelete) of r. The reason is optional for the API (idemctl asks for
@@ -284,10 +285,10 @@ func (v validator) operatorCommand(op fsm.Op, r operatorParams) (*fsm.Command, *
 	checkNamespace(&p, r.Namespace)
 	checkKey(&p, r.Key)
 	switch {
-	case len(r.Reason) > MaxReasonBytes:
-		p.addf("reason is %d bytes long: use at most %d", len(r.Reason), MaxReasonBytes)
 	case !utf8.ValidString(r.Reason) || strings.ContainsFunc(r.Reason, unicode.IsControl):
 		p.addf("reason must be UTF-8 text without control characters (it is written to the logs)")
+	case utf8.RuneCountInString(r.Reason) > MaxReasonChars:
+		p.addf("reason is %d characters long: use at most %d", utf8.RuneCountInString(r.Reason), MaxReasonChars)
 	}
 	if e := p.err(); e != nil {
 		return nil, e

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +37,11 @@ func TestOpenAPIAgainstDevNode(t *testing.T) {
 		t.Fatalf("GET /v1/topology: %s", r)
 	}
 	do(openapitest.Call{Method: "PUT", Template: "/v1/topology", Body: `{"dead":[]}`}, 400)
+	// A member named twice is refused, not decoded as the last one.
+	r = do(openapitest.Call{Method: "PUT", Template: "/v1/topology", Body: `{"topology":"x","topology":"y","dead":[]}`}, 400)
+	if e, _ := r.JSON["error"].(map[string]any); e["code"] != "INVALID_ARGUMENT" || !strings.Contains(e["message"].(string), `"topology" twice`) {
+		t.Fatalf("PUT /v1/topology naming topology twice: %s", r)
+	}
 	do(openapitest.Call{Method: "DELETE", Template: "/v1/topology"}, 405)
 	do(openapitest.Call{Method: "GET", Template: "/readyz"}, 200)
 	do(openapitest.Call{Method: "GET", Template: "/healthz"}, 200)

@@ -39,7 +39,7 @@ func main() {
 		n := charges.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"charge":"ch_%d","fencing_token":%d}`, n, token)
+		fmt.Fprintf(w, `{"charge":"ch_%d","fencing_token":"%d"}`, n, token) // a string: JSON numbers lose 64-bit precision in JavaScript
 	})
 	srv := httptest.NewServer(client.Middleware(c, client.RequireKey())(pay))
 	defer srv.Close()

@@ -4,9 +4,11 @@
 // It loads the document with github.com/getkin/kin-openapi, which reads
 // OpenAPI 3.1 and validates schemas as JSON Schema 2020-12. Every response is
 // validated against the operation's declared responses (an undeclared status
-// fails); every request the server accepted (2xx) is validated against the
-// operation's parameters and request body, so the document cannot describe a
-// request shape the server does not take. It records which operations a test
+// fails); every request the server accepted (2xx, and no batch item refused
+// as INVALID_ARGUMENT) is validated against the operation's parameters and
+// request body, so the document cannot describe a request shape the server
+// does not take. RequestError gives the document's verdict on a request
+// without sending it, for tests that compare it with the server's. It records which operations a test
 // exercised, so that a test can require all of them.
 package openapitest
 
@@ -108,9 +110,8 @@ type Call struct {
 	Header http.Header
 }
 
-// Do sends c to base (e.g. http://127.0.0.1:8080) with client, validates the
-// exchange and returns the answer. Validation failures fail tb.
-func (v *Validator) Do(tb testing.TB, client *http.Client, base string, c Call) Response {
+// request builds c's request to base; its body is unread.
+func (c Call) request(tb testing.TB, ctx context.Context, base string) *http.Request {
 	tb.Helper()
 	path := c.Template
 	for name, value := range c.Params {
@@ -120,41 +121,72 @@ func (v *Validator) Do(tb testing.TB, client *http.Client, base string, c Call) 
 	if len(c.Query) > 0 {
 		u += "?" + c.Query.Encode()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	newReq := func() *http.Request {
-		var body io.Reader
-		if c.Body != "" {
-			body = strings.NewReader(c.Body)
-		}
-		req, err := http.NewRequestWithContext(ctx, c.Method, u, body)
-		if err != nil {
-			tb.Fatalf("%s %s: %v", c.Method, u, err)
-		}
-		for k, vs := range c.Header {
-			req.Header[k] = vs
-		}
-		if c.Body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		return req
+	var body io.Reader
+	if c.Body != "" {
+		body = strings.NewReader(c.Body)
 	}
-	resp, err := client.Do(newReq())
+	req, err := http.NewRequestWithContext(ctx, c.Method, u, body)
 	if err != nil {
 		tb.Fatalf("%s %s: %v", c.Method, u, err)
+	}
+	for k, vs := range c.Header {
+		req.Header[k] = vs
+	}
+	if c.Body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req
+}
+
+// Do sends c to base (e.g. http://127.0.0.1:8080) with client, validates the
+// exchange and returns the answer. Validation failures fail tb.
+func (v *Validator) Do(tb testing.TB, client *http.Client, base string, c Call) Response {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req := c.request(tb, ctx, base)
+	resp, err := client.Do(req)
+	if err != nil {
+		tb.Fatalf("%s %s: %v", c.Method, req.URL, err)
 	}
 	data, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if err != nil {
-		tb.Fatalf("%s %s: reading the answer: %v", c.Method, u, err)
+		tb.Fatalf("%s %s: reading the answer: %v", c.Method, req.URL, err)
 	}
 	out := Response{Status: resp.StatusCode, Header: resp.Header, Body: data}
 	var obj map[string]any
 	if json.Unmarshal(data, &obj) == nil {
 		out.JSON = obj
 	}
-	v.Check(tb, newReq(), c.Template, c.Params, out)
+	v.Check(tb, c.request(tb, ctx, base), c.Template, c.Params, out)
 	return out
+}
+
+// RequestError is the document's verdict on c as a request of its
+// operation: nil when the operation's parameters and request body schema
+// accept it, else why not. Nothing is sent.
+func (v *Validator) RequestError(tb testing.TB, c Call) error {
+	tb.Helper()
+	item := v.Doc.Paths.Value(c.Template)
+	if item == nil || item.GetOperation(c.Method) == nil {
+		tb.Fatalf("%s %s: not an operation of openapi.json", c.Method, c.Template)
+	}
+	return openapi3filter.ValidateRequest(context.Background(), v.requestInput(c.request(tb, context.Background(), "http://idem.invalid"), c.Template, c.Params))
+}
+
+func (v *Validator) requestInput(req *http.Request, template string, params map[string]string) *openapi3filter.RequestValidationInput {
+	item := v.Doc.Paths.Value(template)
+	route := &routers.Route{Spec: v.Doc, Path: template, PathItem: item, Method: req.Method, Operation: item.GetOperation(req.Method)}
+	return &openapi3filter.RequestValidationInput{
+		Request:    req,
+		PathParams: params,
+		Route:      route,
+		Options: &openapi3filter.Options{
+			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc,
+			MultiError:         true,
+		},
+	}
 }
 
 // Check validates one exchange of the operation (req.Method, template): the
@@ -175,18 +207,9 @@ func (v *Validator) Check(tb testing.TB, req *http.Request, template string, par
 	v.mu.Lock()
 	v.seen[op] = append(v.seen[op], resp.Status)
 	v.mu.Unlock()
-	route := &routers.Route{Spec: v.Doc, Path: template, PathItem: item, Method: req.Method, Operation: item.GetOperation(req.Method)}
-	in := &openapi3filter.RequestValidationInput{
-		Request:    req,
-		PathParams: params,
-		Route:      route,
-		Options: &openapi3filter.Options{
-			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc,
-			MultiError:         true,
-		},
-	}
+	in := v.requestInput(req, template, params)
 	ctx := context.Background()
-	if resp.Status >= 200 && resp.Status < 300 {
+	if resp.Status >= 200 && resp.Status < 300 && !ItemRefused(resp) {
 		if err := openapi3filter.ValidateRequest(ctx, in); err != nil {
 			tb.Errorf("%s: the server accepted a request openapi.json does not describe: %v", op, err)
 		}
@@ -201,6 +224,21 @@ func (v *Validator) Check(tb testing.TB, req *http.Request, template string, par
 	if err := openapi3filter.ValidateResponse(ctx, rin); err != nil {
 		tb.Errorf("%s: the answer %d does not conform to openapi.json: %v\nbody: %s", op, resp.Status, err, truncate(resp.Body, 2048))
 	}
+}
+
+// ItemRefused reports whether resp is a batch call's answer with an item
+// refused as INVALID_ARGUMENT: the call was answered 200, but the request
+// as a whole was not accepted, as the document's schema would not accept it.
+func ItemRefused(resp Response) bool {
+	results, _ := resp.JSON["results"].([]any)
+	for _, r := range results {
+		item, _ := r.(map[string]any)
+		e, _ := item["error"].(map[string]any)
+		if e["code"] == "INVALID_ARGUMENT" {
+			return true
+		}
+	}
+	return false
 }
 
 func (v *Validator) checkMethodNotAllowed(tb testing.TB, op string, resp Response) {

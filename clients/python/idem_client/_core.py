@@ -16,12 +16,18 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Dict, List, Optional, Tuple, Union
 from urllib.parse import quote, urlencode, urlsplit
 
-from .errors import IdemError, UnavailableError, InvalidArgumentError, error_from_answer
+from .errors import IdemError, UnavailableError, InvalidArgumentError, PayloadTooLargeError, error_from_answer
 
 #: Defaults of the clients and of run().
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MAX_ATTEMPTS = 4
 DEFAULT_MAX_RETRY_AFTER = 10.0
+#: The JSON request body limit of a node or router with the default
+#: --max-response-bytes (1 MiB): room for a 1 MiB response in base64, doubled
+#: for escaped '/', plus 512 KiB (docs/api.md, "Limits and backpressure").
+DEFAULT_MAX_REQUEST_BYTES = 2 * ((1 << 20) + 2) // 3 * 4 + (512 << 10)
+#: A batch call's body limit is at least 4 MiB.
+MIN_BATCH_BODY_BYTES = 4 << 20
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_MAX_WAIT = 10.0
 STORE_MAX_WAIT_MS = 30_000
@@ -354,8 +360,10 @@ class Transport:
     """Sends one request with http.client over a per-thread keep-alive
     connection; TLS (a private CA, mTLS) through an ssl.SSLContext."""
 
-    def __init__(self, base_url: str, timeout: float, ssl_context: Optional[ssl.SSLContext], token: Optional[str]):
+    def __init__(self, base_url: str, timeout: float, ssl_context: Optional[ssl.SSLContext], token: Optional[str],
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
         u = urlsplit(base_url)
+        self.max_request_bytes = max_request_bytes
         if u.scheme not in ("http", "https") or not u.hostname:
             raise InvalidArgumentError("INVALID_ARGUMENT", f"idem: base_url {base_url!r} must be http(s)://host:port")
         self.https = u.scheme == "https"
@@ -398,7 +406,25 @@ class Transport:
             headers["Authorization"] = f"Bearer {self.token}"
         conn = self._conn(timeout if timeout is not None else self.timeout + extra_timeout)
         try:
-            conn.request(method, self.prefix + path, body=payload, headers=headers)
+            try:
+                conn.request(method, self.prefix + path, body=payload, headers=headers)
+            except (ConnectionResetError, BrokenPipeError) as e:
+                # A server refuses a body over its limit (413) without reading
+                # it, and closes the connection: the answer may be waiting.
+                answer = self._early_answer(conn)
+                if answer is not None:
+                    return answer
+                limit = self.max_request_bytes
+                if ":batch-" in path:
+                    limit = max(limit, MIN_BATCH_BODY_BYTES)
+                if payload is not None and len(payload) > limit:
+                    raise PayloadTooLargeError(
+                        "PAYLOAD_TOO_LARGE",
+                        f"idem: {method} {path}: the request body is {len(payload)} bytes, more than the {limit} a node "
+                        f"takes by default, and the server closed the connection while it was sent ({e!r}): "
+                        "store a smaller response, or raise max_request_bytes for nodes run with a larger --max-response-bytes",
+                        status=413) from e
+                raise
             r = conn.getresponse()
             text = r.read()
             return Answer(r.status, {k.lower(): v for k, v in r.getheaders()}, text)
@@ -406,3 +432,16 @@ class Transport:
             conn.close()
             self.local.conn = None
             raise UnavailableError("UNAVAILABLE", f"idem: {method} {path}: {e!r}") from e
+
+    @staticmethod
+    def _early_answer(conn: http.client.HTTPConnection) -> Optional[Answer]:
+        """The answer a server wrote before the request body was sent whole,
+        or None."""
+        try:
+            r = conn.getresponse()
+            text = r.read()
+        except (OSError, http.client.HTTPException):
+            return None
+        finally:
+            conn.close()
+        return Answer(r.status, {k.lower(): v for k, v in r.getheaders()}, text)

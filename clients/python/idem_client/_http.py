@@ -164,11 +164,24 @@ def canonical_header(name: str) -> str:
     return "-".join(p[:1].upper() + p[1:] for p in name.lower().split("-"))
 
 
+# Hop-by-hop headers, cookies, the per-response Date and Content-Length (a
+# replay is a new message: the server dates it and frames its body) and the
+# replay markers: never stored, and never replayed from a record that holds
+# them (one completed through the JSON API, or by another producer).
 _NEVER_STORED = {
     "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "set-cookie", "set-cookie2", "content-length", "idempotent-replayed",
+    "transfer-encoding", "upgrade", "set-cookie", "set-cookie2", "content-length", "date", "idempotent-replayed",
     "idempotent-body-omitted", "idempotency-key-expires",
 }
+
+
+def replayed_headers(stored: Mapping[str, str]) -> Dict[str, str]:
+    """The stored headers a replay sends: all but those never stored (except
+    the body-omitted marker, which the middleware stores itself) and those a
+    stored Connection header names."""
+    connection = {n.strip().lower() for k, v in stored.items() if k.lower() == "connection" for n in v.split(",") if n.strip()}
+    return {k: v for k, v in stored.items()
+            if k.lower() == HEADER_BODY_OMITTED.lower() or k.lower() not in _NEVER_STORED and k.lower() not in connection}
 _TOKEN_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _CTL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 

@@ -30,11 +30,12 @@ class AsyncClient:
 
     def __init__(self, base_url: str, token: Optional[str] = None, ssl_context: Optional[ssl.SSLContext] = None,
                  timeout: float = _core.DEFAULT_TIMEOUT, max_attempts: int = _core.DEFAULT_MAX_ATTEMPTS,
-                 max_retry_after: float = _core.DEFAULT_MAX_RETRY_AFTER, max_concurrency: int = 64):
+                 max_retry_after: float = _core.DEFAULT_MAX_RETRY_AFTER, max_concurrency: int = 64,
+                 max_request_bytes: int = _core.DEFAULT_MAX_REQUEST_BYTES):
         self.base_url = base_url
         self.max_attempts = max_attempts
         self.max_retry_after = max_retry_after
-        self.transport = _core.Transport(base_url, timeout, ssl_context, token)
+        self.transport = _core.Transport(base_url, timeout, ssl_context, token, max_request_bytes)
         self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="idem-http")
 
     async def aclose(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tup
 from ._core import Response
 from ._http import (HEADER_BODY_OMITTED, HEADER_KEY, HEADER_KEY_EXPIRES, HEADER_REPLAYED, Problem, body_allowed,
                     canonical_header, default_release_status, fingerprint, header_lines, namespace_from_authorization,
-                    parse_key, parse_prefer_wait, stored_headers, valid_namespace)
+                    parse_key, parse_prefer_wait, replayed_headers, stored_headers, valid_namespace)
 from ._core import new_owner_token
 from .aio import AsyncClient
 from .client import Lease
@@ -254,7 +254,7 @@ class IdempotencyMiddleware:
                                                     "retry it with the same Idempotency-Key after Retry-After", retry_after=1.0)
         if res.outcome == "COMPLETED":
             r = res.response or Response(500)
-            out = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in r.headers.items()]
+            out = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in replayed_headers(r.headers).items()]
             out.append((HEADER_REPLAYED.lower().encode(), b"true"))
             if res.expires_at:
                 out.append((HEADER_KEY_EXPIRES.lower().encode(), format_datetime(res.expires_at, usegmt=True).encode()))

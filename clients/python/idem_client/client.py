@@ -64,16 +64,20 @@ class Client:
     after a backoff, up to ``max_attempts``; every call is safe to repeat
     (reserve picks its owner token before the first attempt). ``timeout``
     (seconds) bounds one attempt; a waiting reserve adds its wait, and a
-    request body a second per MiB, as nodes and routers give it.
+    request body a second per MiB, as nodes and routers give it. A 413
+    answer, or a connection the server closes while a body larger than
+    ``max_request_bytes`` (the limit of a node with the default
+    --max-response-bytes) is being sent, raises PayloadTooLargeError at once.
     """
 
     def __init__(self, base_url: str, token: Optional[str] = None, ssl_context: Optional[ssl.SSLContext] = None,
                  timeout: float = _core.DEFAULT_TIMEOUT, max_attempts: int = _core.DEFAULT_MAX_ATTEMPTS,
-                 max_retry_after: float = _core.DEFAULT_MAX_RETRY_AFTER):
+                 max_retry_after: float = _core.DEFAULT_MAX_RETRY_AFTER,
+                 max_request_bytes: int = _core.DEFAULT_MAX_REQUEST_BYTES):
         self.base_url = base_url
         self.max_attempts = max_attempts
         self.max_retry_after = max_retry_after
-        self.transport = _core.Transport(base_url, timeout, ssl_context, token)
+        self.transport = _core.Transport(base_url, timeout, ssl_context, token, max_request_bytes)
 
     # -- one call -------------------------------------------------------
 

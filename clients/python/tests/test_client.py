@@ -3,6 +3,8 @@ run(), once(), retries of 503, lease loss and a killed owner."""
 
 import asyncio
 import json
+import socket
+import struct
 import threading
 import time
 import uuid
@@ -15,8 +17,8 @@ import pytest
 
 from conftest import spawn_until
 from idem_client import (AsyncClient, Client, FailedPreconditionError, FingerprintMismatchError, InProgressError,
-                         InvalidArgumentError, LeaseLostError, NotFoundError, NotOwnerError, PermanentError, Response,
-                         UnavailableError)
+                         InvalidArgumentError, LeaseLostError, NotFoundError, NotOwnerError, PayloadTooLargeError,
+                         PermanentError, Response, UnavailableError)
 
 NS = "py-client"
 HERE = Path(__file__).resolve().parent
@@ -132,6 +134,90 @@ def test_503_is_retried_after_retry_after_with_the_same_owner_token(node):
         assert e.value.retry_after == 1.0
     finally:
         hop.shutdown()
+
+
+def _count_attempts(c):
+    attempts = []
+    inner = c.transport.attempt
+
+    def counted(*args, **kwargs):
+        attempts.append(args[1])
+        return inner(*args, **kwargs)
+
+    c.transport.attempt = counted
+    return attempts
+
+
+def test_a_body_over_the_limit_is_payload_too_large_at_once(node):
+    # The node answers 413 without reading a body over its limit and closes
+    # the connection while the client still sends: one attempt, no retry.
+    c = Client(node.url)
+    attempts = _count_attempts(c)
+    res_key = new_key()
+    res = c.reserve(NS, res_key)
+    attempts.clear()
+    with pytest.raises(PayloadTooLargeError) as e:
+        c.complete(NS, res_key, res.owner_token, Response(200, {}, b"x" * (5 << 20)))
+    assert e.value.status == 413 and e.value.code == "PAYLOAD_TOO_LARGE"
+    assert len(attempts) == 1, attempts
+    # The connection is usable afterwards.
+    assert c.reserve(NS, new_key()).outcome == "ACQUIRED"
+
+
+def _resetting_server(read: int):
+    """A server that reads the request head and `read` bytes of the body,
+    then resets the connection without answering."""
+    ln = socket.socket()
+    ln.bind(("127.0.0.1", 0))
+    ln.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = ln.accept()
+            except OSError:
+                return
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            got = len(data.split(b"\r\n\r\n", 1)[-1])
+            while got < read:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                got += len(chunk)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return ln
+
+
+def test_a_reset_while_sending_a_body_over_the_limit_is_payload_too_large():
+    ln = _resetting_server(read=1 << 20)
+    try:
+        url = f"http://127.0.0.1:{ln.getsockname()[1]}"
+        c = Client(url, max_retry_after=0.01)
+        attempts = _count_attempts(c)
+        with pytest.raises(PayloadTooLargeError):
+            c.complete(NS, new_key(), "owner-token-0123456789", Response(200, {}, b"x" * (5 << 20)))
+        assert len(attempts) == 1
+        # Under the limit, a reset is a transport failure: retried, then UNAVAILABLE.
+        attempts.clear()
+        with pytest.raises(UnavailableError):
+            c.complete(NS, new_key(), "owner-token-0123456789", Response(200, {}, b"x" * (1 << 20)))
+        assert len(attempts) == c.max_attempts
+        # A node run with a larger --max-response-bytes: the caller says so.
+        big = Client(url, max_attempts=2, max_retry_after=0.01, max_request_bytes=64 << 20)
+        attempts = _count_attempts(big)
+        with pytest.raises(UnavailableError):
+            big.complete(NS, new_key(), "owner-token-0123456789", Response(200, {}, b"x" * (5 << 20)))
+        assert len(attempts) == 2
+    finally:
+        ln.close()
 
 
 def test_an_attempt_carrying_megabytes_gets_a_second_per_mib_more():

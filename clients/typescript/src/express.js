@@ -2,7 +2,7 @@
 
 import {
   HEADER_KEY, HEADER_FENCING_TOKEN, HEADER_REPLAYED, HEADER_BODY_OMITTED, HEADER_KEY_EXPIRES, PROBLEM_CONTENT_TYPE,
-  parseKey, parsePreferWait, fingerprint, problem, problemBody, retryAfterSeconds, storedHeaders,
+  parseKey, parsePreferWait, fingerprint, problem, problemBody, retryAfterSeconds, storedHeaders, replayedHeaders,
   defaultReleaseStatus, bodyAllowed, validNamespace, namespaceFromCert, namespaceFromAuthorization,
 } from './http.js';
 import { newOwnerToken } from './client.js';
@@ -252,7 +252,7 @@ export function idempotency(client, options = {}) {
     switch (res0.outcome) {
       case 'COMPLETED': {
         const r = res0.response;
-        for (const [name, value] of Object.entries(r.headers)) res.setHeader(name, value);
+        for (const [name, value] of Object.entries(replayedHeaders(r.headers))) res.setHeader(name, value);
         res.setHeader(HEADER_REPLAYED, 'true');
         if (res0.expiresAt) res.setHeader(HEADER_KEY_EXPIRES, res0.expiresAt.toUTCString());
         res.statusCode = r.status;

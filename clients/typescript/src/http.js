@@ -149,11 +149,34 @@ export function canonicalHeader(name) {
   return name.toLowerCase().replace(/(^|-)([a-z])/g, (_, dash, c) => dash + c.toUpperCase());
 }
 
+// Hop-by-hop headers, cookies, the per-response Date and Content-Length (a
+// replay is a new message: the server dates it and frames its body) and the
+// replay markers: never stored, and never replayed from a record that holds
+// them (one completed through the JSON API, or by another producer).
 const neverStored = new Set([
   'connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer',
-  'transfer-encoding', 'upgrade', 'set-cookie', 'set-cookie2', 'content-length', 'idempotent-replayed',
+  'transfer-encoding', 'upgrade', 'set-cookie', 'set-cookie2', 'content-length', 'date', 'idempotent-replayed',
   'idempotent-body-omitted', 'idempotency-key-expires',
 ]);
+
+/**
+ * The stored headers a replay sends: all but those never stored (except the
+ * body-omitted marker, which the middleware stores itself) and those a
+ * stored Connection header names.
+ */
+export function replayedHeaders(stored) {
+  const connection = new Set();
+  for (const [name, value] of Object.entries(stored)) {
+    if (name.toLowerCase() !== 'connection') continue;
+    for (const n of String(value).split(',')) if (n.trim()) connection.add(n.trim().toLowerCase());
+  }
+  const out = {};
+  for (const [name, value] of Object.entries(stored)) {
+    const lower = name.toLowerCase();
+    if (lower === HEADER_BODY_OMITTED.toLowerCase() || (!neverStored.has(lower) && !connection.has(lower))) out[name] = value;
+  }
+  return out;
+}
 const TOKEN_RE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 
 function headerValue(v) {

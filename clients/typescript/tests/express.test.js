@@ -5,6 +5,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Readable } from 'node:stream';
+import { request } from 'node:http';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { IdemClient, idempotency, newKey } from '../src/index.js';
@@ -91,6 +92,52 @@ test('first request runs, a retry replays it exactly, another body is 422', asyn
   await problemOf(await post(`${url}/payments?currency=eur`, key, { amount: 200 }), 422, 'idempotency-key-reused');
   await problemOf(await post(`${url}/payments?currency=usd`, key, { amount: 100 }), 422, 'idempotency-key-reused');
   assert.equal(calls.length, 1);
+});
+
+/** POSTs with node:http, which keeps repeated header lines apart. */
+function rawPost(url, key, body) {
+  return new Promise((resolve, reject) => {
+    const req = request(url, { method: 'POST', headers: { 'Idempotency-Key': key, 'Content-Type': 'text/plain' } }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, raw: res.rawHeaders, body: Buffer.concat(chunks).toString() }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+test('a replay leaves out per-response headers, even when the record holds them', async () => {
+  const stale = 'Mon, 01 Jan 2001 00:00:00 GMT';
+  const { url } = await paymentsApp({}, (req, res) => {
+    res.status(201).set('Date', stale).set('X-Kept', 'kept').send('ok');
+  });
+  const key = newKey();
+  const first = await rawPost(`${url}/payments`, key, 'x');
+  assert.equal(first.status, 201);
+  const rec = await client.get('default', key);
+  assert.equal(rec.response.headers.Date, undefined, 'Date is not stored');
+  assert.equal(rec.response.headers['X-Kept'], 'kept');
+  // The same request's record, completed through the JSON API with the
+  // per-response headers in it.
+  await client.deleteKey('default', key, { reason: 'test' });
+  const r = await client.reserve('default', key, { fingerprint: rec.fingerprint });
+  await client.complete('default', key, { ownerToken: r.ownerToken, response: { status: 201, body: 'ok', headers: {
+    Date: stale, 'Content-Length': '999', 'Transfer-Encoding': 'chunked', Connection: 'X-Hop', 'X-Hop': '1', 'X-Kept': 'kept',
+  } } });
+  const again = await rawPost(`${url}/payments`, key, 'x');
+  assert.equal(again.status, 201);
+  assert.equal(again.body, 'ok');
+  const lines = [];
+  for (let i = 0; i < again.raw.length; i += 2) lines.push([again.raw[i].toLowerCase(), again.raw[i + 1]]);
+  const values = (name) => lines.filter(([n]) => n === name).map(([, v]) => v);
+  assert.deepEqual(values('idempotent-replayed'), ['true']);
+  assert.deepEqual(values('x-kept'), ['kept']);
+  assert.equal(values('date').length, 1, 'one Date');
+  assert.notEqual(values('date')[0], stale, 'the replay is dated now');
+  assert.deepEqual(values('x-hop'), []);
+  assert.notDeepEqual(values('content-length'), ['999']);
+  assert.notDeepEqual(values('transfer-encoding'), ['chunked', 'chunked']);
 });
 
 test('concurrent duplicates: one runs, the others get 409 or, with Prefer: wait, the replay', async () => {
