@@ -86,23 +86,7 @@ func TestDropStepCoversEverySourceOnce(t *testing.T) {
 // serving (not marked clean: the mover takes it again), and not for one
 // the change removes (logged, marked clean: its records stay parked).
 func TestDropStepFailureHoldsOnlyServingSources(t *testing.T) {
-	file := func(version, shards int) json.RawMessage {
-		var b strings.Builder
-		b.WriteString("cluster: drops\nversion: " + strconv.Itoa(version) + "\nshards_per_region: " + strconv.Itoa(shards) + "\nreplicas: 3\nregions:\n  - name: r1\n    nodes:\n")
-		for i := 1; i <= 3; i++ {
-			n := strconv.Itoa(i)
-			b.WriteString("      - {id: r1-" + n + ", raft_addr: 127.0.0.1:700" + n + ", grpc_addr: 127.0.0.1:710" + n + ", http_addr: 127.0.0.1:810" + n + "}\n")
-		}
-		topo, err := topology.Parse([]byte(b.String()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := json.Marshal(topo)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return data
-	}
+	file := func(version, shards int) json.RawMessage { return regionFile(t, version, shards) }
 	for _, c := range []struct {
 		from, to int
 		shard    string
@@ -139,5 +123,91 @@ func TestDropStepFailureHoldsOnlyServingSources(t *testing.T) {
 		if !c.stays && (err != nil || !clean) {
 			t.Fatalf("a failed drop at %s, which the change removes: %v, clean %v; want no error and clean", c.shard, err, clean)
 		}
+	}
+}
+
+// regionFile is a one-region, three-node topology document at version with
+// shards per region, as the meta group stores it.
+func regionFile(t *testing.T, version, shards int) json.RawMessage {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("cluster: drops\nversion: " + strconv.Itoa(version) + "\nshards_per_region: " + strconv.Itoa(shards) + "\nreplicas: 3\nregions:\n  - name: r1\n    nodes:\n")
+	for i := 1; i <= 3; i++ {
+		n := strconv.Itoa(i)
+		b.WriteString("      - {id: r1-" + n + ", raft_addr: 127.0.0.1:700" + n + ", grpc_addr: 127.0.0.1:710" + n + ", http_addr: 127.0.0.1:810" + n + "}\n")
+	}
+	topo, err := topology.Parse([]byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// The meta group records one batch at a time: a new one only when none is
+// recorded, the same one again as a new attempt (a higher attempt id, the
+// entry's index), a different one refused while the recorded one is not
+// moved; recording it moved clears it, and so do activate and a new target.
+func TestMetaRecordsOneBatchAtATime(t *testing.T) {
+	m := newMetaSM()
+	index := uint64(0)
+	apply := func(cmd metaCommand) error {
+		t.Helper()
+		data, err := json.Marshal(cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		index++
+		if res := m.Apply(index, data); res != nil {
+			return res.(error)
+		}
+		return nil
+	}
+	must := func(cmd metaCommand) {
+		t.Helper()
+		if err := apply(cmd); err != nil {
+			t.Fatalf("%s: %v", cmd.Op, err)
+		}
+	}
+	batch := func(parts []uint32, nonce uint64) metaCommand {
+		return metaCommand{Op: "batch", Version: 2, Source: "r1-0", Dest: "r1-2", Partitions: parts, Nonce: nonce}
+	}
+	must(metaCommand{Op: "init", Topology: regionFile(t, 1, 2)})
+	if err := apply(batch([]uint32{1, 2}, 7)); err == nil {
+		t.Fatal("a batch was recorded with no change running")
+	}
+	must(metaCommand{Op: "target", Topology: regionFile(t, 2, 4), At: 1})
+	must(batch([]uint32{1, 2}, 7))
+	mv, _ := m.read()
+	first := mv.batch
+	if first == nil || first.Attempt != index || first.Nonce != 7 || !slices.Equal(first.Partitions, []uint32{1, 2}) {
+		t.Fatalf("recorded %+v, want partitions 1, 2 by nonce 7 at attempt %d", first, index)
+	}
+	if err := apply(batch([]uint32{1, 2, 3}, 8)); err == nil {
+		t.Fatal("a larger batch replaced the recorded one")
+	}
+	for _, bad := range []metaCommand{batch([]uint32{2, 1}, 8), batch(nil, 8), batch([]uint32{1, 2}, 0), {Op: "batch", Version: 3, Source: "r1-0", Dest: "r1-2", Partitions: []uint32{1, 2}, Nonce: 8}} {
+		if err := apply(bad); err == nil {
+			t.Fatalf("recorded %+v", bad)
+		}
+	}
+	must(batch([]uint32{1, 2}, 9)) // a driver that took over: a new attempt of the same batch
+	if mv, _ = m.read(); mv.batch.Attempt <= first.Attempt || mv.batch.Nonce != 9 {
+		t.Fatalf("a new attempt of the batch: %+v, want an attempt above %d by nonce 9", mv.batch, first.Attempt)
+	}
+	must(metaCommand{Op: "moved", Version: 2, Partitions: []uint32{1, 2}})
+	if mv, _ = m.read(); mv.batch != nil || !mv.moved[1] || !mv.moved[2] {
+		t.Fatalf("after moved: batch %+v, moved %v", mv.batch, mv.moved)
+	}
+	if err := apply(batch([]uint32{2, 3}, 10)); err == nil {
+		t.Fatal("a batch with a moved partition was recorded")
+	}
+	must(batch([]uint32{3}, 10))
+	must(metaCommand{Op: "activate", Version: 2})
+	if mv, _ = m.read(); mv.batch != nil {
+		t.Fatalf("the batch outlived its change: %+v", mv.batch)
 	}
 }
