@@ -65,6 +65,33 @@ type Authorizer struct {
 	state   atomic.Pointer[state]
 	mu      sync.Mutex // serialises Reload
 	metrics *metrics
+	// member, once a node sets it (SetNodeMembership), tells whether a
+	// node certificate's id is a node of the committed topology.
+	member atomic.Pointer[func(id string) bool]
+}
+
+// SetNodeMembership makes the authorizer accept a node certificate only
+// for a node that member reports as one of the cluster's committed
+// topology (active, or the target of a running change): a certificate
+// the CA issued for any other id is refused as UNAUTHENTICATED, whatever
+// it asks for or forwards. A node sets it once it knows its topology;
+// a router, which knows none, leaves it unset (every node certificate of
+// the CA is then a node). member must be cheap and safe for concurrent use.
+func (a *Authorizer) SetNodeMembership(member func(id string) bool) {
+	a.member.Store(&member)
+}
+
+// outsider returns the refusal of a node peer outside the committed
+// topology, or nil.
+func (a *Authorizer) outsider(c Credentials) error {
+	if c.Peer.Kind != pki.KindNode {
+		return nil
+	}
+	m := a.member.Load()
+	if m == nil || (*m)(c.Peer.Name) {
+		return nil
+	}
+	return unauthenticated("the node certificate names node %q, which is not a node of this cluster's committed topology: a node certificate authorizes only the nodes the topology lists", c.Peer.Name)
 }
 
 // state is one loaded policy with its rate limiters.
@@ -76,6 +103,28 @@ type state struct {
 type limiter struct {
 	ratePerS float64
 	lim      *rate.Limiter
+}
+
+// charge takes cost requests (a batch call's items, all at once) from the
+// bucket, or returns the 429 that refuses them all: the bucket cannot pay
+// them now (Retry-After: when it can), or ever (more than its burst, one
+// second of the rate: split the batch).
+func (l *limiter) charge(now time.Time, name string, cost int) error {
+	r := l.lim.ReserveN(now, cost)
+	if !r.OK() {
+		return &Error{Code: CodeResourceExhausted, RetryAfter: time.Second,
+			Message: fmt.Sprintf("a batch of %d items is over principal %q's burst of %d requests (one second of its rate_per_s of %g): every item is charged as a request; split it into batches of at most %d items", cost, name, l.lim.Burst(), l.ratePerS, l.lim.Burst())}
+	}
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		what := "requests"
+		if cost > 1 {
+			what = fmt.Sprintf("requests (this batch call is charged its %d items)", cost)
+		}
+		return &Error{Code: CodeResourceExhausted, RetryAfter: max(d, time.Millisecond),
+			Message: fmt.Sprintf("principal %q is over its rate_per_s of %g %s per second on this process", name, l.ratePerS, what)}
+	}
+	return nil
 }
 
 // root is every caller when there is no auth file.
@@ -178,6 +227,9 @@ func (a *Authorizer) Authenticate(c Credentials) (*Principal, error) {
 // authenticate also reports whether the request was forwarded or internal,
 // which the rate limit exempts (the process the caller sent it to charged it).
 func (a *Authorizer) authenticate(st *state, c Credentials) (*Principal, bool, error) {
+	if err := a.outsider(c); err != nil {
+		return nil, false, err
+	}
 	if st.policy == nil {
 		if !a.cfg.RequireCertificate {
 			return root, false, nil
@@ -253,12 +305,13 @@ func matchToken(pol *Policy, token string) *Principal {
 // an *Error with UNAUTHENTICATED, PERMISSION_DENIED or RESOURCE_EXHAUSTED
 // (with RetryAfter). The rate limit is charged only for allowed requests.
 func (a *Authorizer) Authorize(c Credentials, t Target) (*Principal, error) {
-	return a.authorize(c, t, true)
+	return a.authorize(c, t, 1)
 }
 
-// authorize is Authorize; limited false skips the rate limit (a Batch RPC,
-// whose operations are each counted).
-func (a *Authorizer) authorize(c Credentials, t Target, limited bool) (*Principal, error) {
+// authorize is Authorize charging cost requests to the principal's rate:
+// 0 for a batch call's items (the call paid for all of them), a batch
+// call's item count for the call.
+func (a *Authorizer) authorize(c Credentials, t Target, cost int) (*Principal, error) {
 	st := a.state.Load()
 	p, exempt, err := a.authenticate(st, c)
 	if err != nil {
@@ -269,14 +322,10 @@ func (a *Authorizer) authorize(c Credentials, t Target, limited bool) (*Principa
 		a.metrics.decide(CodePermissionDenied)
 		return nil, err
 	}
-	if l := st.limiters[p.Name]; l != nil && !exempt && limited {
-		now := a.now()
-		r := l.lim.ReserveN(now, 1)
-		if d := r.DelayFrom(now); !r.OK() || d > 0 {
-			r.CancelAt(now)
+	if l := st.limiters[p.Name]; l != nil && !exempt && cost > 0 {
+		if err := l.charge(a.now(), p.Name, cost); err != nil {
 			a.metrics.decide(CodeResourceExhausted)
-			return nil, &Error{Code: CodeResourceExhausted, RetryAfter: max(d, time.Millisecond),
-				Message: fmt.Sprintf("principal %q is over its rate_per_s of %g requests per second on this process", p.Name, l.ratePerS)}
+			return nil, err
 		}
 	}
 	a.metrics.decide("OK")
@@ -318,6 +367,9 @@ func (a *Authorizer) chargeAgain(name string) error {
 func check(p *Principal, t Target) error {
 	if t.Verb == "" {
 		return denied("internal error: no verb for this request (treated as denied)")
+	}
+	if p.RoutingOnly && t.Verb != VerbAuthenticate && t.Verb != VerbStatus {
+		return denied("%s forwarded no principal: a router's own identity may only route (Routing, Topology.Get, Status); %s needs the principal of the caller it forwards", p.Name, t.Verb)
 	}
 	if p.Role < t.Verb.MinRole() {
 		return denied("principal %q has role %s; %s needs %s", p.Name, p.Role, t.Verb, t.Verb.MinRole())
@@ -423,7 +475,16 @@ func (m *metrics) stats() Stats {
 }
 
 // peerPrincipal is the internal principal of a node or router peer's own
-// calls (no forwarded principal).
+// calls (no forwarded principal). A node of the cluster is admin on "*"
+// (its control calls, its own operator steps); a router only routes: its
+// own identity may ask for the ring and the topology (Routing, Topology.Get)
+// and the cluster's status (its ring check at start), and nothing else.
+// Everything a router does for a caller it does with the caller's
+// principal, which it forwards.
 func peerPrincipal(id pki.Identity) *Principal {
-	return &Principal{Name: id.Kind.String() + ":" + id.Name, Role: RoleAdmin, Namespaces: []string{"*"}, Internal: true}
+	p := &Principal{Name: id.Kind.String() + ":" + id.Name, Role: RoleAdmin, Namespaces: []string{"*"}, Internal: true}
+	if id.Kind == pki.KindRouter {
+		p.RoutingOnly = true
+	}
+	return p
 }

@@ -69,6 +69,9 @@ type Principal struct {
 	// Internal marks a principal auth made up rather than read from the
 	// file: root without an auth file, and a node peer's own identity.
 	Internal bool
+	// RoutingOnly marks a router peer's own identity: it may only route
+	// (VerbAuthenticate, VerbStatus), whatever its Role.
+	RoutingOnly bool
 
 	tokenHash [32]byte
 	hasToken  bool
