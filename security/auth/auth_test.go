@@ -387,28 +387,30 @@ func TestRouterIdentityOnlyRoutes(t *testing.T) {
 	}
 }
 
-// TestNodeOutsideTheTopologyIsUnauthenticated: once a node set its
-// membership, a node certificate of an id outside it is refused for
-// everything, even a forwarded principal; a member keeps its rights.
-func TestNodeOutsideTheTopologyIsUnauthenticated(t *testing.T) {
+// TestNodeOutsideTheTopologyIsNoNode: once a node set its membership, a
+// node certificate of an id outside it gets none of a node's rights: its
+// own identity only routes, as a router's (what it forwards is judged as
+// the forwarded principal, as from a router); a member keeps its rights.
+func TestNodeOutsideTheTopologyIsNoNode(t *testing.T) {
 	a, _, _ := newTestAuthorizer(t, testFile())
-	if _, err := a.Authorize(node("evil-9", ""), Target{Verb: VerbStatus}); err != nil {
+	if _, err := a.Authorize(node("evil-9", ""), Target{Verb: VerbTopology}); err != nil {
 		t.Fatalf("without a membership every node certificate is a node: %v", err)
 	}
 	a.SetNodeMembership(func(id string) bool { return id == "n1" })
-	for _, c := range []Credentials{node("evil-9", ""), node("evil-9", "root")} {
-		for _, tgt := range []Target{{Verb: VerbTopology}, {Verb: VerbAuthenticate}, {"billing", VerbForceRelease}} {
-			_, err := a.Authorize(c, tgt)
-			var e *Error
-			if !errors.As(err, &e) || e.Code != CodeUnauthenticated {
-				t.Fatalf("node evil-9 (forwarding %q), %v: %v, want UNAUTHENTICATED", c.Forwarded, tgt, err)
-			}
+	for _, tgt := range []Target{{Verb: VerbTopology}, {Verb: VerbSnapshot}, GRPCTarget("/idem.v1.Topology/ChangeMember", nil), {"billing", VerbForceRelease}, {"billing", VerbGet}} {
+		_, err := a.Authorize(node("evil-9", ""), tgt)
+		var e *Error
+		if !errors.As(err, &e) || e.Code != CodePermissionDenied {
+			t.Fatalf("node evil-9 on its own, %v: %v, want PERMISSION_DENIED", tgt, err)
 		}
+	}
+	if p, err := a.Authorize(node("evil-9", ""), GRPCTarget("/idem.v1.Idempotency/Routing", nil)); err != nil || p.Name != "node:evil-9" {
+		t.Fatalf("node evil-9 routing: %v %v", p, err)
+	}
+	if _, err := a.Authorize(node("evil-9", "billing-api"), Target{"shop", VerbGet}); err == nil {
+		t.Fatal("a forwarded principal kept more than its own rights")
 	}
 	if p, err := a.Authorize(node("n1", ""), Target{Verb: VerbTopology}); err != nil || p.Name != "node:n1" {
 		t.Fatalf("member n1: %v %v", p, err)
-	}
-	if _, err := a.Authorize(router("edge-1", "root"), Target{Verb: VerbTopology}); err != nil {
-		t.Fatalf("a router is no node: %v", err)
 	}
 }

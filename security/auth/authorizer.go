@@ -70,28 +70,28 @@ type Authorizer struct {
 	member atomic.Pointer[func(id string) bool]
 }
 
-// SetNodeMembership makes the authorizer accept a node certificate only
-// for a node that member reports as one of the cluster's committed
-// topology (active, or the target of a running change): a certificate
-// the CA issued for any other id is refused as UNAUTHENTICATED, whatever
-// it asks for or forwards. A node sets it once it knows its topology;
-// a router, which knows none, leaves it unset (every node certificate of
-// the CA is then a node). member must be cheap and safe for concurrent use.
+// SetNodeMembership tells the authorizer which node certificates name a
+// node of the cluster: member reports whether id is a node of the
+// committed topology (active, or the target of a running change). A node
+// certificate for any other id is no node here: it is taken as a router
+// (it may forward its caller's principal, as a v1.1 router given a node
+// certificate does; its own identity only routes), never as a node, so
+// its own calls get none of a node's rights. A node sets it once it knows
+// its topology; a router, which knows none, leaves it unset (every node
+// certificate of the CA is then a node). member must be cheap and safe for
+// concurrent use.
 func (a *Authorizer) SetNodeMembership(member func(id string) bool) {
 	a.member.Store(&member)
 }
 
-// outsider returns the refusal of a node peer outside the committed
-// topology, or nil.
-func (a *Authorizer) outsider(c Credentials) error {
+// outsider reports whether c's peer holds a node certificate for an id
+// outside the committed topology.
+func (a *Authorizer) outsider(c Credentials) bool {
 	if c.Peer.Kind != pki.KindNode {
-		return nil
+		return false
 	}
 	m := a.member.Load()
-	if m == nil || (*m)(c.Peer.Name) {
-		return nil
-	}
-	return unauthenticated("the node certificate names node %q, which is not a node of this cluster's committed topology: a node certificate authorizes only the nodes the topology lists", c.Peer.Name)
+	return m != nil && !(*m)(c.Peer.Name)
 }
 
 // state is one loaded policy with its rate limiters.
@@ -227,9 +227,6 @@ func (a *Authorizer) Authenticate(c Credentials) (*Principal, error) {
 // authenticate also reports whether the request was forwarded or internal,
 // which the rate limit exempts (the process the caller sent it to charged it).
 func (a *Authorizer) authenticate(st *state, c Credentials) (*Principal, bool, error) {
-	if err := a.outsider(c); err != nil {
-		return nil, false, err
-	}
 	if st.policy == nil {
 		if !a.cfg.RequireCertificate {
 			return root, false, nil
@@ -237,7 +234,7 @@ func (a *Authorizer) authenticate(st *state, c Credentials) (*Principal, bool, e
 		switch c.Peer.Kind {
 		case pki.KindNode, pki.KindRouter:
 			if c.Forwarded == "" {
-				return peerPrincipal(c.Peer), true, nil
+				return a.peerPrincipal(c), true, nil
 			}
 			return &Principal{Name: c.Forwarded, Role: RoleAdmin, Namespaces: []string{"*"}}, true, nil
 		case pki.KindClient:
@@ -247,7 +244,7 @@ func (a *Authorizer) authenticate(st *state, c Credentials) (*Principal, bool, e
 	}
 	if c.Peer.Kind.Peer() {
 		if c.Forwarded == "" {
-			return peerPrincipal(c.Peer), true, nil
+			return a.peerPrincipal(c), true, nil
 		}
 		p, ok := st.policy.Lookup(c.Forwarded)
 		if !ok {
@@ -476,14 +473,16 @@ func (m *metrics) stats() Stats {
 
 // peerPrincipal is the internal principal of a node or router peer's own
 // calls (no forwarded principal). A node of the cluster is admin on "*"
-// (its control calls, its own operator steps); a router only routes: its
-// own identity may ask for the ring and the topology (Routing, Topology.Get)
-// and the cluster's status (its ring check at start), and nothing else.
-// Everything a router does for a caller it does with the caller's
+// (its control calls, its own operator steps); a router, or a node
+// certificate outside the committed topology, only routes: its own
+// identity may ask for the ring and the topology (Routing, Topology.Get)
+// and the cluster's status (a router's ring check at start), and nothing
+// else. Everything a router does for a caller it does with the caller's
 // principal, which it forwards.
-func peerPrincipal(id pki.Identity) *Principal {
+func (a *Authorizer) peerPrincipal(c Credentials) *Principal {
+	id := c.Peer
 	p := &Principal{Name: id.Kind.String() + ":" + id.Name, Role: RoleAdmin, Namespaces: []string{"*"}, Internal: true}
-	if id.Kind == pki.KindRouter {
+	if id.Kind == pki.KindRouter || a.outsider(c) {
 		p.RoutingOnly = true
 	}
 	return p
