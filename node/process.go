@@ -145,6 +145,12 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	}
 	rcfg.OnStorageFailure = n.storageFailed
 	rcfg.ExtraSeats = n.seatedInView
+	// A node certificate authorizes a node of the committed topology
+	// only (peerauth.go has the control RPCs' finer checks).
+	cfg.Security.Authorizer().SetNodeMembership(func(id string) bool {
+		_, ok := n.view().node(id)
+		return ok
+	})
 	rcfg.NodeID = cfg.NodeID
 	rcfg.RaftListenAddr = cmp.Or(cfg.RaftAddr, n.self.RaftAddr)
 	rcfg.RaftAdvertiseAddr = n.self.RaftAddr
