@@ -103,11 +103,13 @@ type Config struct {
 	// reserve is answered at once, as with wait_ms 0. 0 means
 	// DefaultMaxWaiters.
 	MaxWaiters int
-	// UnsafeSettings names the settings in force that turn a safety check
-	// off, as cmd/idemnode names them (insecure, clock_check_off,
-	// fault_injection); the node warns of them at start and every ten
-	// minutes, lists them in /readyz's body and sets
-	// idem_node_unsafe_settings{setting} to 1 for each. Empty in production.
+	// UnsafeSettings are the settings in force that turn a safety check
+	// off, as the operator typed them ("--insecure", "--max-clock-offset
+	// 0", "--testing-...=..."); the node warns of them at start and every
+	// ten minutes, lists them in /readyz's body and sets
+	// idem_node_unsafe_settings{setting} (insecure, clock_check_off,
+	// fault_injection: unsafeSettingLabel) to 1 for each, 0 for the others.
+	// Empty in production.
 	UnsafeSettings []string
 	// Testing holds the fault-injection knobs of tests; zero in
 	// production.

@@ -67,7 +67,7 @@ func New(cfg Config) (*Node, error) {
 	n.waitRefusals = prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_node_wait_refusals_total",
 		Help: "Reserves with a wait answered at once because --max-waiters reserves were already waiting on this node."})
 	n.unsafeGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_unsafe_settings",
-		Help: "1 for each setting in force that turns a safety check off (insecure: --insecure; clock_check_off: --max-clock-offset 0; fault_injection: a --testing-* flag); absent otherwise."}, []string{"setting"})
+		Help: "1 for each setting in force that turns a safety check off (insecure: --insecure; clock_check_off: --max-clock-offset 0; fault_injection: a --testing-* flag), 0 for each that is not."}, []string{"setting"})
 	n.clusterVersionGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_cluster_version",
 		Help: "The cluster version as this node's replica of the meta group holds it: 1 baseline, 2 packed entries, 3 partition handoff (docs/operations.md, \"Upgrades and the cluster version\")."})
 	if n.api, err = server.New(server.Config{

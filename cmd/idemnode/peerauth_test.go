@@ -314,6 +314,17 @@ func TestNodeAndRouterIdentitiesAuthorizeTheirRole(t *testing.T) {
 		}
 	})
 
+	// A node without unsafe settings says so: 0 for each.
+	m, err := api.Do(ctx, "GET", "/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, setting := range []string{"insecure", "clock_check_off", "fault_injection"} {
+		if want := `idem_node_unsafe_settings{setting="` + setting + `"} 0`; !bytes.Contains(m.Raw, []byte(want+"\n")) {
+			t.Errorf("a node without unsafe settings lacks %s", want)
+		}
+	}
+
 	// No group seated anyone: the members are those of the start.
 	for s, want := range before {
 		got, _ := shardMembers(t, ctx, member(nodes[1].ID), s)
