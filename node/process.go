@@ -66,6 +66,8 @@ func New(cfg Config) (*Node, error) {
 	n.clocks = newClocks(n)
 	n.waitRefusals = prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_node_wait_refusals_total",
 		Help: "Reserves with a wait answered at once because --max-waiters reserves were already waiting on this node."})
+	n.repeats = prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_node_repeated_completes_total",
+		Help: "Completes identical to the key's stored completion answered from the state after a read barrier, without a Raft entry."})
 	n.unsafeGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_unsafe_settings",
 		Help: "1 for each setting in force that turns a safety check off (insecure: --insecure; clock_check_off: --max-clock-offset 0; fault_injection: a --testing-* flag), 0 for each that is not."}, []string{"setting"})
 	n.clusterVersionGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_cluster_version",
@@ -227,6 +229,9 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
 	if err := cfg.Registry.Register(n.unsafeGauge); err != nil {
+		return fmt.Errorf("node: register metrics: %w", err)
+	}
+	if err := cfg.Registry.Register(n.repeats); err != nil {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
 	if err := cfg.Registry.Register(n.waitRefusals); err != nil {
