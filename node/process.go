@@ -73,7 +73,7 @@ func New(cfg Config) (*Node, error) {
 	n.clusterVersionGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_cluster_version",
 		Help: "The cluster version as this node's replica of the meta group holds it: 1 baseline, 2 packed entries, 3 partition handoff (docs/operations.md, \"Upgrades and the cluster version\")."})
 	if n.api, err = server.New(server.Config{
-		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
+		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, MaxInflightBytes: cfg.MaxInflightBytes, Version: cfg.Version,
 		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings, Topology: n.topologyHTTP(), LeaderAddr: n.httpAddrOf,
 	}); err != nil {
 		n.fwd.Close()

@@ -260,10 +260,16 @@ func authError(err error) *Error {
 	return errorf(CodeInternal, "%s", internalMessage)
 }
 
+// batchBodyLimit is the largest batch body: the larger of the single
+// call's limit and minBatchBodyBytes, never more than maxBatchBodyBytes.
+func (h *httpAPI) batchBodyLimit() int64 {
+	return min(max(h.s.cfg.maxRequestBytes(), minBatchBodyBytes), maxBatchBodyBytes)
+}
+
 // readBatchBody reads a batch call's body, up to the larger of the single
 // call's limit and minBatchBodyBytes, never more than maxBatchBodyBytes.
 func (h *httpAPI) readBatchBody(r *http.Request, w http.ResponseWriter) ([]byte, *Error) {
-	limit := min(max(h.s.cfg.maxRequestBytes(), minBatchBodyBytes), maxBatchBodyBytes)
+	limit := h.batchBodyLimit()
 	if r.ContentLength > limit {
 		return nil, errorf(CodePayloadTooLarge, "payload too large: a batch body is at most %d bytes: split it", limit)
 	}
