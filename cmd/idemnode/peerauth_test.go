@@ -3,10 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -147,6 +151,49 @@ func TestNodeAndRouterIdentitiesAuthorizeTheirRole(t *testing.T) {
 		// Past the authorizer (an insecure-looking or misclassified
 		// call), the control RPCs check the caller again themselves:
 		// tested by the member cases below.
+	})
+
+	t.Run("ForeignNodeRaftSeat", func(t *testing.T) {
+		// The foreign certificate on the Raft port of the shard's leader,
+		// for the shard and for the meta group: it holds no seat in
+		// either, so the connection is closed after the header, before
+		// any Raft message is read, and counted.
+		cert, err := tls.LoadX509KeyPair(filepath.Join(evilDir, pki.NodeCertFile), filepath.Join(evilDir, pki.NodeKeyFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodeAPI, err := c.API(leaderNode.HTTPAddr, "root")
+		if err != nil {
+			t.Fatal(err)
+		}
+		seatRefusals := func() float64 {
+			m, err := nodeAPI.Do(ctx, "GET", "/metrics", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := regexp.MustCompile(`(?m)^idem_raft_rejected_connections_total\{reason="seat"\} (\S+)$`).FindSubmatch(m.Raw)
+			if v == nil {
+				return 0
+			}
+			f, _ := strconv.ParseFloat(string(v[1]), 64)
+			return f
+		}
+		before := seatRefusals()
+		for _, group := range []string{target, "meta"} {
+			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", leaderNode.RaftAddr,
+				&tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}})
+			if err != nil {
+				t.Fatalf("handshake with a node certificate of the CA: %v", err)
+			}
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			conn.Write(append(append([]byte("IDRM\x01"), byte(len(group))), group...))
+			conn.Write(bytes.Repeat([]byte{0}, 64)) // what a forged AppendEntries would start with
+			if n, err := conn.Read(make([]byte, 1)); err == nil || n > 0 {
+				t.Fatalf("%s: the Raft port answered a node outside the topology (%d bytes, %v)", group, n, err)
+			}
+			conn.Close()
+		}
+		testutil.Until(t, 10*time.Second, "two connections refused for want of a seat", func() bool { return seatRefusals() >= before+2 })
 	})
 
 	t.Run("MemberThatDoesNotDrive", func(t *testing.T) {

@@ -366,7 +366,7 @@ func check(p *Principal, t Target) error {
 		return denied("internal error: no verb for this request (treated as denied)")
 	}
 	if p.RoutingOnly && t.Verb != VerbAuthenticate && t.Verb != VerbStatus {
-		return denied("%s forwarded no principal: a router's own identity may only route (Routing, Topology.Get, Status); %s needs the principal of the caller it forwards", p.Name, t.Verb)
+		return denied("%s forwarded no principal, and its own identity (a router's, or a node certificate's for an id outside the committed topology) may only route (Routing, Topology.Get, Status); %s needs the principal of the caller it forwards", p.Name, t.Verb)
 	}
 	if p.Role < t.Verb.MinRole() {
 		return denied("principal %q has role %s; %s needs %s", p.Name, p.Role, t.Verb, t.Verb.MinRole())
