@@ -343,8 +343,9 @@ func router(name, forwarded string) Credentials {
 }
 
 // TestRouterIdentityOnlyRoutes: a router that forwards no principal may
-// route and nothing else; every other action needs the principal of the
-// caller it forwards (with and without an auth file).
+// route, read the status, and read and write records (its proxy mode's
+// calls); a topology change, an operator action or a policy change needs
+// the principal of the caller it forwards (with and without an auth file).
 func TestRouterIdentityOnlyRoutes(t *testing.T) {
 	withFile, _, _ := newTestAuthorizer(t, testFile())
 	noFile, err := New(Config{RequireCertificate: true})
@@ -366,8 +367,8 @@ func TestRouterIdentityOnlyRoutes(t *testing.T) {
 			{Target{"billing", VerbForceRelease}, false},
 			{Target{"billing", VerbDelete}, false},
 			{Target{"billing", VerbSetPolicy}, false},
-			{Target{"billing", VerbReserve}, false},
-			{Target{"billing", VerbGet}, false},
+			{Target{"billing", VerbReserve}, true},
+			{Target{"billing", VerbGet}, true},
 		} {
 			p, err := a.Authorize(router("edge-1", ""), tc.target)
 			if tc.allowed != (err == nil) {
@@ -389,15 +390,15 @@ func TestRouterIdentityOnlyRoutes(t *testing.T) {
 
 // TestNodeOutsideTheTopologyIsNoNode: once a node set its membership, a
 // node certificate of an id outside it gets none of a node's rights: its
-// own identity only routes, as a router's (what it forwards is judged as
-// the forwarded principal, as from a router); a member keeps its rights.
+// own identity is a router's (what it forwards is judged as the forwarded
+// principal, as from a router); a member keeps its rights.
 func TestNodeOutsideTheTopologyIsNoNode(t *testing.T) {
 	a, _, _ := newTestAuthorizer(t, testFile())
 	if _, err := a.Authorize(node("evil-9", ""), Target{Verb: VerbTopology}); err != nil {
 		t.Fatalf("without a membership every node certificate is a node: %v", err)
 	}
 	a.SetNodeMembership(func(id string) bool { return id == "n1" })
-	for _, tgt := range []Target{{Verb: VerbTopology}, {Verb: VerbSnapshot}, GRPCTarget("/idem.v1.Topology/ChangeMember", nil), {"billing", VerbForceRelease}, {"billing", VerbGet}} {
+	for _, tgt := range []Target{{Verb: VerbTopology}, {Verb: VerbSnapshot}, GRPCTarget("/idem.v1.Topology/ChangeMember", nil), {"billing", VerbForceRelease}, {"billing", VerbSetPolicy}} {
 		_, err := a.Authorize(node("evil-9", ""), tgt)
 		var e *Error
 		if !errors.As(err, &e) || e.Code != CodePermissionDenied {

@@ -75,7 +75,7 @@ type Authorizer struct {
 // committed topology (active, or the target of a running change). A node
 // certificate for any other id is no node here: it is taken as a router
 // (it may forward its caller's principal, as a v1.1 router given a node
-// certificate does; its own identity only routes), never as a node, so
+// certificate does; its own identity is a router's), never as a node, so
 // its own calls get none of a node's rights. A node sets it once it knows
 // its topology; a router, which knows none, leaves it unset (every node
 // certificate of the CA is then a node). member must be cheap and safe for
@@ -365,8 +365,13 @@ func check(p *Principal, t Target) error {
 	if t.Verb == "" {
 		return denied("internal error: no verb for this request (treated as denied)")
 	}
-	if p.RoutingOnly && t.Verb != VerbAuthenticate && t.Verb != VerbStatus {
-		return denied("%s forwarded no principal, and its own identity (a router's, or a node certificate's for an id outside the committed topology) may only route (Routing, Topology.Get, Status); %s needs the principal of the caller it forwards", p.Name, t.Verb)
+	if p.Router {
+		if t.Verb == VerbStatus {
+			return nil // a router's ring check
+		}
+		if t.Verb.MinRole() > RoleWriter {
+			return denied("%s forwarded no principal, and its own identity (a router's, or a node certificate's for an id outside the committed topology) may route, read and write records (proxy mode) but not %s: that needs the principal of the caller it forwards, with role admin", p.Name, t.Verb)
+		}
 	}
 	if p.Role < t.Verb.MinRole() {
 		return denied("principal %q has role %s; %s needs %s", p.Name, p.Role, t.Verb, t.Verb.MinRole())
@@ -474,16 +479,15 @@ func (m *metrics) stats() Stats {
 // peerPrincipal is the internal principal of a node or router peer's own
 // calls (no forwarded principal). A node of the cluster is admin on "*"
 // (its control calls, its own operator steps); a router, or a node
-// certificate outside the committed topology, only routes: its own
-// identity may ask for the ring and the topology (Routing, Topology.Get)
-// and the cluster's status (a router's ring check at start), and nothing
-// else. Everything a router does for a caller it does with the caller's
-// principal, which it forwards.
+// certificate outside the committed topology, is a writer on "*" that may
+// also read the status (Principal.Router): it routes, and its proxy mode
+// reads and writes records for callers that are no idem principals, but
+// a topology change, an operator action or a policy change needs the
+// principal of the caller it forwards.
 func (a *Authorizer) peerPrincipal(c Credentials) *Principal {
 	id := c.Peer
-	p := &Principal{Name: id.Kind.String() + ":" + id.Name, Role: RoleAdmin, Namespaces: []string{"*"}, Internal: true}
 	if id.Kind == pki.KindRouter || a.outsider(c) {
-		p.RoutingOnly = true
+		return &Principal{Name: id.Kind.String() + ":" + id.Name, Role: RoleWriter, Namespaces: []string{"*"}, Internal: true, Router: true}
 	}
-	return p
+	return &Principal{Name: id.Kind.String() + ":" + id.Name, Role: RoleAdmin, Namespaces: []string{"*"}, Internal: true}
 }
