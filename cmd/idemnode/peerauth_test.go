@@ -340,7 +340,20 @@ func TestNodeAndRouterIdentitiesAuthorizeTheirRole(t *testing.T) {
 		renamed := c.Topology.Clone()
 		renamed.Version = 2
 		renamed.Cluster = "another"
+		// The meta log settles after the start (the cluster version is
+		// raised in a step or two); then nothing else appends to it.
 		before := metaCommit()
+		stable := 0
+		testutil.Until(t, 30*time.Second, "the meta log to settle", func() bool {
+			time.Sleep(300 * time.Millisecond) // the interval between two reads of the index
+			now := metaCommit()
+			if now == before {
+				stable++
+			} else {
+				before, stable = now, 0
+			}
+			return stable >= 3
+		})
 		for _, tc := range []struct {
 			name string
 			body map[string]any
