@@ -21,10 +21,13 @@ import (
 const (
 	DefaultSweepInterval = 10 * time.Second
 	// DefaultMaxWaiters is the contract's --max-waiters default.
-	DefaultMaxWaiters            = 10000
-	DefaultMaxSweep              = 10000
-	DefaultAbandonAfter          = 7 * 24 * time.Hour
-	DefaultLeaderBalanceInterval = 5 * time.Second
+	DefaultMaxWaiters = 10000
+	// DefaultMaxInflightBytes is --max-inflight-bytes' default: sixteen
+	// of the largest batch bodies.
+	DefaultMaxInflightBytes      int64 = 256 << 20
+	DefaultMaxSweep                    = 10000
+	DefaultAbandonAfter                = 7 * 24 * time.Hour
+	DefaultLeaderBalanceInterval       = 5 * time.Second
 )
 
 // Config configures a storage node.
@@ -103,11 +106,19 @@ type Config struct {
 	// reserve is answered at once, as with wait_ms 0. 0 means
 	// DefaultMaxWaiters.
 	MaxWaiters int
-	// UnsafeSettings names the settings in force that turn a safety check
-	// off, as cmd/idemnode names them (insecure, clock_check_off,
-	// fault_injection); the node warns of them at start and every ten
-	// minutes, lists them in /readyz's body and sets
-	// idem_node_unsafe_settings{setting} to 1 for each. Empty in production.
+	// MaxInflightBytes bounds the request bytes (JSON bodies, gRPC
+	// messages) this node holds at once in requests not yet answered;
+	// past it, while others are in flight, a request gets 503 UNAVAILABLE
+	// with Retry-After (server.Config.MaxInflightBytes). 0 means
+	// DefaultMaxInflightBytes.
+	MaxInflightBytes int64
+	// UnsafeSettings are the settings in force that turn a safety check
+	// off, as the operator typed them ("--insecure", "--max-clock-offset
+	// 0", "--testing-...=..."); the node warns of them at start and every
+	// ten minutes, lists them in /readyz's body and sets
+	// idem_node_unsafe_settings{setting} (insecure, clock_check_off,
+	// fault_injection: unsafeSettingLabel) to 1 for each, 0 for the others.
+	// Empty in production.
 	UnsafeSettings []string
 	// Testing holds the fault-injection knobs of tests; zero in
 	// production.
@@ -159,6 +170,7 @@ func DefaultConfig() Config {
 		ClockSkewMargin:       DefaultClockSkewMargin,
 		MaxClockOffset:        DefaultMaxClockOffset,
 		MaxWaiters:            DefaultMaxWaiters,
+		MaxInflightBytes:      DefaultMaxInflightBytes,
 		SweepInterval:         DefaultSweepInterval,
 		MaxSweep:              DefaultMaxSweep,
 		AbandonAfter:          DefaultAbandonAfter,
@@ -187,6 +199,9 @@ func (c Config) Validate() error {
 	if c.MaxWaiters < 0 {
 		bad("max waiters %d is negative", c.MaxWaiters)
 	}
+	if c.MaxInflightBytes < 0 {
+		bad("max in-flight bytes %d is negative", c.MaxInflightBytes)
+	}
 	if c.MaxStateBytes < 0 {
 		bad("max state bytes %d is negative", c.MaxStateBytes)
 	}
@@ -212,6 +227,7 @@ func (c Config) withDefaults() Config {
 	c.MaxSweep = cmp.Or(c.MaxSweep, DefaultMaxSweep)
 	c.MaxClockOffset = cmp.Or(c.MaxClockOffset, DefaultMaxClockOffset)
 	c.MaxWaiters = cmp.Or(c.MaxWaiters, DefaultMaxWaiters)
+	c.MaxInflightBytes = cmp.Or(c.MaxInflightBytes, DefaultMaxInflightBytes)
 	c.AbandonAfter = cmp.Or(c.AbandonAfter, DefaultAbandonAfter)
 	if reflect.ValueOf(c.Raft).IsZero() { // not ==: the config holds a callback
 		c.Raft = raftstore.DefaultConfig()

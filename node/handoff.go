@@ -16,7 +16,6 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/handoff"
-	"github.com/idem-dev/idem/security/auth"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -111,8 +110,8 @@ func (n *Node) handoffLocal(ctx context.Context, id string, op fsm.Op, h fsm.Han
 // Handoff implements the Topology service's Handoff: one partition
 // command on the shard this node leads.
 func (t *topologyService) Handoff(ctx context.Context, req *idemv1.HandoffRequest) (*idemv1.HandoffResponse, error) {
-	if !auth.FromNodePeer(ctx) {
-		return nil, status.Error(codes.PermissionDenied, "Handoff answers node peers only")
+	if err := t.n.driverPeer(ctx, "Handoff"); err != nil {
+		return nil, err
 	}
 	op, ok := handoffOp[req.GetOp()]
 	if !ok {
@@ -145,8 +144,8 @@ func handoffResponse(res fsm.Result) *idemv1.HandoffResponse {
 // barrier (a leader elected after the freeze has applied it).
 func (t *topologyService) ExportPartitions(req *idemv1.ExportPartitionsRequest, stream idemv1.Topology_ExportPartitionsServer) error {
 	ctx := stream.Context()
-	if !auth.FromNodePeer(ctx) {
-		return status.Error(codes.PermissionDenied, "ExportPartitions answers node peers only")
+	if err := t.n.driverPeer(ctx, "ExportPartitions"); err != nil {
+		return err
 	}
 	return t.n.exportLocal(ctx, req.GetShard(), req.GetPartitionCount(), req.GetPartitions(), func(frames [][]byte) error {
 		return stream.Send(&idemv1.ExportPartitionsChunk{Records: frames})

@@ -172,16 +172,8 @@ func (m *metaSM) Apply(index uint64, data []byte) any {
 			}
 			return &changeRunningError{version: m.view.target.EffectiveVersion()}
 		}
-		if _, err := topology.Plan(m.view.active, next); err != nil {
+		if err := checkTarget(m.view.active, next, cmd.Dead); err != nil {
 			return err
-		}
-		for _, d := range cmd.Dead {
-			if _, ok := m.view.active.NodeByID(d); !ok {
-				return fmt.Errorf("--dead %s: no such node in the active topology", d)
-			}
-			if _, ok := next.NodeByID(d); ok {
-				return fmt.Errorf("--dead %s: the new topology still lists it; a dead node must leave", d)
-			}
 		}
 		rec.Target, rec.Dead, rec.ChangeStarted, rec.LastProgress, rec.Left, rec.Moved, rec.Batch = cmd.Topology, slices.Clone(cmd.Dead), cmd.At, cmd.At, nil, nil, nil
 	case "activate":

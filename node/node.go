@@ -91,6 +91,8 @@ type Node struct {
 	// Config.MaxWaiters); waitRefusals counts those answered without one.
 	waiting      atomic.Int64
 	waitRefusals prometheus.Counter
+	// repeats counts completes answered from the state (repeat.go).
+	repeats prometheus.Counter
 
 	// Set by Start.
 	host  *raftstore.Host
@@ -241,6 +243,9 @@ func (n *Node) proposeLocal(ctx context.Context, s *shard, info topology.Shard, 
 	}
 	stamped.SkewMargin = int64(n.cfg.ClockSkewMargin)
 	if s.group.IsLeader() {
+		if res, ok := n.repeatedComplete(ctx, s, &stamped); ok {
+			return res, n.cfg.NodeID, true, nil
+		}
 		if err := n.admit.admit(s, &stamped); err != nil { // disk reserve, --max-state-bytes
 			return fsm.Result{}, n.cfg.NodeID, true, err
 		}

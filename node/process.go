@@ -71,8 +71,10 @@ func New(cfg Config) (*Node, error) {
 	n.clocks = newClocks(n)
 	n.waitRefusals = prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_node_wait_refusals_total",
 		Help: "Reserves with a wait answered at once because --max-waiters reserves were already waiting on this node."})
+	n.repeats = prometheus.NewCounter(prometheus.CounterOpts{Name: "idem_node_repeated_completes_total",
+		Help: "Completes identical to the key's stored completion answered from the state after a read barrier, without a Raft entry."})
 	n.unsafeGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "idem_node_unsafe_settings",
-		Help: "1 for each setting in force that turns a safety check off (insecure: --insecure; clock_check_off: --max-clock-offset 0; fault_injection: a --testing-* flag); absent otherwise."}, []string{"setting"})
+		Help: "1 for each setting in force that turns a safety check off (insecure: --insecure; clock_check_off: --max-clock-offset 0; fault_injection: a --testing-* flag), 0 for each that is not."}, []string{"setting"})
 	n.clusterVersionGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "idem_cluster_version",
 		Help: "The cluster version as this node's replica of the meta group holds it: 1 baseline, 2 packed entries, 3 partition handoff, 4 fenced handoff (docs/operations.md, \"Upgrades and the cluster version\")."})
 	if n.console, err = n.newConsole(&n.httpHandler); err != nil {
@@ -80,7 +82,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	if n.api, err = server.New(server.Config{
-		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
+		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, MaxInflightBytes: cfg.MaxInflightBytes, Version: cfg.Version,
 		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings, Topology: n.topologyHTTP(), LeaderAddr: n.httpAddrOf,
 		ExtraRoutes: map[string]http.Handler{"/ui/": n.console.Handler()},
 	}); err != nil {
@@ -160,6 +162,12 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	}
 	rcfg.OnStorageFailure = n.storageFailed
 	rcfg.ExtraSeats = n.seatedInView
+	// A node certificate authorizes a node of the committed topology
+	// only (peerauth.go has the control RPCs' finer checks).
+	cfg.Security.Authorizer().SetNodeMembership(func(id string) bool {
+		_, ok := n.view().node(id)
+		return ok
+	})
 	rcfg.NodeID = cfg.NodeID
 	rcfg.RaftListenAddr = cmp.Or(cfg.RaftAddr, n.self.RaftAddr)
 	rcfg.RaftAdvertiseAddr = n.self.RaftAddr
@@ -236,6 +244,9 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
 	if err := cfg.Registry.Register(n.unsafeGauge); err != nil {
+		return fmt.Errorf("node: register metrics: %w", err)
+	}
+	if err := cfg.Registry.Register(n.repeats); err != nil {
 		return fmt.Errorf("node: register metrics: %w", err)
 	}
 	if err := cfg.Registry.Register(n.waitRefusals); err != nil {

@@ -99,12 +99,30 @@ func (n *Node) warnFaultInjection() {
 	n.loops = append(n.loops, startLoop("fault injection warning", func(ctx context.Context) { every(ctx, faultWarnInterval, warn) }))
 }
 
+// unsafeSettingLabels are the setting labels of idem_node_unsafe_settings.
+var unsafeSettingLabels = []string{"insecure", "clock_check_off", "fault_injection"}
+
+// unsafeSettingLabel is the idem_node_unsafe_settings label of an unsafe
+// setting as typed (Config.UnsafeSettings): a bounded set.
+func unsafeSettingLabel(flag string) string {
+	switch {
+	case strings.HasPrefix(flag, "--insecure"):
+		return "insecure"
+	case strings.HasPrefix(flag, "--max-clock-offset"):
+		return "clock_check_off"
+	}
+	return "fault_injection"
+}
+
 // warnUnsafeSettings logs, at start and then every ten minutes, the
 // settings in force that turn a safety check off (Config.UnsafeSettings),
 // and sets idem_node_unsafe_settings for each.
 func (n *Node) warnUnsafeSettings() {
+	for _, label := range unsafeSettingLabels {
+		n.unsafeGauge.WithLabelValues(label).Set(0) // exported while safe too
+	}
 	for _, s := range n.cfg.UnsafeSettings {
-		n.unsafeGauge.WithLabelValues(s).Set(1)
+		n.unsafeGauge.WithLabelValues(unsafeSettingLabel(s)).Set(1)
 	}
 	if len(n.cfg.UnsafeSettings) == 0 {
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -149,6 +150,9 @@ func sameSet(a, b []string) bool {
 // on the meta group's leader (forwarded there when this node does not lead
 // it).
 func (n *Node) setTarget(ctx context.Context, raw []byte, dead []string) error {
+	if len(raw) > maxTargetBytes {
+		return &server.Error{Code: contract.CodeInvalidArgument, Message: fmt.Sprintf("the topology document is %d bytes, over the limit of %d", len(raw), maxTargetBytes)}
+	}
 	next, err := topology.Parse(raw)
 	if err != nil {
 		return &server.Error{Code: contract.CodeInvalidArgument, Message: err.Error()}
@@ -164,6 +168,9 @@ func (n *Node) setTarget(ctx context.Context, raw []byte, dead []string) error {
 		}
 		_, err = idemv1.NewTopologyClient(conn).SetTarget(ctx, &idemv1.SetTargetRequest{Topology: raw, Dead: dead})
 		return fromStatus(err)
+	}
+	if err := n.checkTargetBeforeProposing(next, dead); err != nil {
+		return err
 	}
 	canon, err := json.Marshal(next)
 	if err != nil {
@@ -247,7 +254,8 @@ func (t *topologyService) Get(ctx context.Context, _ *idemv1.GetTopologyRequest)
 }
 
 // forwardedMD marks a topology read forwarded to the meta group's leader:
-// the receiver answers it from its own state.
+// the receiver answers it from its own state when a node of the cluster
+// sent it.
 const forwardedMD = "idem-topology-forwarded"
 
 // topologyJSON is the topology document, read on the meta group's leader
@@ -255,7 +263,11 @@ const forwardedMD = "idem-topology-forwarded"
 // never answers with the state it last saw.
 func (n *Node) topologyJSON(ctx context.Context) ([]byte, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	if !n.metaGroup.IsLeader() && len(md.Get(forwardedMD)) == 0 {
+	// Only a node of the cluster forwards a read here: from anyone else
+	// the mark is ignored, so a client cannot get a lagging replica's
+	// picture (nor make a non-leader answer from its own state).
+	forwarded := len(md.Get(forwardedMD)) > 0 && n.memberPeer(ctx, "Topology.Get") == nil
+	if !n.metaGroup.IsLeader() && !forwarded {
 		id, _ := n.metaGroup.Leader()
 		if id == "" || id == n.cfg.NodeID {
 			return nil, &server.Error{Code: contract.CodeUnavailable, Message: "the meta group has no leader this node can reach", RetryAfter: time.Second}
@@ -287,8 +299,8 @@ func (t *topologyService) SetTarget(ctx context.Context, req *idemv1.SetTargetRe
 }
 
 func (t *topologyService) ShardState(ctx context.Context, req *idemv1.ShardStateRequest) (*idemv1.ShardStateResponse, error) {
-	if !auth.FromNodePeer(ctx) {
-		return nil, status.Error(codes.PermissionDenied, "ShardState answers node peers only")
+	if err := t.n.memberPeer(ctx, "ShardState"); err != nil {
+		return nil, err
 	}
 	if len(req.GetPartitions()) > fsm.MaxHandoffPartitions {
 		return nil, status.Errorf(codes.InvalidArgument, "ShardState lists at most %d partitions", fsm.MaxHandoffPartitions)
@@ -317,8 +329,8 @@ func (t *topologyService) ShardState(ctx context.Context, req *idemv1.ShardState
 }
 
 func (t *topologyService) ChangeMember(ctx context.Context, req *idemv1.ChangeMemberRequest) (*idemv1.ChangeMemberResponse, error) {
-	if !auth.FromNodePeer(ctx) {
-		return nil, status.Error(codes.PermissionDenied, "ChangeMember answers node peers only")
+	if err := t.n.authorizeChangeMember(ctx, req.GetShard(), req.GetOp(), req.GetNode(), req.GetAddr()); err != nil {
+		return nil, err
 	}
 	step := moveStep{shard: req.GetShard(), op: req.GetOp(), node: req.GetNode(), addr: req.GetAddr()}
 	if err := t.n.changeMember(ctx, step); err != nil {

@@ -27,8 +27,9 @@ import (
 
 // TestGRPCBatchAuthorization serves the API with the Authorizer's
 // interceptor after the server's own, as a node does: the batch needs a
-// known caller; each operation is authorized (role, namespace) and charged
-// to the rate as its unary RPC, with the connection's principal.
+// known caller and is charged its operation count at once; each operation
+// is then authorized (role, namespace) as its unary RPC, with the
+// connection's principal.
 func TestGRPCBatchAuthorization(t *testing.T) {
 	hash := func(tok string) string { s := sha256.Sum256([]byte(tok)); return hex.EncodeToString(s[:]) }
 	file := filepath.Join(t.TempDir(), "auth.yaml")
@@ -75,44 +76,37 @@ func TestGRPCBatchAuthorization(t *testing.T) {
 		t.Fatalf("anonymous batch: %v, want Unauthenticated", err)
 	}
 
-	// A writer on billing with a burst of 2: of three billing operations
-	// exactly two pass (they run concurrently, so which one is refused is
-	// not fixed), the batch itself took no token, and the shop operation
-	// is denied without spending one.
+	// A writer on billing with a burst of 2: a batch of four operations
+	// is over what the bucket can ever pay at once, and is refused whole
+	// (429 with a retry hint) before any operation runs.
 	ctx := metadata.NewOutgoingContext(t.Context(), withToken("tok-billing"))
-	resp, err := api.Batch(ctx, &idemv1.BatchRequest{Ops: []*idemv1.BatchOp{
-		reserveOp("billing", "a", ""),
-		reserveOp("shop", "b", ""),
-		reserveOp("billing", "c", ""),
+	_, err = api.Batch(ctx, &idemv1.BatchRequest{Ops: []*idemv1.BatchOp{
+		reserveOp("billing", "a", ""), reserveOp("shop", "b", ""), reserveOp("billing", "c", ""),
 		{Op: &idemv1.BatchOp_Get{Get: &idemv1.GetRequest{Namespace: "billing", Key: "d"}}},
 	}})
+	if st := status.Convert(err); st.Code() != codes.ResourceExhausted {
+		t.Fatalf("batch of 4 over a burst of 2: %v, want ResourceExhausted", err)
+	} else if _, _, retry := idemv1.StatusToError(st); retry <= 0 {
+		t.Fatalf("refused batch without a retry hint: %v", st.Proto())
+	}
+	// Two operations are paid at once, the one on another namespace
+	// too: it is denied, and its token is spent.
+	resp, err := api.Batch(ctx, &idemv1.BatchRequest{Ops: []*idemv1.BatchOp{reserveOp("billing", "a", ""), reserveOp("shop", "b", "")}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	res := resp.GetResults()
+	if res[0].GetReserve().GetOutcome() != idemv1.Outcome_ACQUIRED {
+		t.Fatalf("billing operation: %v", res[0])
+	}
 	if c := idemv1.BatchErrorStatus(res[1].GetError()).Code(); c != codes.PermissionDenied {
 		t.Fatalf("operation on another namespace: %v, want PermissionDenied", res[1])
 	}
-	passed, limited := 0, 0
-	for _, i := range []int{0, 2, 3} {
-		st := idemv1.BatchErrorStatus(res[i].GetError())
-		switch {
-		case res[i].GetReserve().GetOutcome() == idemv1.Outcome_ACQUIRED, st.Code() == codes.NotFound:
-			passed++
-		case st.Code() == codes.ResourceExhausted:
-			limited++
-			if _, _, retry := idemv1.StatusToError(st); retry <= 0 {
-				t.Fatalf("rate-limited operation without a retry hint: %v", st.Proto())
-			}
-		default:
-			t.Fatalf("operation %d: %v", i, res[i])
-		}
+	// The bucket is empty (the clock is frozen): the next batch, and the
+	// next unary RPC, are refused.
+	if _, err := api.Batch(ctx, &idemv1.BatchRequest{Ops: []*idemv1.BatchOp{reserveOp("billing", "z", "")}}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("batch after the bucket emptied: %v, want ResourceExhausted", err)
 	}
-	if passed != 2 || limited != 1 {
-		t.Fatalf("%d operations passed and %d were rate-limited; want 2 and 1 (burst 2, the batch itself free)", passed, limited)
-	}
-	// The bucket is empty (the clock is frozen): the next unary RPC too is
-	// refused, so the batch's operations were charged as unary RPCs.
 	if _, err := api.Get(ctx, &idemv1.GetRequest{Namespace: "billing", Key: "d"}); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("unary get after the batch: %v, want ResourceExhausted", err)
 	}
@@ -140,9 +134,11 @@ func TestGRPCBatchAuthorization(t *testing.T) {
 }
 
 // TestBatchCallsChargeEachItem: a BatchReserve or keys:batch-reserve of N
-// items is charged N against the principal's rate, as N single calls: with
-// a burst of 3 and a frozen clock, three items pass, the others are refused
-// RESOURCE_EXHAUSTED alone, and the next call of either kind is refused.
+// items is charged N against the principal's rate, as N single calls, all
+// at once and before any item is validated (invalid items pay too): with a
+// burst of 3 and a frozen clock, a batch of more than 3 is refused whole
+// (429 / RESOURCE_EXHAUSTED), one of 3 takes the whole bucket, and the
+// next call of either kind is refused.
 func TestBatchCallsChargeEachItem(t *testing.T) {
 	hash := func(tok string) string { s := sha256.Sum256([]byte(tok)); return hex.EncodeToString(s[:]) }
 	file := filepath.Join(t.TempDir(), "auth.yaml")
@@ -173,7 +169,8 @@ func TestBatchCallsChargeEachItem(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// gRPC: five items, three pass.
+	// gRPC: a batch of three items (invalid ones too) takes the whole
+	// burst of 3, before any item is validated.
 	gs := srv.NewGRPCServer(grpc.ChainUnaryInterceptor(a.UnaryServerInterceptor(nil)))
 	lis := listenLoopback(t)
 	go func() { _ = gs.Serve(lis) }()
@@ -189,23 +186,19 @@ func TestBatchCallsChargeEachItem(t *testing.T) {
 	for i := range items {
 		items[i] = &idemv1.ReserveRequest{Key: fmt.Sprintf("g%d", i), OwnerToken: fmt.Sprintf("owner-token-%010d", i)}
 	}
-	resp, err := api.BatchReserve(ctx, &idemv1.BatchReserveRequest{Namespace: "billing", Items: items})
+	if _, err := api.BatchReserve(ctx, &idemv1.BatchReserveRequest{Namespace: "billing", Items: items}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("gRPC batch of 5 over a burst of 3: %v, want ResourceExhausted for the whole call", err)
+	}
+	invalid := []*idemv1.ReserveRequest{items[0], {Key: ""}, {Key: "g9", LeaseMs: -1}}
+	resp, err := api.BatchReserve(ctx, &idemv1.BatchReserveRequest{Namespace: "billing", Items: invalid})
 	if err != nil {
 		t.Fatal(err)
 	}
-	passed, limited := 0, 0
-	for i, r := range resp.GetResults() {
-		switch {
-		case r.GetReserve().GetOutcome() == idemv1.Outcome_ACQUIRED:
-			passed++
-		case idemv1.BatchErrorStatus(r.GetError()).Code() == codes.ResourceExhausted:
-			limited++
-		default:
-			t.Fatalf("item %d: %v", i, r)
-		}
+	if r := resp.GetResults(); r[0].GetReserve().GetOutcome() != idemv1.Outcome_ACQUIRED || r[1].GetError() == nil || r[2].GetError() == nil {
+		t.Fatalf("gRPC batch of one valid and two invalid items: %v", r)
 	}
-	if passed != 3 || limited != 2 {
-		t.Fatalf("gRPC batch of 5 with a burst of 3: %d passed, %d rate-limited", passed, limited)
+	if _, err := api.BatchReserve(ctx, &idemv1.BatchReserveRequest{Namespace: "billing", Items: items[1:2]}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("gRPC batch after the bucket emptied: %v, want ResourceExhausted", err)
 	}
 	if _, err := api.Get(ctx, &idemv1.GetRequest{Namespace: "billing", Key: "g0"}); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("unary get after the batch: %v, want ResourceExhausted", err)
@@ -235,7 +228,13 @@ func TestBatchCallsChargeEachItem(t *testing.T) {
 		b, _ := io.ReadAll(res.Body)
 		return res.StatusCode, b
 	}
+	// JSON: four items are over the burst of 3: 429 for the whole call;
+	// three, two of them invalid, take the whole burst.
 	code, out := post("/v1/namespaces/billing/keys:batch-reserve", `{"items": [{"key": "j0"}, {"key": "j1"}, {"key": "j2"}, {"key": "j3"}]}`)
+	if code != http.StatusTooManyRequests {
+		t.Fatalf("JSON batch of 4 over a burst of 3: %d %s, want 429", code, out)
+	}
+	code, out = post("/v1/namespaces/billing/keys:batch-reserve", `{"items": [{"key": "j0"}, {"key": ""}, {"lease_ms": "x"}]}`)
 	if code != http.StatusOK {
 		t.Fatalf("JSON batch: %d %s", code, out)
 	}
@@ -250,19 +249,11 @@ func TestBatchCallsChargeEachItem(t *testing.T) {
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatal(err)
 	}
-	passed, limited = 0, 0
-	for i, r := range got.Results {
-		switch {
-		case r.Outcome == "ACQUIRED":
-			passed++
-		case r.Error.Code == "RESOURCE_EXHAUSTED":
-			limited++
-		default:
-			t.Fatalf("JSON item %d: %s", i, out)
-		}
+	if len(got.Results) != 3 || got.Results[0].Outcome != "ACQUIRED" || got.Results[1].Error.Code != "INVALID_ARGUMENT" || got.Results[2].Error.Code != "INVALID_ARGUMENT" {
+		t.Fatalf("JSON batch of one valid and two invalid items: %s", out)
 	}
-	if passed != 3 || limited != 1 {
-		t.Fatalf("JSON batch of 4 with a burst of 3: %d passed, %d rate-limited: %s", passed, limited, out)
+	if code, out := post("/v1/namespaces/billing/keys:batch-reserve", `{"items": [{"key": "j5"}]}`); code != http.StatusTooManyRequests {
+		t.Fatalf("JSON batch after the bucket emptied: %d %s, want 429", code, out)
 	}
 	if code, out := post("/v1/namespaces/billing/keys/j9:reserve", `{}`); code != http.StatusTooManyRequests {
 		t.Fatalf("single reserve after the batch: %d %s, want 429", code, out)

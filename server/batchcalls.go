@@ -182,6 +182,12 @@ func (h *httpAPI) serveBatch(w http.ResponseWriter, r *http.Request, rt route, f
 		return string(e.Code)
 	}
 	items, e := decodeBatchItems(body)
+	if charge, ok := auth.BatchCharge(r.Context()); ok {
+		// Every item pays, valid or not, before any is decoded.
+		if err := charge(len(items)); err != nil {
+			e = authError(err)
+		}
+	}
 	if e != nil {
 		fail(e)
 		return string(e.Code)
@@ -235,15 +241,6 @@ func (h *httpAPI) batchCommand(rt route, raw json.RawMessage) (*fsm.Command, *Er
 // batchItem applies the command of one item of a JSON batch call and is its
 // answer, as the single call would have written it.
 func (h *httpAPI) batchItem(ctx context.Context, cmd *fsm.Command) (any, *Error) {
-	if charge, ok := auth.ItemCharge(ctx); ok {
-		if err := charge(); err != nil {
-			var ae *auth.Error
-			if errors.As(err, &ae) {
-				return nil, &Error{Code: Code(ae.Code), Message: ae.Message, RetryAfter: ae.RetryAfter}
-			}
-			return nil, errorf(CodeInternal, "%s", internalMessage)
-		}
-	}
 	res, e := h.s.apply(ctx, cmd)
 	if e != nil {
 		return nil, e
@@ -254,10 +251,25 @@ func (h *httpAPI) batchItem(ctx context.Context, cmd *fsm.Command) (any, *Error)
 	return completeJSON{CompletedAt: formatTime(res.CompletedAt), ExpiresAt: formatTime(res.ExpiresAt)}, nil
 }
 
+// authError is the server's Error of an authorizer's refusal.
+func authError(err error) *Error {
+	var ae *auth.Error
+	if errors.As(err, &ae) {
+		return &Error{Code: Code(ae.Code), Message: ae.Message, RetryAfter: ae.RetryAfter}
+	}
+	return errorf(CodeInternal, "%s", internalMessage)
+}
+
+// batchBodyLimit is the largest batch body: the larger of the single
+// call's limit and minBatchBodyBytes, never more than maxBatchBodyBytes.
+func (h *httpAPI) batchBodyLimit() int64 {
+	return min(max(h.s.cfg.maxRequestBytes(), minBatchBodyBytes), maxBatchBodyBytes)
+}
+
 // readBatchBody reads a batch call's body, up to the larger of the single
 // call's limit and minBatchBodyBytes, never more than maxBatchBodyBytes.
 func (h *httpAPI) readBatchBody(r *http.Request, w http.ResponseWriter) ([]byte, *Error) {
-	limit := min(max(h.s.cfg.maxRequestBytes(), minBatchBodyBytes), maxBatchBodyBytes)
+	limit := h.batchBodyLimit()
 	if r.ContentLength > limit {
 		return nil, errorf(CodePayloadTooLarge, "payload too large: a batch body is at most %d bytes: split it", limit)
 	}

@@ -50,6 +50,11 @@ type Config struct {
 	// with JSON escapes plus max-size headers. A set value must be at least
 	// that derived value.
 	MaxRequestBytes int64
+	// MaxInflightBytes bounds the request bytes this server holds at once
+	// (JSON bodies, unary gRPC messages) in requests not yet answered: past
+	// it, while others are in flight, a request gets 503 UNAVAILABLE with
+	// Retry-After (inflight.go). 0 means no bound.
+	MaxInflightBytes int64
 	// Version is this build's version, reported by /healthz.
 	Version string
 	// UnsafeSettings names the settings in force that turn a safety check
@@ -138,6 +143,9 @@ func (c Config) Validate() error {
 	} else if c.MaxRequestBytes != 0 && c.MaxRequestBytes < MaxRequestBytesFor(c.maxResponseBytes()) {
 		bad("MaxRequestBytes %d cannot carry a complete with a %d-byte response body: use at least %d, or 0 to derive it",
 			c.MaxRequestBytes, c.maxResponseBytes(), MaxRequestBytesFor(c.maxResponseBytes()))
+	}
+	if c.MaxInflightBytes < 0 {
+		bad("MaxInflightBytes %d is negative: use a positive number of bytes, or 0 for no bound", c.MaxInflightBytes)
 	}
 	if c.ReadyTimeout < 0 {
 		bad("ReadyTimeout %v is negative: use a positive duration, or 0 for the default %v", c.ReadyTimeout, DefaultReadyTimeout)

@@ -360,6 +360,12 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 		fail(e)
 		return
 	}
+	release, e := h.s.inflight.acquire(h.declaredBytes(r, rt))
+	if e != nil {
+		fail(e)
+		return
+	}
+	defer release()
 	switch endpoint {
 	case endpointGet:
 		outcome = h.serveGet(sw, r, rt, fail)

@@ -28,6 +28,8 @@ type Server struct {
 	validate    validator
 	// operatorActions counts operator actions (operator.go).
 	operatorActions *prometheus.CounterVec
+	// inflight bounds the request bytes held at once (inflight.go).
+	inflight *inflight
 
 	httpHandler http.Handler
 	grpcService *grpcService
@@ -60,6 +62,9 @@ func New(cfg Config) (*Server, error) {
 	if s.operatorActions, err = newOperatorMetric(s.registry); err != nil {
 		return nil, err
 	}
+	if s.inflight, err = newInflight(cfg.MaxInflightBytes, s.registry); err != nil {
+		return nil, err
+	}
 	extra, err := extraMux(cfg.ExtraRoutes)
 	if err != nil {
 		return nil, err
@@ -88,7 +93,7 @@ func (s *Server) GRPCService() idemv1.IdempotencyServer { return s.grpcService }
 // a request's metadata (contract.MaxRequestHeaderBytes).
 func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+		grpc.ChainUnaryInterceptor(s.unaryInterceptor, s.inflight.interceptor),
 		grpc.MaxRecvMsgSize(s.cfg.GRPCMaxMessageBytes()),
 		// A request's metadata is decoded before anyone is authenticated:
 		// gRPC-Go's default allows 16 MiB of it per stream, which HPACK lets

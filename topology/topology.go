@@ -30,6 +30,15 @@ const (
 	MaxReplicas = 7
 	// MaxWANRTTMs bounds wan_rtt_ms (ten seconds is no longer a WAN).
 	MaxWANRTTMs = 10000
+	// MaxRegions bounds the regions: each homes at least one shard, and
+	// MaxShards bounds those.
+	MaxRegions = 64
+	// MaxNodes bounds the nodes of a topology: MaxShards shards of
+	// MaxReplicas voters seat no more than a few thousand, and every node
+	// is a member of the meta group. A larger document is refused before
+	// anything is computed from it (placing and planning cost grows with
+	// the nodes).
+	MaxNodes = 1024
 )
 
 // Survival says which failure every shard must survive while staying
@@ -298,6 +307,14 @@ func (t *Topology) Validate() error {
 func (t *Topology) validateRegions(c *collector) {
 	if len(t.Regions) == 0 {
 		c.add("regions", "at least one region is required")
+		return
+	}
+	nodes := 0
+	for _, r := range t.Regions {
+		nodes += len(r.Nodes)
+	}
+	if len(t.Regions) > MaxRegions || nodes > MaxNodes {
+		c.add("regions", "%d regions of %d nodes in all: a cluster has at most %d regions and %d nodes", len(t.Regions), nodes, MaxRegions, MaxNodes)
 		return
 	}
 	regionAt := make(map[string]string)

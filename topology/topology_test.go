@@ -2,6 +2,7 @@ package topology
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -149,6 +150,17 @@ func TestValidate(t *testing.T) {
 		{"survival unknown", func(t *Topology) { t.Survival = "planet" }, []wantProblem{{"survival", `"planet" is not "zone" or "region"`}}},
 		{"wan_rtt_ms negative", func(t *Topology) { t.WANRTTMs = -1 }, []wantProblem{{"wan_rtt_ms", "-1 is out of range 0..10000"}}},
 		{"no regions", func(t *Topology) { t.Regions = nil }, []wantProblem{{"regions", "at least one region"}}},
+		{"too many nodes", func(t *Topology) {
+			for i := len(t.Regions[0].Nodes); i <= MaxNodes; i++ {
+				t.Regions[0].Nodes = append(t.Regions[0].Nodes, Node{ID: fmt.Sprintf("x-%d", i), RaftAddr: "h:1", GRPCAddr: "h:2", HTTPAddr: "h:3"})
+			}
+		}, []wantProblem{{"regions", "a cluster has at most 64 regions and 1024 nodes"}}},
+		{"too many regions", func(t *Topology) {
+			for i := len(t.Regions); i <= MaxRegions; i++ {
+				t.Regions = append(t.Regions, Region{Name: fmt.Sprintf("r%d", i)})
+			}
+			t.ShardsPerRegion = 1
+		}, []wantProblem{{"regions", "65 regions"}}},
 		{"region name missing", func(t *Topology) { t.Regions[1].Name = "" }, []wantProblem{{"regions[1].name", "required"}}},
 		{"region name grammar", func(t *Topology) { t.Regions[1].Name = "eu_West" }, []wantProblem{{"regions[1].name", `"eu_West" must match [a-z0-9][a-z0-9._-]{0,62}`}}},
 		{"region name too long", func(t *Topology) { t.Regions[1].Name = strings.Repeat("a", 64) }, []wantProblem{{"regions[1].name", "must match"}}},

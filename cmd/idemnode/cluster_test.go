@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -61,11 +60,7 @@ func startSecureCluster(t testing.TB, spec launch.Spec, policy string, clients .
 	if err != nil {
 		t.Fatal(err)
 	}
-	authFile := filepath.Join(dir, "auth.yaml")
-	if err := os.WriteFile(authFile, []byte(policy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Secure(authFile, clients...); err != nil {
+	if err := c.SecureWithPolicy(policy, clients...); err != nil {
 		t.Fatal(err)
 	}
 	c.StopOnCleanup(t)

@@ -199,15 +199,14 @@ func nodeConfig(o *options) (node.Config, error) {
 	// Settings that turn a safety check off are warned of at start and every
 	// ten minutes, and shown in /readyz and idem_node_unsafe_settings. --dev
 	// is loopback-only and single-node by design: nothing of it is unsafe.
+	// They are named as the operator typed them.
 	if o.sec.Insecure {
-		cfg.UnsafeSettings = append(cfg.UnsafeSettings, "insecure")
+		cfg.UnsafeSettings = append(cfg.UnsafeSettings, "--insecure")
 	}
 	if o.cfg.MaxClockOffset == 0 && !o.dev {
-		cfg.UnsafeSettings = append(cfg.UnsafeSettings, "clock_check_off")
+		cfg.UnsafeSettings = append(cfg.UnsafeSettings, "--max-clock-offset 0")
 	}
-	if len(cfg.FaultInjection) > 0 {
-		cfg.UnsafeSettings = append(cfg.UnsafeSettings, "fault_injection")
-	}
+	cfg.UnsafeSettings = append(cfg.UnsafeSettings, cfg.FaultInjection...)
 	// 0 means the Raft default, as it did before --help showed the number.
 	def := raftstore.DefaultConfig()
 	cfg.Raft.SnapshotThreshold = cmp.Or(cfg.Raft.SnapshotThreshold, def.SnapshotThreshold)

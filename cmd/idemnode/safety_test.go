@@ -642,16 +642,17 @@ func TestClockCheckOffKeepsQuorumTime(t *testing.T) {
 	}
 
 	r := ok(sapi.Do(ctx, "GET", "/readyz", nil))
-	if !strings.Contains(string(r.Raw), `"unsafe_settings":["clock_check_off","fault_injection"]`) {
-		t.Fatalf("/readyz of a node with the clock check off and fault injection: %s", r.Raw)
+	if !strings.Contains(string(r.Raw), `"unsafe_settings":["--max-clock-offset 0","--testing-`) {
+		t.Fatalf("/readyz of a node with the clock check off and fault injection does not name the flags typed: %s", r.Raw)
 	}
 	m := ok(sapi.Do(ctx, "GET", "/metrics", nil))
-	for _, want := range []string{`idem_node_unsafe_settings{setting="clock_check_off"} 1`, `idem_node_unsafe_settings{setting="fault_injection"} 1`} {
+	for _, want := range []string{`idem_node_unsafe_settings{setting="clock_check_off"} 1`, `idem_node_unsafe_settings{setting="fault_injection"} 1`,
+		`idem_node_unsafe_settings{setting="insecure"} 0`} {
 		if !bytes.Contains(m.Raw, []byte(want)) {
 			t.Fatalf("metrics lack %s:\n%s", want, grepLines(m.Raw, "idem_node_unsafe"))
 		}
 	}
-	if data, _ := os.ReadFile(p.Log); !bytes.Contains(data, []byte(`UNSAFE SETTINGS in force`)) {
+	if data, _ := os.ReadFile(p.Log); !regexp.MustCompile(`UNSAFE SETTINGS in force.*settings="--max-clock-offset 0, --testing-`).Match(data) {
 		t.Fatalf("the node did not warn of its unsafe settings:\n%s", data)
 	}
 }

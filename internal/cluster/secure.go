@@ -42,6 +42,16 @@ func (c *Cluster) Secure(authFile string, clients ...string) error {
 	return nil
 }
 
+// SecureWithPolicy is Secure with an auth file of the given body, written
+// to Dir/auth.yaml.
+func (c *Cluster) SecureWithPolicy(policy string, clients ...string) error {
+	authFile := filepath.Join(c.Dir, "auth.yaml")
+	if err := os.WriteFile(authFile, []byte(policy), 0o600); err != nil {
+		return err
+	}
+	return c.Secure(authFile, clients...)
+}
+
 // NodeCertsDir makes (once) and returns the certs dir of node (or v1.1
 // router) id: a copy of ca.crt and a node certificate for 127.0.0.1 and
 // localhost.

@@ -337,3 +337,81 @@ func TestParse(t *testing.T) {
 		t.Fatalf("want three problems reported together, got %v", err)
 	}
 }
+
+func router(name, forwarded string) Credentials {
+	return Credentials{Peer: pki.Identity{Kind: pki.KindRouter, Name: name}, Forwarded: forwarded}
+}
+
+// TestRouterIdentityOnlyRoutes: a router that forwards no principal may
+// route, read the status, and read and write records (its proxy mode's
+// calls); a topology change, an operator action or a policy change needs
+// the principal of the caller it forwards (with and without an auth file).
+func TestRouterIdentityOnlyRoutes(t *testing.T) {
+	withFile, _, _ := newTestAuthorizer(t, testFile())
+	noFile, err := New(Config{RequireCertificate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, a := range map[string]*Authorizer{"auth file": withFile, "no auth file": noFile} {
+		for _, tc := range []struct {
+			target  Target
+			allowed bool
+		}{
+			{GRPCTarget("/idem.v1.Idempotency/Routing", nil), true},
+			{GRPCTarget("/idem.v1.Topology/Get", nil), true},
+			{GRPCTarget("/idem.v1.Admin/Status", nil), true},
+			{GRPCTarget("/idem.v1.Topology/SetTarget", nil), false},
+			{GRPCTarget("/idem.v1.Topology/ChangeMember", nil), false},
+			{GRPCTarget("/idem.v1.Admin/Snapshot", nil), false},
+			{GRPCTarget("/idem.v1.Admin/TransferLeader", nil), false},
+			{Target{"billing", VerbForceRelease}, false},
+			{Target{"billing", VerbDelete}, false},
+			{Target{"billing", VerbSetPolicy}, false},
+			{Target{"billing", VerbReserve}, true},
+			{Target{"billing", VerbGet}, true},
+		} {
+			p, err := a.Authorize(router("edge-1", ""), tc.target)
+			if tc.allowed != (err == nil) {
+				t.Errorf("%s: router without a principal, %v: allowed %v, want %v (%v)", name, tc.target, err == nil, tc.allowed, err)
+			}
+			if err != nil && !strings.Contains(err.Error(), "router:edge-1") {
+				t.Errorf("%s: the refusal does not name the router: %v", name, err)
+			}
+			if err == nil && p.Name != "router:edge-1" {
+				t.Errorf("%s: principal %q", name, p.Name)
+			}
+		}
+		// What the router forwards keeps the caller's rights.
+		if p, err := a.Authorize(router("edge-1", "root"), Target{Verb: VerbTopology}); err != nil || p.Name != "root" {
+			t.Errorf("%s: router forwarding root, topology: %v %v", name, p, err)
+		}
+	}
+}
+
+// TestNodeOutsideTheTopologyIsNoNode: once a node set its membership, a
+// node certificate of an id outside it gets none of a node's rights: its
+// own identity is a router's (what it forwards is judged as the forwarded
+// principal, as from a router); a member keeps its rights.
+func TestNodeOutsideTheTopologyIsNoNode(t *testing.T) {
+	a, _, _ := newTestAuthorizer(t, testFile())
+	if _, err := a.Authorize(node("evil-9", ""), Target{Verb: VerbTopology}); err != nil {
+		t.Fatalf("without a membership every node certificate is a node: %v", err)
+	}
+	a.SetNodeMembership(func(id string) bool { return id == "n1" })
+	for _, tgt := range []Target{{Verb: VerbTopology}, {Verb: VerbSnapshot}, GRPCTarget("/idem.v1.Topology/ChangeMember", nil), {"billing", VerbForceRelease}, {"billing", VerbSetPolicy}} {
+		_, err := a.Authorize(node("evil-9", ""), tgt)
+		var e *Error
+		if !errors.As(err, &e) || e.Code != CodePermissionDenied {
+			t.Fatalf("node evil-9 on its own, %v: %v, want PERMISSION_DENIED", tgt, err)
+		}
+	}
+	if p, err := a.Authorize(node("evil-9", ""), GRPCTarget("/idem.v1.Idempotency/Routing", nil)); err != nil || p.Name != "node:evil-9" {
+		t.Fatalf("node evil-9 routing: %v %v", p, err)
+	}
+	if _, err := a.Authorize(node("evil-9", "billing-api"), Target{"shop", VerbGet}); err == nil {
+		t.Fatal("a forwarded principal kept more than its own rights")
+	}
+	if p, err := a.Authorize(node("n1", ""), Target{Verb: VerbTopology}); err != nil || p.Name != "node:n1" {
+		t.Fatalf("member n1: %v %v", p, err)
+	}
+}

@@ -65,6 +65,33 @@ type Authorizer struct {
 	state   atomic.Pointer[state]
 	mu      sync.Mutex // serialises Reload
 	metrics *metrics
+	// member, once a node sets it (SetNodeMembership), tells whether a
+	// node certificate's id is a node of the committed topology.
+	member atomic.Pointer[func(id string) bool]
+}
+
+// SetNodeMembership tells the authorizer which node certificates name a
+// node of the cluster: member reports whether id is a node of the
+// committed topology (active, or the target of a running change). A node
+// certificate for any other id is no node here: it is taken as a router
+// (it may forward its caller's principal, as a v1.1 router given a node
+// certificate does; its own identity is a router's), never as a node, so
+// its own calls get none of a node's rights. A node sets it once it knows
+// its topology; a router, which knows none, leaves it unset (every node
+// certificate of the CA is then a node). member must be cheap and safe for
+// concurrent use.
+func (a *Authorizer) SetNodeMembership(member func(id string) bool) {
+	a.member.Store(&member)
+}
+
+// outsider reports whether c's peer holds a node certificate for an id
+// outside the committed topology.
+func (a *Authorizer) outsider(c Credentials) bool {
+	if c.Peer.Kind != pki.KindNode {
+		return false
+	}
+	m := a.member.Load()
+	return m != nil && !(*m)(c.Peer.Name)
 }
 
 // state is one loaded policy with its rate limiters.
@@ -76,6 +103,28 @@ type state struct {
 type limiter struct {
 	ratePerS float64
 	lim      *rate.Limiter
+}
+
+// charge takes cost requests (a batch call's items, all at once) from the
+// bucket, or returns the 429 that refuses them all: the bucket cannot pay
+// them now (Retry-After: when it can), or ever (more than its burst, one
+// second of the rate: split the batch).
+func (l *limiter) charge(now time.Time, name string, cost int) error {
+	r := l.lim.ReserveN(now, cost)
+	if !r.OK() {
+		return &Error{Code: CodeResourceExhausted, RetryAfter: time.Second,
+			Message: fmt.Sprintf("a batch of %d items is over principal %q's burst of %d requests (one second of its rate_per_s of %g): every item is charged as a request; split it into batches of at most %d items", cost, name, l.lim.Burst(), l.ratePerS, l.lim.Burst())}
+	}
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		what := "requests"
+		if cost > 1 {
+			what = fmt.Sprintf("requests (this batch call is charged its %d items)", cost)
+		}
+		return &Error{Code: CodeResourceExhausted, RetryAfter: max(d, time.Millisecond),
+			Message: fmt.Sprintf("principal %q is over its rate_per_s of %g %s per second on this process", name, l.ratePerS, what)}
+	}
+	return nil
 }
 
 // root is every caller when there is no auth file.
@@ -185,7 +234,7 @@ func (a *Authorizer) authenticate(st *state, c Credentials) (*Principal, bool, e
 		switch c.Peer.Kind {
 		case pki.KindNode, pki.KindRouter:
 			if c.Forwarded == "" {
-				return peerPrincipal(c.Peer), true, nil
+				return a.peerPrincipal(c), true, nil
 			}
 			return &Principal{Name: c.Forwarded, Role: RoleAdmin, Namespaces: []string{"*"}}, true, nil
 		case pki.KindClient:
@@ -195,7 +244,7 @@ func (a *Authorizer) authenticate(st *state, c Credentials) (*Principal, bool, e
 	}
 	if c.Peer.Kind.Peer() {
 		if c.Forwarded == "" {
-			return peerPrincipal(c.Peer), true, nil
+			return a.peerPrincipal(c), true, nil
 		}
 		p, ok := st.policy.Lookup(c.Forwarded)
 		if !ok {
@@ -253,12 +302,13 @@ func matchToken(pol *Policy, token string) *Principal {
 // an *Error with UNAUTHENTICATED, PERMISSION_DENIED or RESOURCE_EXHAUSTED
 // (with RetryAfter). The rate limit is charged only for allowed requests.
 func (a *Authorizer) Authorize(c Credentials, t Target) (*Principal, error) {
-	return a.authorize(c, t, true)
+	return a.authorize(c, t, 1)
 }
 
-// authorize is Authorize; limited false skips the rate limit (a Batch RPC,
-// whose operations are each counted).
-func (a *Authorizer) authorize(c Credentials, t Target, limited bool) (*Principal, error) {
+// authorize is Authorize charging cost requests to the principal's rate:
+// 0 for a batch call's items (the call paid for all of them), a batch
+// call's item count for the call.
+func (a *Authorizer) authorize(c Credentials, t Target, cost int) (*Principal, error) {
 	st := a.state.Load()
 	p, exempt, err := a.authenticate(st, c)
 	if err != nil {
@@ -269,14 +319,10 @@ func (a *Authorizer) authorize(c Credentials, t Target, limited bool) (*Principa
 		a.metrics.decide(CodePermissionDenied)
 		return nil, err
 	}
-	if l := st.limiters[p.Name]; l != nil && !exempt && limited {
-		now := a.now()
-		r := l.lim.ReserveN(now, 1)
-		if d := r.DelayFrom(now); !r.OK() || d > 0 {
-			r.CancelAt(now)
+	if l := st.limiters[p.Name]; l != nil && !exempt && cost > 0 {
+		if err := l.charge(a.now(), p.Name, cost); err != nil {
 			a.metrics.decide(CodeResourceExhausted)
-			return nil, &Error{Code: CodeResourceExhausted, RetryAfter: max(d, time.Millisecond),
-				Message: fmt.Sprintf("principal %q is over its rate_per_s of %g requests per second on this process", p.Name, l.ratePerS)}
+			return nil, err
 		}
 	}
 	a.metrics.decide("OK")
@@ -318,6 +364,14 @@ func (a *Authorizer) chargeAgain(name string) error {
 func check(p *Principal, t Target) error {
 	if t.Verb == "" {
 		return denied("internal error: no verb for this request (treated as denied)")
+	}
+	if p.Router {
+		if t.Verb == VerbStatus {
+			return nil // a router's ring check
+		}
+		if t.Verb.MinRole() > RoleWriter {
+			return denied("%s forwarded no principal, and its own identity (a router's, or a node certificate's for an id outside the committed topology) may route, read and write records (proxy mode) but not %s: that needs the principal of the caller it forwards, with role admin", p.Name, t.Verb)
+		}
 	}
 	if p.Role < t.Verb.MinRole() {
 		return denied("principal %q has role %s; %s needs %s", p.Name, p.Role, t.Verb, t.Verb.MinRole())
@@ -423,7 +477,17 @@ func (m *metrics) stats() Stats {
 }
 
 // peerPrincipal is the internal principal of a node or router peer's own
-// calls (no forwarded principal).
-func peerPrincipal(id pki.Identity) *Principal {
+// calls (no forwarded principal). A node of the cluster is admin on "*"
+// (its control calls, its own operator steps); a router, or a node
+// certificate outside the committed topology, is a writer on "*" that may
+// also read the status (Principal.Router): it routes, and its proxy mode
+// reads and writes records for callers that are no idem principals, but
+// a topology change, an operator action or a policy change needs the
+// principal of the caller it forwards.
+func (a *Authorizer) peerPrincipal(c Credentials) *Principal {
+	id := c.Peer
+	if id.Kind == pki.KindRouter || a.outsider(c) {
+		return &Principal{Name: id.Kind.String() + ":" + id.Name, Role: RoleWriter, Namespaces: []string{"*"}, Internal: true, Router: true}
+	}
 	return &Principal{Name: id.Kind.String() + ":" + id.Name, Role: RoleAdmin, Namespaces: []string{"*"}, Internal: true}
 }

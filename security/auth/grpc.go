@@ -93,40 +93,58 @@ func (a *Authorizer) UnaryServerInterceptor(target GRPCTargetFunc) grpc.UnarySer
 	if target == nil {
 		target = GRPCTarget
 	}
-	authorize := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		p, err := a.Authorize(CredentialsFromGRPC(ctx), target(info.FullMethod, req))
-		if err != nil {
-			return nil, err.(*Error).GRPCStatus().Err()
+	authorizeCost := func(cost int) grpc.UnaryServerInterceptor {
+		return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			p, err := a.authorize(CredentialsFromGRPC(ctx), target(info.FullMethod, req), cost)
+			if err != nil {
+				return nil, err.(*Error).GRPCStatus().Err()
+			}
+			return handler(a.withWaitCharge(WithPrincipal(ctx, p), p), req)
 		}
-		return handler(a.withWaitCharge(WithPrincipal(ctx, p), p), req)
 	}
+	authorize, authorizeItem := authorizeCost(1), authorizeCost(0)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		ctx = withoutForeignInternalMetadata(ctx)
 		switch info.FullMethod {
 		case idemv1.Idempotency_BatchReserve_FullMethodName, idemv1.Idempotency_BatchComplete_FullMethodName:
-			// A batch call of N items is charged N: the call is authorized
-			// for its verb and namespace without a charge, then each item
-			// is authorized and charged as its unary RPC (one over the
-			// rate fails alone).
-			p, err := a.authorize(CredentialsFromGRPC(ctx), target(info.FullMethod, req), false)
+			// A batch call of N items is charged N, all at once, before
+			// any item is looked at (429 for the whole call when the
+			// rate cannot pay them); each item is then authorized as
+			// its unary RPC without a further charge.
+			p, err := a.authorize(CredentialsFromGRPC(ctx), target(info.FullMethod, req), batchItems(req))
 			if err != nil {
 				return nil, err.(*Error).GRPCStatus().Err()
 			}
-			return handler(idemv1.WithBatchOpInterceptor(WithPrincipal(ctx, p), authorize), req)
+			return handler(idemv1.WithBatchOpInterceptor(WithPrincipal(ctx, p), authorizeItem), req)
 		case idemv1.Idempotency_Batch_FullMethodName:
 		default:
 			return authorize(ctx, req, info, handler)
 		}
-		// A batch needs a known caller and takes no share of its rate;
-		// each operation is then authorized, and counted against the
-		// rate, exactly as its unary RPC (the connection's credentials,
-		// the operation's namespace).
-		p, err := a.authorize(CredentialsFromGRPC(ctx), Target{Verb: VerbAuthenticate}, false)
+		// A batch needs a known caller and is charged its operation
+		// count at once; each operation is then authorized exactly as
+		// its unary RPC (the connection's credentials, the operation's
+		// namespace), without a further charge.
+		p, err := a.authorize(CredentialsFromGRPC(ctx), Target{Verb: VerbAuthenticate}, batchItems(req))
 		if err != nil {
 			return nil, err.(*Error).GRPCStatus().Err()
 		}
-		return handler(idemv1.WithBatchOpInterceptor(WithPrincipal(ctx, p), authorize), req)
+		return handler(idemv1.WithBatchOpInterceptor(WithPrincipal(ctx, p), authorizeItem), req)
 	}
+}
+
+// batchItems is the charge of a batch RPC: its item (or operation) count,
+// at least one.
+func batchItems(req any) int {
+	n := 0
+	switch r := req.(type) {
+	case *idemv1.BatchReserveRequest:
+		n = len(r.GetItems())
+	case *idemv1.BatchCompleteRequest:
+		n = len(r.GetItems())
+	case *idemv1.BatchRequest:
+		n = len(r.GetOps())
+	}
+	return max(n, 1)
 }
 
 // StreamServerInterceptor is UnaryServerInterceptor for streams (target is
@@ -186,4 +204,23 @@ func FromNodePeer(ctx context.Context) bool {
 		return true
 	}
 	return PeerIdentity(&info.State).Kind == pki.KindNode
+}
+
+// NodePeerID returns the node id of the RPC's verified node certificate.
+// secure is false for a connection without TLS (an insecure cluster, where
+// every caller is root and there is no identity to check); id is "" when
+// the peer presented no node certificate.
+func NodePeerID(ctx context.Context) (id string, secure bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", true
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return "", false
+	}
+	if pid := PeerIdentity(&info.State); pid.Kind == pki.KindNode {
+		return pid.Name, true
+	}
+	return "", true
 }

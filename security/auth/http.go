@@ -84,17 +84,21 @@ func (a *Authorizer) Middleware(next http.Handler, target TargetFunc, writeErr E
 		}
 		creds := CredentialsFromHTTP(r)
 		batch := isBatchCall(r)
-		p, err := a.authorize(creds, t, !batch)
+		cost := 1
+		if batch {
+			cost = 0 // BatchCharge: once the handler counted the items
+		}
+		p, err := a.authorize(creds, t, cost)
 		if err != nil {
 			writeErr(w, r, err.(*Error))
 			return
 		}
 		ctx := a.withWaitCharge(WithPrincipal(r.Context(), p), p)
 		if batch {
-			// A batch call of N items is charged N: each item is
-			// authorized and charged as its single call (ItemCharge).
-			ctx = context.WithValue(ctx, itemChargeKey{}, func() error {
-				_, err := a.Authorize(creds, t)
+			// A batch call of N items is charged N, all at once, before
+			// its items are parsed: the handler calls BatchCharge.
+			ctx = context.WithValue(ctx, batchChargeKey{}, func(items int) error {
+				_, err := a.authorize(creds, t, max(items, 1))
 				return err
 			})
 		}
@@ -106,20 +110,21 @@ func (a *Authorizer) Middleware(next http.Handler, target TargetFunc, writeErr E
 	})
 }
 
-type itemChargeKey struct{}
+type batchChargeKey struct{}
 
 // isBatchCall reports whether r is a JSON batch call (keys:batch-reserve,
-// keys:batch-complete), whose items are charged one by one.
+// keys:batch-complete), which is charged its item count.
 func isBatchCall(r *http.Request) bool {
 	return r.Method == http.MethodPost && (strings.HasSuffix(r.URL.Path, "/keys:batch-reserve") || strings.HasSuffix(r.URL.Path, "/keys:batch-complete"))
 }
 
-// ItemCharge authorizes and charges one item of the batch call of ctx
-// against its principal's rate, as its single call would be: nil, or the
-// *Error that refuses the item alone. ok is false outside a batch call
-// that Middleware let through.
-func ItemCharge(ctx context.Context) (charge func() error, ok bool) {
-	charge, ok = ctx.Value(itemChargeKey{}).(func() error)
+// BatchCharge charges the batch call of ctx its item count (at least one:
+// a body without items is still a call) against its principal's rate, all
+// at once, before its items are decoded: nil, or the *Error (429 with
+// RetryAfter) that refuses the whole call. Valid or not, every item pays.
+// ok is false outside a batch call that Middleware let through.
+func BatchCharge(ctx context.Context) (charge func(items int) error, ok bool) {
+	charge, ok = ctx.Value(batchChargeKey{}).(func(int) error)
 	return charge, ok
 }
 

@@ -69,6 +69,13 @@ type Principal struct {
 	// Internal marks a principal auth made up rather than read from the
 	// file: root without an auth file, and a node peer's own identity.
 	Internal bool
+	// Router marks a router peer's own identity (or that of a node
+	// certificate outside the committed topology): a writer on every
+	// namespace (routing, and the records a router's proxy mode reads and
+	// writes for callers that are no idem principals) that may also read
+	// the cluster's status (VerbStatus, its ring check), and nothing that
+	// needs role admin.
+	Router bool
 
 	tokenHash [32]byte
 	hasToken  bool
