@@ -18,6 +18,7 @@ import (
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/serving"
+	"github.com/idem-dev/idem/internal/tracing"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/statedb"
@@ -46,6 +47,7 @@ func New(cfg Config) (*Node, error) {
 		rings:       rings,
 		meta:        newMetaSM(),
 		topoMetrics: newTopoMetrics(),
+		tracer:      tracing.Tracer(cfg.TracerProvider),
 		closed:      make(chan struct{}),
 		failed:      make(chan struct{}),
 	}
@@ -57,7 +59,7 @@ func New(cfg Config) (*Node, error) {
 	msgBytes := server.Config{MaxResponseBytes: cfg.MaxResponseBytes}.GRPCMaxMessageBytes()
 	if n.fwd, err = forward.NewForwarder(forward.ForwarderConfig{
 		Topology: cfg.Topology, Self: cfg.NodeID, AttemptTimeout: cfg.ForwardAttemptTimeout,
-		Logger: n.log, Registry: cfg.Registry,
+		Logger: n.log, Registry: cfg.Registry, TracerProvider: cfg.TracerProvider,
 		DialOptions: append(append(forward.DefaultDialOptions(), cfg.Security.DialOptions()...), grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(msgBytes), grpc.MaxCallSendMsgSize(msgBytes))),
 	}); err != nil {
@@ -73,6 +75,7 @@ func New(cfg Config) (*Node, error) {
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, Version: cfg.Version,
 		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings, Topology: n.topologyHTTP(), LeaderAddr: n.httpAddrOf,
+		TracerProvider: cfg.TracerProvider, TraceKeys: cfg.TraceKeys,
 	}); err != nil {
 		n.fwd.Close()
 		return nil, err
@@ -154,6 +157,9 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	}
 	rcfg.Logger = n.log
 	rcfg.Registry = cfg.Registry
+	if rcfg.TracerProvider == nil {
+		rcfg.TracerProvider = cfg.TracerProvider
+	}
 	if rcfg.TLS == nil {
 		rcfg.TLS = cfg.Security.RaftTLS()
 	}
