@@ -233,7 +233,8 @@ func (p *Process) Start(ctx context.Context) (err error) {
 			// The caller's URL path is its own service's, never an
 			// idempotency key (that travels in a header, not recorded).
 			proxyHandler = otelhttp.NewHandler(px, "idem.proxy",
-				otelhttp.WithTracerProvider(cfg.TracerProvider), otelhttp.WithPropagators(tracing.Propagator))
+				otelhttp.WithTracerProvider(cfg.TracerProvider), otelhttp.WithPropagators(tracing.Propagator),
+				otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "idem.proxy " + r.Method }))
 		}
 		proxyLn, err := p.listen("proxy", cfg.ProxyAddr)
 		if err != nil {

@@ -163,7 +163,21 @@ func TestTraceThroughRouterToLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := c.NewRouter(binaries.Path(t, "idemrouter"), "router-us-east", "us-east", "--otlp-endpoint", recv.URL)
+	// Proxy mode too: the upstream records the traceparent it is sent.
+	var upstreamSeen sync.Map // traceparent -> true
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upstreamSeen.Store(r.Header.Get("traceparent"), true)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged")
+	}))
+	t.Cleanup(upstream.Close)
+	ports, err := launch.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyAddr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	rt, err := c.NewRouter(binaries.Path(t, "idemrouter"), "router-us-east", "us-east", "--otlp-endpoint", recv.URL,
+		"--upstream", upstream.URL, "--proxy-addr", proxyAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,9 +235,43 @@ func TestTraceThroughRouterToLeader(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // poll interval of the deadline loop
 	}
+	// Through the proxy: the upstream gets the caller's trace, and the
+	// proxy's span continues it, with the store's forwards under it.
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+proxyAddr+"/charges", strings.NewReader(`{"amount":1}`))
+	req.Header.Set("Idempotency-Key", "proxy-key-1")
+	req.Header.Set("traceparent", "00-"+traceTestID+"-"+traceTestParent+"-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("proxied POST: %d", resp.StatusCode)
+	}
+	upstreamTrace := false
+	upstreamSeen.Range(func(k, _ any) bool {
+		tp := k.(string)
+		upstreamTrace = upstreamTrace || (strings.HasPrefix(tp, "00-"+traceTestID+"-") && !strings.Contains(tp, traceTestParent))
+		return true
+	})
+	if !upstreamTrace {
+		t.Errorf("the upstream got no traceparent of the caller's trace (with the proxy's span as parent)")
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		err := proxyChainErr(spansOf(recv.all(), traceTestID))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy spans: %v\nspans:\n%s", err, spanList(spansOf(recv.all(), traceTestID)))
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval of the deadline loop
+	}
+
 	for _, s := range recv.all() {
 		for k, v := range s.attrs {
-			if strings.Contains(v, key) || strings.Contains(v, owner) {
+			if strings.Contains(v, key) || strings.Contains(v, owner) || strings.Contains(v, "proxy-key-1") {
 				t.Errorf("span %s carries the key or owner token in %s=%q (no --trace-keys)", s, k, v)
 			}
 		}
@@ -417,6 +465,38 @@ func chainErr(spans []otlpSpan, op, via, leader string) error {
 		if _, err := children(propose, name, "idemnode", leader); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// proxyChainErr checks the proxy's part of the trace: its server span, a
+// child of the caller's, with a forward of the store's reserve and the
+// upstream request's client span under it.
+func proxyChainErr(spans []otlpSpan) error {
+	var srv *otlpSpan
+	for _, s := range spans {
+		if s.service == "idemrouter" && s.name == "idem.proxy POST" {
+			srv = &s
+			break
+		}
+	}
+	if srv == nil {
+		return fmt.Errorf("no idem.proxy POST span")
+	}
+	if srv.parent != traceTestParent || srv.kind != tracepb.Span_SPAN_KIND_SERVER {
+		return fmt.Errorf("proxy span %s: want a server span whose parent is the caller's %s", srv, traceTestParent)
+	}
+	var forward, upstream bool
+	for _, s := range spans {
+		if s.parent == srv.id && s.name == "idem.forward" {
+			forward = true
+		}
+		if s.parent == srv.id && s.kind == tracepb.Span_SPAN_KIND_CLIENT && s.attrs["http.request.method"] == "POST" {
+			upstream = true
+		}
+	}
+	if !forward || !upstream {
+		return fmt.Errorf("under the proxy span: a forward %v, the upstream request %v; want both", forward, upstream)
 	}
 	return nil
 }
