@@ -77,7 +77,8 @@ func New(cfg Config) (*Client, error) {
 	}
 	cfg = cfg.withDefaults()
 	// Options given later win, so the caller's credentials replace plaintext.
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(traceInterceptor)}
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS)))
 	}
@@ -113,8 +114,8 @@ func (c *Client) newStub(conn *grpc.ClientConn) idemv1.IdempotencyClient {
 	}
 	raw := idemv1.NewIdempotencyClient(conn)
 	b := rpcbatch.New(rpcbatch.Config{
-		Send: func(ctx context.Context, _ []context.Context, req *idemv1.BatchRequest) (*idemv1.BatchResponse, error) {
-			return raw.Batch(ctx, req)
+		Send: func(ctx context.Context, ops []context.Context, req *idemv1.BatchRequest) (*idemv1.BatchResponse, error) {
+			return raw.Batch(withTraceContext(ctx, ops[0]), req)
 		},
 		Stats: &c.batch,
 	})

@@ -108,4 +108,13 @@
 // NewKey makes a key (a UUIDv7, so keys sort by creation time). Make it
 // once per logical operation, before the first attempt, and send the same
 // key with every retry of that operation.
+//
+// # Traces
+//
+// When a call's context holds an active OpenTelemetry span (the
+// application's SDK and instrumentation put it there), every RPC of the
+// call carries its W3C traceparent and tracestate, so that the router's,
+// the nodes' and Raft's spans join the application's trace (docs/operations.md,
+// "Traces"). Middleware and Do pass their request's context down. Nothing is
+// sent without a span; the client depends on the OpenTelemetry API only.
 package client

@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -27,6 +30,7 @@ import (
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/internal/rpcbatch"
+	"github.com/idem-dev/idem/internal/tracing"
 	"github.com/idem-dev/idem/internal/wire"
 	"github.com/idem-dev/idem/security/auth"
 
@@ -57,6 +61,11 @@ type ForwarderConfig struct {
 	Logger *slog.Logger
 	// Registry for forwarding metrics; nil registers nothing.
 	Registry prometheus.Registerer
+	// TracerProvider, when set, gives every forwarded attempt a span
+	// (shard, target region and node, hop count) and sends the W3C
+	// traceparent with it, so that the next node's spans join the trace.
+	// Nil: tracing off.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultDialOptions are the dial options of a Forwarder whose config names
@@ -102,6 +111,7 @@ type Forwarder struct {
 	batchers map[string]*rpcbatch.Batcher
 	batch    rpcbatch.Stats
 
+	tracer      trace.Tracer // nil: tracing off
 	requests    *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	cacheMisses prometheus.Counter
@@ -129,6 +139,7 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 		conns:     map[string]*grpc.ClientConn{},
 		waitConns: map[string]*grpc.ClientConn{},
 		leaders:   map[string]string{},
+		tracer:    tracing.Tracer(cfg.TracerProvider),
 		stubs:     map[string]*rpcbatch.Stub{},
 		batchers:  map[string]*rpcbatch.Batcher{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -291,7 +302,16 @@ func (f *Forwarder) batcher(nodeID string, raw idemv1.IdempotencyClient, ctx con
 			// principal (ops[0]'s values), and counts as sent for each
 			// operation when it was.
 			var sent atomic.Bool
-			resp, err := raw.Batch(&batchContext{Context: ctx, values: ops[0], sent: &sent}, req)
+			values := ops[0]
+			if f.tracer != nil {
+				// One RPC carries one traceparent: ops[0]'s. The batch's span
+				// links every operation's, so each trace finds the batch.
+				var span trace.Span
+				values, span = f.tracer.Start(values, "idem.forward_batch",
+					trace.WithLinks(tracing.Links(ops)...), trace.WithAttributes(tracing.Node.String(nodeID), tracing.Items.Int(len(ops))))
+				defer span.End()
+			}
+			resp, err := raw.Batch(&batchContext{Context: ctx, values: values, sent: &sent}, req)
 			if err == nil || sent.Load() {
 				for _, op := range ops {
 					if s, ok := op.Value(sentKey{}).(*atomic.Bool); ok {
@@ -349,6 +369,10 @@ func (f *Forwarder) dial(conns map[string]*grpc.ClientConn, nodeID string) (*grp
 		return nil, fmt.Errorf("forward: unknown node %q", nodeID)
 	}
 	opts := append(slices.Clip(f.cfg.DialOptions), grpc.WithStatsHandler(sendTracker{}))
+	if f.cfg.TracerProvider != nil {
+		opts = append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
+			otelgrpc.WithTracerProvider(f.cfg.TracerProvider), otelgrpc.WithPropagators(tracing.Propagator))))
+	}
 	c, err := grpc.NewClient(n.GRPCAddr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("forward: dial %s (%s): %w", nodeID, n.GRPCAddr, err)
@@ -431,9 +455,20 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 		var sent atomic.Bool
 		actx = context.WithValue(actx, sentKey{}, &sent)
 		var header metadata.MD
+		var span trace.Span
+		if f.tracer != nil {
+			actx, span = f.tracer.Start(actx, "idem.forward", trace.WithAttributes(tracing.Shard.String(shard.ID),
+				tracing.Region.String(region), tracing.Node.String(target), tracing.Hops.Int(hops+1), tracing.Attempt.Int(i+1)))
+		}
 		start := time.Now()
 		err = call(actx, client, grpc.Header(&header))
 		cancel()
+		if span != nil {
+			if err != nil {
+				span.SetStatus(otelcodes.Error, status.Code(err).String())
+			}
+			span.End()
+		}
 		f.latency.WithLabelValues(region).Observe(time.Since(start).Seconds())
 		hinted := false
 		if leaders := header.Get(LeaderHeader); len(leaders) > 0 {
@@ -457,7 +492,7 @@ func (f *Forwarder) attempt(ctx context.Context, shard topology.Shard, prefer st
 			return ambiguous, err
 		}
 		f.requests.WithLabelValues(region, "unavailable").Inc()
-		f.log.Debug("forward attempt failed", "shard", shard.ID, "node", target, "error", err)
+		f.log.DebugContext(actx, "forward attempt failed", "shard", shard.ID, "node", target, "error", err)
 		lastErr = err
 		// A request handed to an established connection may have reached
 		// the leader and been applied, whatever the error says; one that

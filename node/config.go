@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/security/transport"
@@ -134,6 +135,13 @@ type Config struct {
 	// limits) of every listener and dial; nil means transport.Insecure():
 	// plaintext, every caller root.
 	Security *transport.Kit
+	// TracerProvider, when set, traces every request through this node:
+	// the API's spans, each forward, and the Raft proposal, commit and
+	// apply of the commands it leads (Raft.TracerProvider takes it unless
+	// set), plus a reserve's wait for a lease. Nil: tracing off.
+	TracerProvider trace.TracerProvider
+	// TraceKeys puts keys in clear on spans (--trace-keys).
+	TraceKeys bool
 }
 
 // Testing is fault injection for tests only (cmd/idemnode's --testing-*

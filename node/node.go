@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/console"
@@ -23,6 +25,7 @@ import (
 	"github.com/idem-dev/idem/handoff"
 	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/serving"
+	"github.com/idem-dev/idem/internal/tracing"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/statedb"
@@ -85,6 +88,7 @@ type Node struct {
 	// which the console reads and acts.
 	console     *console.Console
 	httpHandler http.Handler
+	tracer      trace.Tracer // nil: tracing off
 	// unsafeGauge is idem_node_unsafe_settings (safety.go).
 	unsafeGauge *prometheus.GaugeVec
 	// waiting counts the reserves with a wait in ApplyRouted (bounded by
@@ -277,6 +281,15 @@ var errForward = errors.New("node: forward the rest of the wait")
 // lead (or stops leading), done is false and rest is cmd with the wait left,
 // for the caller to forward.
 func (n *Node) reserveWaiting(ctx context.Context, s *shard, info topology.Shard, cmd *fsm.Command) (res fsm.Result, leader string, done bool, rest *fsm.Command, err error) {
+	if n.tracer != nil && trace.SpanFromContext(ctx).IsRecording() {
+		var span trace.Span
+		ctx, span = n.tracer.Start(ctx, "idem.lease_wait", trace.WithAttributes(tracing.Shard.String(info.ID),
+			tracing.WaitMs.Int64(cmd.Wait/int64(time.Millisecond))))
+		defer func() {
+			span.SetAttributes(attribute.Bool("idem.lease_wait.here", done), tracing.Outcome.String(res.Outcome.String()))
+			span.End()
+		}()
+	}
 	res, left, err := s.waiters.Reserve(ctx, cmd, n.cfg.ClockSkewMargin, n.now, func(ctx context.Context, c *fsm.Command) (fsm.Result, error) {
 		r, l, d, e := n.proposeLocal(ctx, s, info, c)
 		leader = l

@@ -22,6 +22,7 @@ import (
 	"github.com/idem-dev/idem/handoff"
 	"github.com/idem-dev/idem/internal/datadir"
 	"github.com/idem-dev/idem/internal/serving"
+	"github.com/idem-dev/idem/internal/tracing"
 	"github.com/idem-dev/idem/raftstore"
 	"github.com/idem-dev/idem/server"
 	"github.com/idem-dev/idem/statedb"
@@ -50,6 +51,7 @@ func New(cfg Config) (*Node, error) {
 		rings:       rings,
 		meta:        newMetaSM(),
 		topoMetrics: newTopoMetrics(),
+		tracer:      tracing.Tracer(cfg.TracerProvider),
 		closed:      make(chan struct{}),
 		failed:      make(chan struct{}),
 	}
@@ -62,7 +64,7 @@ func New(cfg Config) (*Node, error) {
 	msgBytes := server.Config{MaxResponseBytes: cfg.MaxResponseBytes}.GRPCMaxMessageBytes()
 	if n.fwd, err = forward.NewForwarder(forward.ForwarderConfig{
 		Topology: cfg.Topology, Self: cfg.NodeID, AttemptTimeout: cfg.ForwardAttemptTimeout,
-		Logger: n.log, Registry: cfg.Registry,
+		Logger: n.log, Registry: cfg.Registry, TracerProvider: cfg.TracerProvider,
 		DialOptions: append(append(forward.DefaultDialOptions(), cfg.Security.DialOptions()...), grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(msgBytes), grpc.MaxCallSendMsgSize(msgBytes))),
 	}); err != nil {
@@ -84,7 +86,8 @@ func New(cfg Config) (*Node, error) {
 	if n.api, err = server.New(server.Config{
 		Backend: n, Logger: n.log, Registry: cfg.Registry, MaxResponseBytes: cfg.MaxResponseBytes, MaxInflightBytes: cfg.MaxInflightBytes, Version: cfg.Version,
 		Routing: n.routing, UnsafeSettings: cfg.UnsafeSettings, Topology: n.topologyHTTP(), LeaderAddr: n.httpAddrOf,
-		ExtraRoutes: map[string]http.Handler{"/ui/": n.console.Handler()},
+		ExtraRoutes:    map[string]http.Handler{"/ui/": n.console.Handler()},
+		TracerProvider: cfg.TracerProvider, TraceKeys: cfg.TraceKeys,
 	}); err != nil {
 		n.fwd.Close()
 		return nil, err
@@ -177,6 +180,9 @@ func (n *Node) StartContext(ctx context.Context) (err error) {
 	}
 	rcfg.Logger = n.log
 	rcfg.Registry = cfg.Registry
+	if rcfg.TracerProvider == nil {
+		rcfg.TracerProvider = cfg.TracerProvider
+	}
 	if rcfg.TLS == nil {
 		rcfg.TLS = cfg.Security.RaftTLS()
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures a Host: one node, one Raft port, many groups.
@@ -159,6 +160,10 @@ type Config struct {
 	// the group is known to read packed entries (package node's feature
 	// gate). The switch is one-way. false: groups pack from the start.
 	PackingGated bool
+	// TracerProvider, when set, traces the proposals whose context carries
+	// a recorded span: propose, commit and apply spans as its children, and
+	// a packed entry's span linking every proposer (trace.go). Nil: off.
+	TracerProvider trace.TracerProvider
 }
 
 // The log stores of Config.LogStore.

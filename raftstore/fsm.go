@@ -188,6 +188,10 @@ type fsmAdapter struct {
 	// a failure panics.
 	onFail func(error)
 	failed atomic.Pointer[error]
+
+	// times, when tracing is on, remembers when batches were applied
+	// (trace.go); nil otherwise.
+	times *applyTimes
 }
 
 var _ raft.BatchingFSM = (*fsmAdapter)(nil)
@@ -214,6 +218,11 @@ func (f *fsmAdapter) ApplyBatch(logs []*raft.Log) []any {
 			out[i] = *p
 		}
 		return out
+	}
+	if f.times != nil && len(logs) > 0 {
+		b := appliedBatch{first: logs[0].Index, last: logs[len(logs)-1].Index, start: time.Now(), entries: len(logs)}
+		// Recorded before raft hands the results to the proposers.
+		defer func() { b.end = time.Now(); f.times.record(b) }()
 	}
 	cmds := 0
 	for i, l := range logs {

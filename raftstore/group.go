@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Group is one Raft group (one shard) hosted by a Host. All methods are safe
@@ -107,21 +108,32 @@ func (g *Group) Apply(ctx context.Context, data []byte) (any, error) {
 	}
 	ctx, cancel := g.opContext(ctx)
 	defer cancel()
+	if t := g.host.tracer; t != nil && trace.SpanFromContext(ctx).IsRecording() {
+		return g.applyTraced(ctx, t, data)
+	}
+	v, _, err := g.apply(ctx, data)
+	return v, err
+}
+
+// apply is Apply once checked and bounded; it also says which entry the
+// command went in (trace.go).
+func (g *Group) apply(ctx context.Context, data []byte) (any, proposed, error) {
 	if g.buf != nil && g.buf.on.Load() {
 		return g.buf.apply(ctx, data)
 	}
 	enqueueTimeout := remaining(ctx)
 	if enqueueTimeout <= 0 { // raft reads 0 as "wait forever"
-		return nil, g.translate(context.DeadlineExceeded, phaseBeforeEnqueue)
+		return nil, proposed{}, g.translate(context.DeadlineExceeded, phaseBeforeEnqueue)
 	}
 	start := time.Now()
 	// raft's timeout argument only bounds the wait to enqueue the command.
 	f := g.raft.Apply(data, enqueueTimeout)
 	if err := g.waitFuture(ctx, f); err != nil {
-		return nil, g.translate(err, phaseAfterEnqueue)
+		return nil, proposed{}, g.translate(err, phaseAfterEnqueue)
 	}
 	g.metrics.applyDuration.Observe(time.Since(start).Seconds())
-	return appliedResult(g.id, f.Response())
+	v, err := appliedResult(g.id, f.Response())
+	return v, proposed{index: f.Index(), commands: 1}, err
 }
 
 // appliedResult is what a proposer gets for an applied entry: the state

@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idem-dev/idem/internal/tracing"
 )
 
 const (
@@ -37,6 +40,7 @@ const (
 type Host struct {
 	cfg     Config
 	logger  *slog.Logger
+	tracer  trace.Tracer // nil: tracing off
 	mux     *mux
 	metrics *hostMetrics
 
@@ -97,6 +101,7 @@ func NewHost(cfg Config) (*Host, error) {
 		logStore: logStore,
 		groups:   map[string]*Group{},
 		opening:  map[string]bool{},
+		tracer:   tracing.Tracer(cfg.TracerProvider),
 	}
 	h.mux = newMux(ln, advertise, logger, cfg.TLS, cfg.maxInboundConns())
 	m, err := newHostMetrics(h, cfg.Registry)
@@ -292,6 +297,9 @@ func (h *Host) openGroup(gc GroupConfig, sm StateMachine) (_ *Group, err error) 
 
 	fsm := newFSMAdapter(sm, gm)
 	fsm.onFail = h.storageFailed
+	if h.tracer != nil {
+		fsm.times = &applyTimes{}
+	}
 	if fsm.durable != nil {
 		// The state is on disk with the index it covers: a restart neither
 		// restores a snapshot nor re-applies what the state holds, unless

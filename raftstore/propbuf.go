@@ -44,8 +44,9 @@ type proposal struct {
 }
 
 type proposalResult struct {
-	v   any
-	err error
+	v     any
+	entry proposed
+	err   error
 }
 
 type propBuffer struct {
@@ -76,12 +77,12 @@ func newPropBuffer(g *Group, pack func([][]byte) []byte, on bool) *propBuffer {
 
 // apply is Group.Apply through the buffer; ctx already carries the
 // ApplyTimeout bound.
-func (b *propBuffer) apply(ctx context.Context, data []byte) (any, error) {
+func (b *propBuffer) apply(ctx context.Context, data []byte) (any, proposed, error) {
 	p := &proposal{data: data, ctx: ctx, done: make(chan proposalResult, 1), start: time.Now()}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return nil, shardErr(b.g.id, "%w", ErrShutdown)
+		return nil, proposed{}, shardErr(b.g.id, "%w", ErrShutdown)
 	}
 	b.queue = append(b.queue, p)
 	b.mu.Unlock()
@@ -94,19 +95,19 @@ func (b *propBuffer) apply(ctx context.Context, data []byte) (any, error) {
 		if r.err == nil {
 			b.g.metrics.applyDuration.Observe(time.Since(p.start).Seconds())
 		}
-		return r.v, r.err
+		return r.v, r.entry, r.err
 	case <-ctx.Done():
 		// Still queued: never proposed, so withdraw it. Otherwise it is in
 		// an entry whose fate is open.
 		if b.withdraw(p) {
-			return nil, b.g.translate(ctx.Err(), phaseBeforeEnqueue)
+			return nil, proposed{}, b.g.translate(ctx.Err(), phaseBeforeEnqueue)
 		}
-		return nil, b.g.translate(ctx.Err(), phaseAfterEnqueue)
+		return nil, proposed{}, b.g.translate(ctx.Err(), phaseAfterEnqueue)
 	case <-b.g.closedCh:
 		if b.withdraw(p) {
-			return nil, shardErr(b.g.id, "%w", ErrShutdown)
+			return nil, proposed{}, shardErr(b.g.id, "%w", ErrShutdown)
 		}
-		return nil, b.g.translate(raft.ErrRaftShutdown, phaseAfterEnqueue)
+		return nil, proposed{}, b.g.translate(raft.ErrRaftShutdown, phaseAfterEnqueue)
 	}
 }
 
@@ -197,8 +198,14 @@ func (b *propBuffer) propose(batch []*proposal) {
 	g.metrics.packSize.Observe(float64(len(batch)))
 	b.entries.Add(1)
 	b.commands.Add(uint64(len(batch)))
+	span := b.startEntrySpan(batch, len(data))
 	f := g.raft.Apply(data, enqueue)
 	err := f.Error()
+	if span != nil {
+		span.SetAttributes(attrIndex.Int64(int64(f.Index())))
+		span.End()
+	}
+	entry := proposed{index: f.Index(), commands: len(batch)}
 	if err != nil {
 		err = g.translate(err, phaseAfterEnqueue)
 		for _, p := range batch {
@@ -208,7 +215,7 @@ func (b *propBuffer) propose(batch []*proposal) {
 	}
 	if len(batch) == 1 {
 		v, err := appliedResult(g.id, f.Response())
-		batch[0].done <- proposalResult{v: v, err: err}
+		batch[0].done <- proposalResult{v: v, entry: entry, err: err}
 		return
 	}
 	if _, err := appliedResult(g.id, f.Response()); err != nil {
@@ -228,7 +235,7 @@ func (b *propBuffer) propose(batch []*proposal) {
 		return
 	}
 	for i, p := range batch {
-		p.done <- proposalResult{v: results[i]}
+		p.done <- proposalResult{v: results[i], entry: entry}
 	}
 }
 

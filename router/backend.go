@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 
@@ -80,6 +81,9 @@ type BackendConfig struct {
 	// Registry receives the forwarding metrics (idem_forward_*) and the
 	// router's (idem_router_*). Nil registers nothing (Stats still counts).
 	Registry *prometheus.Registry
+	// TracerProvider, when set, gives each forward a span and sends the
+	// W3C traceparent to the nodes (forward.ForwarderConfig). Nil: off.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultBackendConfig returns a BackendConfig with the defaults filled in;
@@ -259,7 +263,7 @@ func NewBackend(cfg BackendConfig) (*Backend, error) {
 	var err error
 	b.fwd, err = forward.NewForwarder(forward.ForwarderConfig{
 		Topology: cfg.Topology, AttemptTimeout: cfg.AttemptTimeout, DialOptions: cfg.DialOptions,
-		Logger: b.log, Registry: reg,
+		Logger: b.log, Registry: reg, TracerProvider: cfg.TracerProvider,
 	})
 	if err != nil {
 		return nil, err

@@ -13,11 +13,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/console"
 	"github.com/idem-dev/idem/forward"
 	"github.com/idem-dev/idem/internal/serving"
+	"github.com/idem-dev/idem/internal/tracing"
 	"github.com/idem-dev/idem/proxy"
 	"github.com/idem-dev/idem/security/transport"
 	"github.com/idem-dev/idem/server"
@@ -65,6 +68,13 @@ type ProcessConfig struct {
 	// Backend.DialOptions, or to forward.DefaultDialOptions when those are nil);
 	// nil means transport.Insecure(): plaintext, every caller root.
 	Security *transport.Kit
+	// TracerProvider, when set, traces every call: the API's and proxy
+	// mode's spans continue the caller's W3C traceparent, and it travels on
+	// to the nodes (Backend.TracerProvider takes it unless set) and, in
+	// proxy mode, to the upstream. Nil: tracing off.
+	TracerProvider trace.TracerProvider
+	// TraceKeys puts keys in clear on spans (--trace-keys).
+	TraceKeys bool
 }
 
 // Validate reports every problem of c at once.
@@ -151,6 +161,9 @@ func NewProcess(cfg ProcessConfig) (*Process, error) {
 		cfg.Backend.DialOptions = forward.DefaultDialOptions()
 	}
 	cfg.Backend.DialOptions = append(slices.Clip(cfg.Backend.DialOptions), cfg.Security.DialOptions()...)
+	if cfg.Backend.TracerProvider == nil {
+		cfg.Backend.TracerProvider = cfg.TracerProvider
+	}
 	return &Process{cfg: cfg, log: cfg.Logger, addrs: map[string]string{}}, nil
 }
 
@@ -194,7 +207,8 @@ func (p *Process) Start(ctx context.Context) (err error) {
 		return err
 	}
 	api, err := server.New(server.Config{Backend: p.backend, Logger: p.log, Registry: cfg.Registry, Version: cfg.Version, MaxResponseBytes: cfg.MaxResponseBytes,
-		ExtraRoutes: map[string]http.Handler{"/ui/": p.console.Handler()}})
+		ExtraRoutes:    map[string]http.Handler{"/ui/": p.console.Handler()},
+		TracerProvider: cfg.TracerProvider, TraceKeys: cfg.TraceKeys})
 	if err != nil {
 		return err
 	}
@@ -221,9 +235,22 @@ func (p *Process) Start(ctx context.Context) (err error) {
 		if pcfg.Registry == nil {
 			pcfg.Registry = cfg.Registry
 		}
+		if cfg.TracerProvider != nil && pcfg.Transport == nil {
+			// The upstream request continues the caller's trace.
+			pcfg.Transport = otelhttp.NewTransport(http.DefaultTransport.(*http.Transport).Clone(),
+				otelhttp.WithTracerProvider(cfg.TracerProvider), otelhttp.WithPropagators(tracing.Propagator))
+		}
 		px, err := proxy.New(pcfg)
 		if err != nil {
 			return err
+		}
+		var proxyHandler http.Handler = px
+		if cfg.TracerProvider != nil {
+			// The caller's URL path is its own service's, never an
+			// idempotency key (that travels in a header, not recorded).
+			proxyHandler = otelhttp.NewHandler(px, "idem.proxy",
+				otelhttp.WithTracerProvider(cfg.TracerProvider), otelhttp.WithPropagators(tracing.Propagator),
+				otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "idem.proxy " + r.Method }))
 		}
 		proxyLn, err := p.listen("proxy", cfg.ProxyAddr)
 		if err != nil {
@@ -233,7 +260,7 @@ func (p *Process) Start(ctx context.Context) (err error) {
 		// proxy answers: the write timeout allows for it.
 		pt := cfg.Security.HTTPTimeouts()
 		pt.WriteTimeout = cmp.Or(pt.WriteTimeout, serving.DefaultWriteTimeout) + cmp.Or(pcfg.UpstreamTimeout, proxy.DefaultUpstreamTimeout)
-		p.servers = append(p.servers, serving.HTTPWithTimeouts("proxy", proxyLn, px, p.log, pt))
+		p.servers = append(p.servers, serving.HTTPWithTimeouts("proxy", proxyLn, proxyHandler, p.log, pt))
 		p.log.Info("proxy mode", "proxy", p.addrs["proxy"], "upstream", pcfg.Upstream, "require_key", pcfg.RequireKey,
 			"namespace_header", pcfg.NamespaceHeader, "max_wait", pcfg.MaxWait)
 	}

@@ -23,7 +23,7 @@ func (s *Server) apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, *Erro
 func (s *Server) applyRouted(ctx context.Context, cmd *fsm.Command, hops int) (fsm.Result, string, *Error) {
 	res, leader, err := s.backend.ApplyRouted(ctx, cmd, hops)
 	if err != nil {
-		return res, leaderHint(leader, err), s.backendError(err, cmd.Op.String(), cmd.Namespace, cmd.Key)
+		return res, leaderHint(leader, err), s.backendError(ctx, err, cmd.Op.String(), cmd.Namespace, cmd.Key)
 	}
 	if res.Outcome == fsm.OutcomeLimitExceeded {
 		return res, leader, limitExceeded(cmd, res)
@@ -43,7 +43,7 @@ func (s *Server) applyRouted(ctx context.Context, cmd *fsm.Command, hops int) (f
 	}
 	// OutcomeInvalid means the server built a command the state machine
 	// rejects; any other outcome is a backend bug. Neither is the client's.
-	s.log.Error("backend returned an unexpected outcome", "op", cmd.Op.String(),
+	s.log.ErrorContext(ctx, "backend returned an unexpected outcome", "op", cmd.Op.String(),
 		"namespace", cmd.Namespace, "key", cmd.Key, "outcome", res.Outcome.String())
 	return res, leader, &Error{Code: CodeInternal, Message: internalMessage}
 }
@@ -53,7 +53,7 @@ func (s *Server) applyRouted(ctx context.Context, cmd *fsm.Command, hops int) (f
 func (s *Server) getRouted(ctx context.Context, namespace, key string, hops int) (fsm.Record, bool, string, *Error) {
 	rec, found, leader, err := s.backend.GetRouted(ctx, namespace, key, hops)
 	if err != nil {
-		return rec, false, leaderHint(leader, err), s.backendError(err, "get", namespace, key)
+		return rec, false, leaderHint(leader, err), s.backendError(ctx, err, "get", namespace, key)
 	}
 	return rec, found, leader, nil
 }
@@ -68,12 +68,14 @@ func leaderHint(leader string, err error) string {
 	return leader
 }
 
-func (s *Server) backendError(err error, op, namespace, key string) *Error {
+// backendError logs with the request's context (its trace and span ids
+// when it is traced).
+func (s *Server) backendError(ctx context.Context, err error, op, namespace, key string) *Error {
 	e, internal := fromBackend(err)
 	if internal {
-		s.log.Error("backend failed", "op", op, "namespace", namespace, "key", key, "error", err)
+		s.log.ErrorContext(ctx, "backend failed", "op", op, "namespace", namespace, "key", key, "error", err)
 	} else if e.Code == CodeUnavailable {
-		s.log.Debug("backend unavailable", "op", op, "namespace", namespace, "key", key, "error", err)
+		s.log.DebugContext(ctx, "backend unavailable", "op", op, "namespace", namespace, "key", key, "error", err)
 	}
 	return e
 }

@@ -10,7 +10,9 @@ import (
 
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/tracing"
 	"github.com/idem-dev/idem/security/auth"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 )
@@ -191,6 +193,9 @@ func (h *httpAPI) serveBatch(w http.ResponseWriter, r *http.Request, rt route, f
 	if e != nil {
 		fail(e)
 		return string(e.Code)
+	}
+	if h.s.tracer != nil {
+		trace.SpanFromContext(r.Context()).SetAttributes(tracing.Items.Int(len(items)))
 	}
 	results := make([]any, len(items))
 	cmds := make([]*fsm.Command, len(items))

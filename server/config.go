@@ -13,6 +13,7 @@ import (
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Backend executes validated commands (see package backend, which defines
@@ -81,6 +82,14 @@ type Config struct {
 	// sends the key's next calls there and skips the forwarding hop. Nil
 	// (a router, whose JSON callers need no hint): no header.
 	LeaderAddr func(nodeID string) string
+	// TracerProvider, when set, traces the API: a call's span continues
+	// the caller's W3C traceparent (gRPC metadata or HTTP header) and
+	// carries the namespace, operation and outcome. Nil: tracing off, at no
+	// cost per request.
+	TracerProvider trace.TracerProvider
+	// TraceKeys puts the key in clear on the API's spans (--trace-keys);
+	// off, spans never carry it.
+	TraceKeys bool
 	// Topology serves /v1/topology (a node's: the cluster's topology and
 	// online changes of it). Nil answers 404, as a process without one.
 	Topology http.Handler

@@ -11,7 +11,9 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/contract"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/tracing"
 	"github.com/idem-dev/idem/internal/wire"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -145,6 +147,9 @@ func (g *grpcService) Batch(ctx context.Context, req *idemv1.BatchRequest) (_ *i
 	if n := proto.Size(req); n > idemv1.MaxBatchBytes {
 		return nil, errorf(CodePayloadTooLarge, "payload too large: a batch is %d bytes encoded, more than %d: split it, or send large completes on their own", n, idemv1.MaxBatchBytes)
 	}
+	if g.s.tracer != nil {
+		trace.SpanFromContext(ctx).SetAttributes(tracing.Items.Int(len(ops)))
+	}
 	interceptors := idemv1.BatchOpInterceptors(ctx)
 	results := make([]*idemv1.BatchResult, len(ops))
 	var wg sync.WaitGroup
@@ -175,6 +180,8 @@ func (g *grpcService) batchOp(ctx context.Context, interceptors []grpc.UnaryServ
 		}
 	}()
 	octx, leader := idemv1.WithBatchOpLeader(ctx)
+	octx, endSpan := g.s.startBatchOpSpan(octx, method)
+	defer endSpan()
 	info := &grpc.UnaryServerInfo{Server: g, FullMethod: method}
 	resp, err := idemv1.ChainBatchOp(octx, interceptors, req, info, g.unaryHandler(method))
 	res = &idemv1.BatchResult{LeaderId: leader()}
@@ -339,6 +346,9 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 		s.metrics.observe("grpc", grpcEndpoint(info.FullMethod), outcome, time.Since(start))
 		if n, ok := req.(interface{ GetNamespace() string }); ok && contract.ValidNamespace(n.GetNamespace()) {
 			s.metrics.observeNamespace(n.GetNamespace(), outcome)
+		}
+		if s.tracer != nil {
+			s.annotateRPC(ctx, info.FullMethod, req, resp, err)
 		}
 	}()
 	if info.FullMethod == idemv1.Idempotency_Batch_FullMethodName {

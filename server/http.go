@@ -152,14 +152,21 @@ func (h *httpAPI) serveReady(w http.ResponseWriter, r *http.Request) {
 type statusWriter struct {
 	http.ResponseWriter
 	wroteHeader bool
+	status      int // the status sent, 0 before the header went out
 }
 
 func (w *statusWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.status = code
+	}
 	w.wroteHeader = true
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *statusWriter) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.status = http.StatusOK
+	}
 	w.wroteHeader = true
 	return w.ResponseWriter.Write(p)
 }
@@ -338,6 +345,12 @@ func (h *httpAPI) serveAPI(w http.ResponseWriter, r *http.Request, raw string) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
 	endpoint, outcome, namespace := endpointUnknown, "", ""
+	var rt route
+	if h.s.tracer != nil {
+		var span *httpSpan
+		r, span = h.s.startHTTPSpan(r)
+		defer func() { span.end(rt, outcome, sw.status) }()
+	}
 	defer func() {
 		h.s.metrics.observe("http", endpoint, outcome, time.Since(start))
 		h.s.metrics.observeNamespace(namespace, outcome)

@@ -77,7 +77,7 @@ func (s *Server) operate(ctx context.Context, cmd *fsm.Command, hops int, princi
 	switch {
 	case err != nil:
 		leader = leaderHint(leader, err)
-		e = s.backendError(err, cmd.Op.String(), cmd.Namespace, cmd.Key)
+		e = s.backendError(ctx, err, cmd.Op.String(), cmd.Namespace, cmd.Key)
 	case res.Outcome == fsm.OutcomeOK:
 	case res.Outcome == fsm.OutcomeNotFound:
 		e = errorf(CodeNotFound, "no record for this key in namespace %q: nothing to %s", cmd.Namespace, cmd.Op)
@@ -101,7 +101,7 @@ func (s *Server) operate(ctx context.Context, cmd *fsm.Command, hops int, princi
 	if hops > 0 {
 		args, forwarded = append(args, "hops", hops), "true"
 	}
-	s.log.Info("operator action", args...)
+	s.log.InfoContext(ctx, "operator action", args...)
 	s.operatorActions.WithLabelValues(actionOf(cmd.Op), outcome, forwarded).Inc()
 	return res, leader, e
 }
@@ -112,10 +112,10 @@ func (s *Server) listKeys(ctx context.Context, q backend.ListQuery, principal st
 	outcome := outcomeOK
 	var e *Error
 	if err != nil {
-		e = s.backendError(err, actionList, q.Namespace, "")
+		e = s.backendError(ctx, err, actionList, q.Namespace, "")
 		outcome = string(e.Code)
 	}
-	s.log.Info("operator action", "action", actionList, "principal", principal, "namespace", q.Namespace,
+	s.log.InfoContext(ctx, "operator action", "action", actionList, "principal", principal, "namespace", q.Namespace,
 		"state", stateName(q.State), "older_than", q.OlderThan, "limit", q.Limit, "keys", len(page.Keys), "outcome", outcome)
 	s.operatorActions.WithLabelValues(actionList, outcome, "false").Inc()
 	return page, e
@@ -320,5 +320,5 @@ func ShardQueryFromProto(req *idemv1.ListShardRequest) (backend.ShardQuery, erro
 // OperatorError is the gRPC error of a backend failure of an operator RPC
 // that a node serves itself (ListShard).
 func (s *Server) OperatorError(err error, what string) error {
-	return s.backendError(err, what, "", "")
+	return s.backendError(context.Background(), err, what, "", "")
 }

@@ -32,10 +32,10 @@ func (s *Server) setPolicy(ctx context.Context, cmd *fsm.Command, principal stri
 	pol, err := ps.SetPolicy(ctx, cmd)
 	outcome := outcomeOK
 	if err != nil {
-		e = s.backendError(err, cmd.Op.String(), cmd.Namespace, "")
+		e = s.backendError(ctx, err, cmd.Op.String(), cmd.Namespace, "")
 		outcome = string(e.Code)
 	}
-	s.log.Info("operator action", "action", actionSetPolicy, "principal", principal, "namespace", cmd.Namespace,
+	s.log.InfoContext(ctx, "operator action", "action", actionSetPolicy, "principal", principal, "namespace", cmd.Namespace,
 		"policy", contract.EffectivePolicyOf(cmd.Policy.DefaultLease, cmd.Policy.MaxLease, cmd.Policy.DefaultRetention,
 			cmd.Policy.MaxRetention, cmd.Policy.Tombstone, cmd.Policy.TombstoneSet), "outcome", outcome)
 	s.operatorActions.WithLabelValues(actionSetPolicy, outcome, "false").Inc()
@@ -49,7 +49,7 @@ func (s *Server) getPolicy(ctx context.Context, namespace string) (fsm.Policy, *
 	}
 	pol, _, err := ps.GetPolicy(ctx, namespace)
 	if err != nil {
-		return fsm.Policy{}, s.backendError(err, "get-policy", namespace, "")
+		return fsm.Policy{}, s.backendError(ctx, err, "get-policy", namespace, "")
 	}
 	return pol, nil
 }

@@ -9,8 +9,10 @@ import (
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/backend"
 	"github.com/idem-dev/idem/contract"
+	"github.com/idem-dev/idem/internal/tracing"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 )
 
@@ -26,6 +28,9 @@ type Server struct {
 	registry    *prometheus.Registry
 	metrics     *metrics
 	validate    validator
+	// tracer starts the API's own spans; nil when Config.TracerProvider
+	// is (tracing off: no span code runs).
+	tracer trace.Tracer
 	// operatorActions counts operator actions (operator.go).
 	operatorActions *prometheus.CounterVec
 	// inflight bounds the request bytes held at once (inflight.go).
@@ -46,6 +51,7 @@ func New(cfg Config) (*Server, error) {
 		log:      cfg.Logger,
 		registry: cfg.Registry,
 		validate: validator{maxResponseBytes: cfg.maxResponseBytes()},
+		tracer:   tracing.Tracer(cfg.TracerProvider),
 	}
 	s.policyStore, _ = cfg.Backend.(backend.Policies)
 	if s.log == nil {
@@ -87,12 +93,14 @@ func (s *Server) HTTPHandler() http.Handler { return s.httpHandler }
 func (s *Server) GRPCService() idemv1.IdempotencyServer { return s.grpcService }
 
 // GRPCServerOptions are the options a gRPC server serving this API needs:
-// a unary interceptor that recovers panics and records request metrics (for
+// with Config.TracerProvider, a stats handler that continues the caller's
+// traceparent and starts each RPC's span; a unary interceptor that recovers
+// panics and records request metrics (for
 // every service on the server, Admin included; idem.v1 has no streaming RPCs), a receive limit that admits a
 // max-size response (Config.GRPCMaxMessageBytes), and the contract's limit on
 // a request's metadata (contract.MaxRequestHeaderBytes).
 func (s *Server) GRPCServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
+	return append(s.grpcTraceOptions(),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor, s.inflight.interceptor),
 		grpc.MaxRecvMsgSize(s.cfg.GRPCMaxMessageBytes()),
 		// A request's metadata is decoded before anyone is authenticated:
@@ -102,7 +110,7 @@ func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 		// Streams (each RPC) run on reused goroutines instead of one new
 		// goroutine each, which would grow its stack again on every call.
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
-	}
+	)
 }
 
 // NewGRPCServer returns a gRPC server with GRPCServerOptions, then opts, and

@@ -70,6 +70,19 @@ func isRegionShape(sys string) bool {
 // bSuffix names an idem system's twin run with --idemnode-b.
 const bSuffix = "@b"
 
+// traceSuffix starts the name of an idem system's twin run with tracing on
+// at a sample ratio (--trace-ratios): SYSTEM@trace0.01.
+const traceSuffix = "@trace"
+
+// twinOf splits an idem system's name into the system it is a twin of and
+// the twin's suffix ("" for the system itself).
+func twinOf(sys string) (base, suffix string) {
+	if i := strings.IndexByte(sys, '@'); i >= 0 {
+		return sys[:i], sys[i:]
+	}
+	return sys, ""
+}
+
 // config is one benchmark run.
 type config struct {
 	Duration       time.Duration // measured time of one (system, clients, round) cell
@@ -91,6 +104,7 @@ type config struct {
 	ProfileSystem  string        // the idem system profiled
 	RequestTimeout time.Duration // deadline of one request
 	JSONLeader     bool          // idem's JSON client sends a key's complete to its reserve's Idem-Leader
+	TraceRatios    []float64     // every idem system also runs as SYSTEM@trace<R> with tracing on at sample ratio R
 }
 
 const usageHeader = `peers: idem against Redis, PostgreSQL, etcd and dragonboat on this machine.
@@ -117,7 +131,7 @@ Flags:
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	cfg := config{}
-	var conc, systems string
+	var conc, systems, traceRatios string
 	fs := flag.NewFlagSet("peers", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.DurationVar(&cfg.Duration, "duration", 8*time.Second, "measured time of each (system, clients) cell per round")
@@ -139,6 +153,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.ProfileClients, "profile-clients", 64, "client count of the profiled cell")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", 10*time.Second, "deadline of one request")
 	fs.BoolVar(&cfg.JSONLeader, "json-follow-leader", true, "idem's JSON client sends a key's complete to the node named by its reserve's Idem-Leader header (the leader's JSON address); false: every call round-robin over the nodes")
+	fs.StringVar(&traceRatios, "trace-ratios", "", "comma-separated sample `RATIOS` (0..1): every idem system also runs as SYSTEM@trace<R>, its nodes exporting OTLP traces (--otlp-endpoint, --trace-sample-ratio R) to a sink in this process, in the same interleaved rounds, and the b / a table gives the cost")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stderr, usageHeader)
@@ -180,16 +195,28 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return 1000*slices.Index(allSystems, replicatedPeers[0]) - 500 + shards
 	}
 	slices.SortStableFunc(cfg.Systems, func(a, b string) int { return order(a) - order(b) })
-	if cfg.IdemNodeB != "" {
-		var with []string
-		for _, sys := range cfg.Systems {
-			with = append(with, sys)
-			if isIdem(sys) {
-				with = append(with, sys+bSuffix)
-			}
+	for _, f := range splitList(traceRatios) {
+		r, err := strconv.ParseFloat(f, 64)
+		if err != nil || r < 0 || r > 1 {
+			errs = append(errs, fmt.Errorf("--trace-ratios: %q is not a ratio in 0..1", f))
+			continue
 		}
-		cfg.Systems = with
+		cfg.TraceRatios = append(cfg.TraceRatios, r)
 	}
+	var with []string
+	for _, sys := range cfg.Systems {
+		with = append(with, sys)
+		if !isIdem(sys) {
+			continue
+		}
+		if cfg.IdemNodeB != "" {
+			with = append(with, sys+bSuffix)
+		}
+		for _, r := range cfg.TraceRatios {
+			with = append(with, sys+traceSuffix+strconv.FormatFloat(r, 'g', -1, 64))
+		}
+	}
+	cfg.Systems = with
 	errs = append(errs, cfg.validate())
 	return cfg, errors.Join(errs...)
 }
@@ -240,6 +267,9 @@ func (c config) validate() error {
 	}
 	if c.IdemNodeB != "" && !slices.ContainsFunc(c.Systems, isIdem) {
 		errs = append(errs, errors.New("--idemnode-b compares idem systems, and --systems has none"))
+	}
+	if len(c.TraceRatios) > 0 && !slices.ContainsFunc(c.Systems, isIdem) {
+		errs = append(errs, errors.New("--trace-ratios measures idem systems, and --systems has none"))
 	}
 	if c.RequestTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--request-timeout %v: want a positive duration", c.RequestTimeout))

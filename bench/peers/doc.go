@@ -27,6 +27,7 @@
 //	go run . --profile-dir /tmp/prof --profile-system idem3s1pack-grpc --systems idem3s1pack-grpc
 //	go run . --timeline-dir /tmp/tl             # plus every cell's latency per 100 ms
 //	go run . --idemnode /tmp/a --idemnode-b /tmp/b --systems idem3pack-grpc --rounds 6   # A/B two builds
+//	go run . --systems idem3s1pack-grpc --trace-ratios 1,0.01   # the cost of tracing at two sample ratios
 //
 // An idem system is idem<nodes>[s<shards>][pack]-<api>: idem3 a three-node
 // region, idem1 a dev node; s1 one shard per region instead of four (any

@@ -144,6 +144,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	fmt.Fprintln(stdout)
 	writeTable(stdout, rows(cells, names, cfg.Concurrency), cfg.Rounds)
 	writeAB(stdout, cells, names, cfg.Concurrency)
+	writeTraceSink(stdout, l.sink)
 
 	writePacking(ctx, stdout, systems)
 
@@ -293,7 +294,7 @@ func fetchTo(ctx context.Context, url, path string) error {
 func writePacking(ctx context.Context, w io.Writer, systems []*system) {
 	seen := map[string]bool{}
 	for _, s := range systems {
-		if !strings.HasSuffix(strings.TrimSuffix(s.variant, bSuffix), "pack") || seen[s.variant] {
+		if base, _ := twinOf(s.variant); !strings.HasSuffix(base, "pack") || seen[s.variant] {
 			continue
 		}
 		seen[s.variant] = true

@@ -265,13 +265,46 @@ func TestWriteABPairsRounds(t *testing.T) {
 	}
 	var b bytes.Buffer
 	writeAB(&b, cells, []string{"idem3-grpc", "idem3-grpc@b", "redis"}, []int{64})
-	if want := "| idem3-grpc | 64 | 3 | 1.20 (1.10-1.30) | 0.90 (0.80-1.00) |"; !strings.Contains(b.String(), want) {
+	if want := "| idem3-grpc@b / idem3-grpc | 64 | 3 | 1.20 (1.10-1.30) | 0.90 (0.80-1.00) |"; !strings.Contains(b.String(), want) {
 		t.Fatalf("a/b table lacks %q:\n%s", want, b.String())
 	}
 	b.Reset()
 	writeAB(&b, cells, []string{"idem3-grpc", "redis"}, []int{64})
 	if b.Len() != 0 {
 		t.Fatalf("a/b table without twins: %q", b.String())
+	}
+}
+
+// --trace-ratios adds a traced twin of every idem system, which the b / a
+// table pairs with it.
+func TestTraceRatios(t *testing.T) {
+	cfg, err := parseFlags([]string{"--systems", "redis,idem3s1pack-grpc", "--trace-ratios", "1,0.01"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"idem3s1pack-grpc", "idem3s1pack-grpc@trace1", "idem3s1pack-grpc@trace0.01", "redis"}
+	if !slices.Equal(cfg.Systems, want) {
+		t.Fatalf("systems %v, want %v", cfg.Systems, want)
+	}
+	if base, twin := twinOf("idem3s1pack-grpc@trace0.01"); base != "idem3s1pack-grpc" || twin != "@trace0.01" {
+		t.Errorf("twinOf: %q %q", base, twin)
+	}
+	cells := []cell{
+		{System: "idem3s1pack-grpc", Clients: 64, Cycles: 1000, Elapsed: time.Second, CPU: time.Second},
+		{System: "idem3s1pack-grpc@trace1", Clients: 64, Cycles: 800, Elapsed: time.Second, CPU: time.Second},
+	}
+	var b bytes.Buffer
+	writeAB(&b, cells, []string{"idem3s1pack-grpc", "idem3s1pack-grpc@trace1"}, []int{64})
+	if want := "| idem3s1pack-grpc@trace1 / idem3s1pack-grpc | 64 | 1 | 0.80 (0.80-0.80) | 1.25 (1.25-1.25) |"; !strings.Contains(b.String(), want) {
+		t.Fatalf("b / a table lacks %q:\n%s", want, b.String())
+	}
+	for _, bad := range []string{"1.5", "-0.1", "x"} {
+		if _, err := parseFlags([]string{"--systems", "idem3-grpc", "--trace-ratios", bad}, &bytes.Buffer{}); err == nil {
+			t.Errorf("--trace-ratios %s accepted", bad)
+		}
+	}
+	if _, err := parseFlags([]string{"--systems", "redis", "--trace-ratios", "1"}, &bytes.Buffer{}); err == nil {
+		t.Error("--trace-ratios without an idem system accepted")
 	}
 }
 

@@ -42,6 +42,7 @@ type lab struct {
 	logf     func(string, ...any)
 	maxConns int
 	body     []byte
+	sink     *traceSink // the @trace systems' OTLP endpoint; nil until one starts
 }
 
 func (l *lab) sub(name string) (string, error) {
@@ -620,11 +621,9 @@ func variant(extra []string) string {
 
 // idemSystem is one client of a started idem cluster.
 func (l *lab) idemSystem(name string, n *idemNodes, useGRPC bool) (*system, error) {
-	base, isB := strings.CutSuffix(name, bSuffix)
+	base, twin := twinOf(name)
 	variant, _, _ := strings.Cut(base, "-")
-	if isB {
-		variant += bSuffix
-	}
+	variant += twin
 	s := &system{name: name, procs: n.procs, pprof: n.pprof, http: n.http, variant: variant}
 	if useGRPC {
 		t, err := newIdemGRPC(n.grpc, l.body, l.cfg.RequestTimeout)
@@ -665,16 +664,27 @@ func (l *lab) startAll(ctx context.Context) ([]*system, error) {
 			s, err = l.startDragonboat(ctx, name, 4)
 		case sysDragonboatS1:
 			s, err = l.startDragonboat(ctx, name, 1)
-		default: // idem<nodes>[s<shards>][pack]-<api>[@b]
-			base, isB := strings.CutSuffix(name, bSuffix)
+		default: // idem<nodes>[s<shards>][pack]-<api>[@b|@trace<R>]
+			base, twin := twinOf(name)
 			variant, api, _ := strings.Cut(base, "-")
 			bin, cluster := l.idemnode, variant
-			if isB {
+			extra := packArgs(variant)
+			switch {
+			case twin == bSuffix:
 				bin, cluster = l.cfg.IdemNodeB, variant+"-b"
+			case strings.HasPrefix(twin, traceSuffix):
+				cluster = variant + "-" + twin[1:]
+				var sink string
+				if sink, err = l.traceSink(); err != nil {
+					break
+				}
+				extra = append(extra, "--otlp-endpoint", sink, "--trace-sample-ratio", strings.TrimPrefix(twin, traceSuffix))
+			}
+			if err != nil {
+				break
 			}
 			n := clusters[cluster]
 			if n == nil {
-				extra := packArgs(variant)
 				if nodes, shards := idemShape(variant); nodes == 3 {
 					n, err = l.startIdem3(ctx, cluster, bin, shards, extra...)
 				} else {
@@ -683,7 +693,7 @@ func (l *lab) startAll(ctx context.Context) ([]*system, error) {
 				if err != nil {
 					break
 				}
-				if isB {
+				if twin == bSuffix {
 					n.description += ", " + bin
 				}
 				clusters[cluster] = n

@@ -278,8 +278,8 @@ func writeAB(w io.Writer, cells []cell, systems []string, concurrency []int) {
 	}
 	header := false
 	for _, b := range systems {
-		a, isB := strings.CutSuffix(b, bSuffix)
-		if !isB {
+		a, twin := twinOf(b)
+		if twin == "" {
 			continue
 		}
 		for _, clients := range concurrency {
@@ -306,7 +306,7 @@ func writeAB(w io.Writer, cells []cell, systems []string, concurrency []int) {
 				fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: |")
 				header = true
 			}
-			fmt.Fprintf(w, "| %s | %d | %d | %s | %s |\n", a, clients, len(rates), fmtRatios(rates), fmtRatios(cpus))
+			fmt.Fprintf(w, "| %s / %s | %d | %d | %s | %s |\n", b, a, clients, len(rates), fmtRatios(rates), fmtRatios(cpus))
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -94,6 +95,9 @@ type Server struct {
 	offset time.Duration // added to the wall clock by Advance
 	faults map[Method]*fault
 	calls  map[Method]int
+	// traceparents is the W3C traceparent the last call of each method
+	// carried ("" for none).
+	traceparents map[Method]string
 	// routing answers the Routing RPC (nil: UNIMPLEMENTED, as a router);
 	// leaderHint is sent as the leader header of every other answer.
 	routing    *idemv1.RoutingResponse
@@ -115,6 +119,8 @@ func Start(cfg Config) (*Server, error) {
 		cfg:    cfg,
 		faults: make(map[Method]*fault),
 		calls:  make(map[Method]int),
+
+		traceparents: make(map[Method]string),
 	}
 	s.mem = backend.NewMem(backend.MemConfig{Now: func() int64 { return s.Now().UnixNano() }, SkewMargin: cfg.SkewMargin})
 	api, err := server.New(server.Config{Backend: s.mem, MaxResponseBytes: int64(cfg.MaxResponseBytes), Routing: s.answerRouting})
@@ -204,6 +210,15 @@ func (s *Server) Calls(m Method) int {
 	return s.calls[m]
 }
 
+// Traceparent is the W3C traceparent metadata the last call of m carried,
+// "" when it carried none: a test of an application's tracing checks that
+// its calls join its traces. Operations of a Batch carry their batch's.
+func (s *Server) Traceparent(m Method) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.traceparents[m]
+}
+
 func (s *Server) fault(m Method) *fault {
 	f := s.faults[m]
 	if f == nil {
@@ -237,8 +252,13 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		}
 		ctx = idemv1.WithBatchOpInterceptor(ctx, s.intercept)
 	}
+	var traceparent string
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get("traceparent")) > 0 {
+		traceparent = md.Get("traceparent")[0]
+	}
 	s.mu.Lock()
 	s.calls[m]++
+	s.traceparents[m] = traceparent
 	f := s.fault(m)
 	if f.failLeft != 0 {
 		if f.failLeft > 0 {

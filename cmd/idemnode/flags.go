@@ -12,6 +12,7 @@ const (
 	secTime     = "Time"
 	secRaft     = "Raft"
 	secProcess  = "Process"
+	secTracing  = "Tracing"
 )
 
 // flagTable is idemnode's flags: each sets a field of o, most of them of
@@ -57,9 +58,10 @@ func flagTable(o *options) flagdoc.Table {
 		{Name: "testing-crash-during-restore", Value: &o.testCrashRestore, Section: flagdoc.Testing, Usage: testingOnly + "exit at once with status 86, no cleanup (a crash), when a snapshot restore has written `N` records into the new state generation, before it switches to it"},
 	}
 	flags = append(flags, o.sec.FlagTable(secSecurity)...)
+	flags = append(flags, o.trace.FlagTable(secTracing)...)
 	return flagdoc.Table{
 		Command:  "idemnode",
-		Sections: []string{secCluster, secSecurity, secLimits, secTime, secRaft, secProcess, flagdoc.Testing},
+		Sections: []string{secCluster, secSecurity, secLimits, secTime, secRaft, secProcess, secTracing, flagdoc.Testing},
 		Flags:    flags,
 	}
 }

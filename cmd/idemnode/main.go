@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/internal/flagdoc"
@@ -61,6 +62,7 @@ type options struct {
 	pprofAddr      string
 	showVersion    bool
 	sec            transport.Flags
+	trace          cli.TraceOptions
 	// flags is the parsed flag table (its deprecated names are warned of
 	// once the logger exists).
 	flags *flagdoc.Set
@@ -81,7 +83,7 @@ SIGTERM it hands over leadership, drains and exits 0.
 
 func parseFlags(args []string, stdout io.Writer) (*options, error) {
 	o := &options{cfg: node.DefaultConfig(), logLevel: "info", logFormat: "text",
-		gcHeadroom: defaultGCHeadroom, sec: transport.DefaultFlags()}
+		gcHeadroom: defaultGCHeadroom, sec: transport.DefaultFlags(), trace: cli.DefaultTraceOptions()}
 	o.flags = flagdoc.NewSet(flagTable(o))
 	if err := o.flags.Parse(args, stdout, usageHeader); err != nil {
 		return nil, err
@@ -116,7 +118,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	self, _ := cfg.Topology.NodeByID(cfg.NodeID)
+	tp, stopTracing, err := cli.StartTracing(ctx, o.trace, "idemnode", version, logger,
+		attribute.String("service.instance.id", cfg.NodeID), attribute.String("idem.region", self.Region))
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	logger = cli.TraceLogger(logger, tp)
 	cfg.Logger = logger
+	cfg.TracerProvider, cfg.TraceKeys = tp, o.trace.Keys
 	// In a static CGO_ENABLED=0 build most of a warm node's heap is the
 	// state engine's block cache and memtables (pebble allocates them on
 	// the Go heap there): long-lived and pointer-free, cheap to mark.

@@ -10,6 +10,7 @@ const (
 	secProxy    = "Proxy mode"
 	secSecurity = "Security"
 	secProcess  = "Process"
+	secTracing  = "Tracing"
 )
 
 // flagTable is idemrouter's flags: each sets a field of o, whose value when
@@ -38,9 +39,10 @@ func flagTable(o *options) flagdoc.Table {
 		{Name: "version", Value: &o.showVersion, Section: secProcess, Usage: "print the version and exit"},
 	}
 	flags = append(flags, o.sec.FlagTable(secSecurity)...)
+	flags = append(flags, o.trace.FlagTable(secTracing)...)
 	return flagdoc.Table{
 		Command:  "idemrouter",
-		Sections: []string{secRouter, secProxy, secSecurity, secProcess},
+		Sections: []string{secRouter, secProxy, secSecurity, secProcess, secTracing},
 		Flags:    flags,
 	}
 }

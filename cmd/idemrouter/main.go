@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idem-dev/idem/internal/cli"
 	"github.com/idem-dev/idem/internal/flagdoc"
@@ -56,6 +57,8 @@ type options struct {
 	maxWait         time.Duration
 
 	sec transport.Flags
+	// trace is the tracing flags (cli.TraceOptions).
+	trace cli.TraceOptions
 	// flags is the parsed flag table.
 	flags *flagdoc.Set
 }
@@ -102,7 +105,7 @@ func parseFlags(args []string, stdout io.Writer) (*options, error) {
 		requestTimeout: b.RequestTimeout, maxResponse: server.DefaultMaxResponseBytes,
 		logLevel: "info", logFormat: "text", gcHeadroom: defaultGCHeadroom,
 		maxRequestBytes: p.MaxRequestBytes, upstreamTimeout: p.UpstreamTimeout, maxWait: p.MaxWait,
-		sec: transport.DefaultFlags(),
+		sec: transport.DefaultFlags(), trace: cli.DefaultTraceOptions(),
 	}
 	o.flags = flagdoc.NewSet(flagTable(o))
 	if err := o.flags.Parse(args, stdout, usageHeader); err != nil {
@@ -182,6 +185,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	o.flags.Warn(logger)
+	tp, stopTracing, err := cli.StartTracing(ctx, o.trace, "idemrouter", version, logger, attribute.String("idem.region", o.region))
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	logger = cli.TraceLogger(logger, tp)
 	cfg, err := processConfig(o)
 	if err != nil {
 		return err
@@ -190,6 +199,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer cli.PaceGC(logger, 100, o.gcHeadroom)()
 	cli.LogSysmon(logger)
 	cfg.Logger = logger.With("region", o.region)
+	cfg.TracerProvider, cfg.TraceKeys = tp, o.trace.Keys
 	cfg.Registry = prometheus.NewRegistry()
 	cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if o.proxyKeyRandom {

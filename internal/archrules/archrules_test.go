@@ -165,7 +165,7 @@ func TestConsoleReadsThroughTheAPI(t *testing.T) {
 
 func TestRaftstoreImportsOnlyLeaves(t *testing.T) {
 	g := loadGraph(t)
-	leaves := []string{"internal/durable", "security/pki"}
+	leaves := []string{"internal/durable", "security/pki", "internal/tracing"}
 	g.linksOnly(t, "raftstore", "raftstore imports of idem only the leaves "+strings.Join(leaves, " and "), ownIn(leaves...))
 	for _, leaf := range leaves {
 		g.linksOnly(t, leaf, leaf+" is a leaf raftstore may import: it imports nothing of idem", ownIn())

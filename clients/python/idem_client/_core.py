@@ -356,6 +356,33 @@ def retry_wait(err: IdemError, attempt: int, max_retry_after: float) -> Optional
     return None
 
 
+_UNSET = object()
+_otel_propagate: Any = _UNSET
+
+#: The W3C trace context fields a call carries.
+TRACE_FIELDS = ("traceparent", "tracestate")
+
+
+def trace_headers() -> Dict[str, str]:
+    """The W3C trace context (traceparent, tracestate) of the caller's active
+    OpenTelemetry span, so that idem's spans join the application's trace.
+    Through the OpenTelemetry API (opentelemetry.propagate) when it is
+    installed; the client does not depend on it: without it, or without an
+    active span, {}."""
+    global _otel_propagate
+    if _otel_propagate is _UNSET:
+        try:
+            from opentelemetry import propagate  # optional: only when the application uses OpenTelemetry
+            _otel_propagate = propagate
+        except ImportError:
+            _otel_propagate = None
+    if _otel_propagate is None:
+        return {}
+    carrier: Dict[str, str] = {}
+    _otel_propagate.inject(carrier)
+    return {k: v for k, v in carrier.items() if k.lower() in TRACE_FIELDS}
+
+
 class Transport:
     """Sends one request with http.client over a per-thread keep-alive
     connection; TLS (a private CA, mTLS) through an ssl.SSLContext."""
@@ -389,11 +416,13 @@ class Transport:
         return conn
 
     def attempt(self, method: str, path: str, body: Optional[Dict[str, Any]], extra_timeout: float = 0.0,
-                timeout: Optional[float] = None) -> Answer:
+                timeout: Optional[float] = None, trace: Optional[Dict[str, str]] = None) -> Answer:
         """One attempt, bounded by timeout (default: the client's, plus
         extra_timeout, plus a second per MiB of request body); a transport
-        failure raises UnavailableError (status 0)."""
+        failure raises UnavailableError (status 0). trace is the caller's
+        trace context (trace_headers(), taken here when None)."""
         headers = {"Accept": "application/json"}
+        headers.update(trace_headers() if trace is None else trace)
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()

@@ -50,7 +50,10 @@ class AsyncClient:
     async def _attempt(self, method: str, path: str, body: Optional[Dict[str, Any]], extra_timeout: float = 0.0,
                        timeout: Optional[float] = None):
         loop = asyncio.get_running_loop()
-        answer = await loop.run_in_executor(self.pool, lambda: self.transport.attempt(method, path, body, extra_timeout, timeout))
+        # The executor's thread does not see this task's context: take the
+        # caller's trace context here.
+        trace = _core.trace_headers()
+        answer = await loop.run_in_executor(self.pool, lambda: self.transport.attempt(method, path, body, extra_timeout, timeout, trace))
         return answer.decode(method, path)
 
     async def call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None, retry: bool = True,

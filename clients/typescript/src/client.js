@@ -139,6 +139,40 @@ function nodeTransport(baseUrl, tls) {
   });
 }
 
+/**
+ * The OpenTelemetry API when the application has it installed (an optional
+ * peer: the client does not depend on it); null when it has not. Looked up
+ * once, on the first call.
+ */
+let otelApi;
+async function loadOtel() {
+  if (otelApi === undefined) {
+    try {
+      otelApi = await import('@opentelemetry/api');
+    } catch {
+      otelApi = null;
+    }
+  }
+  return otelApi;
+}
+
+/** The W3C trace context fields a call carries. */
+const traceFields = ['traceparent', 'tracestate'];
+
+/**
+ * Adds the W3C trace context (traceparent, tracestate) of the caller's
+ * active OpenTelemetry span to headers, so that idem's spans join the
+ * application's trace. Nothing without the API, an active span or a
+ * registered propagator.
+ */
+async function addTraceContext(headers) {
+  const api = otelApi === undefined ? await loadOtel() : otelApi;
+  if (!api) return;
+  const carrier = {};
+  api.propagation.inject(api.context.active(), carrier);
+  for (const k of traceFields) if (carrier[k]) headers[k] = carrier[k];
+}
+
 function fetchTransport(baseUrl, fetchImpl) {
   return async (method, path, headers, body, signal) => {
     const res = await fetchImpl(new URL(path, baseUrl), { method, headers, body, signal });
@@ -177,6 +211,7 @@ export class IdemClient {
     const headers = { accept: 'application/json' };
     if (body !== undefined) headers['content-type'] = 'application/json';
     if (this.token) headers.authorization = `Bearer ${this.token}`;
+    await addTraceContext(headers);
     const payload = body === undefined ? undefined : JSON.stringify(body);
     const attempts = opts.retry === false ? 1 : this.maxAttempts;
     // A request carrying megabytes (a completion's response, a batch) gets a
