@@ -23,8 +23,8 @@ import (
 	"github.com/idem-dev/idem/topology"
 )
 
-// chaosEnv turns on the dense topology chaos run (ChaosDense); without it
-// the test runs its bounded version (ChaosBounded).
+// chaosEnv turns on the dense topology chaos run (chaosDense); without it
+// the test runs its bounded version (chaosBounded).
 const chaosEnv = "IDEM_CHAOS"
 
 // chaosShape is how much one topology chaos run does.
@@ -48,12 +48,12 @@ var (
 // A three-node region holding many completed records is resharded again
 // and again while its meta leader, which drives each change, is SIGKILLed
 // and restarted on the same data dir at random moments and, at others, has
-// its Raft port cut on loopback (iptables). Each apply is run again until
+// its Raft traffic cut on loopback (iptables; see portCutter). Each apply is run again until
 // its version is active. After every change each completed record replays
 // identically (response and fencing token), each held key is still its
 // owner's (another owner's reserve is IN_PROGRESS, the owner's repeat is
 // the same reservation) and, at the end, its owner's complete succeeds.
-// IDEM_CHAOS=1 runs the dense version; IDEM_TEST_SEED replays a seed.
+// IDEM_CHAOS=1 runs the dense version; IDEM_SEED replays a seed.
 func TestTopologyChangesUnderMetaLeaderChaos(t *testing.T) {
 	shape := chaosBounded
 	if os.Getenv(chaosEnv) == "1" {
