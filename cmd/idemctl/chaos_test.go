@@ -388,10 +388,15 @@ func newPortCutter(t *testing.T) *portCutter {
 	case os.Geteuid() != 0:
 		pc.why = "not root"
 	default:
-		if out, err := exec.Command("iptables", "-w", "-S", "INPUT").CombinedOutput(); err != nil {
-			pc.why = fmt.Sprintf("iptables refused: %v: %s", err, strings.TrimSpace(string(out)))
-		} else if out, err := exec.Command("iptables", "-m", "owner", "--help").CombinedOutput(); err != nil {
-			pc.why = fmt.Sprintf("iptables has no owner match: %v: %s", err, strings.TrimSpace(string(out)))
+		// A rule of the cut's shape that matches nothing of anyone's (this
+		// test's group, to port 9 of loopback), added and removed: where it
+		// cannot be (no NET_ADMIN, no owner match), nothing is cut.
+		probe := [][]string{{"OUTPUT", "-p", "tcp", "-s", "127.0.0.1", "-d", "127.0.0.1", "-m", "owner", "--gid-owner", strconv.Itoa(chaosGroupBase()),
+			"-m", "multiport", "--dports", "9", "-j", "DROP"}}
+		if err := iptables("-A", probe); err != nil {
+			pc.why = err.Error()
+		} else if err := iptables("-D", probe); err != nil {
+			t.Fatalf("removing the probe rule: %v", err)
 		} else {
 			pc.ok = true
 		}
@@ -418,11 +423,13 @@ func (pc *portCutter) isolateGroups(c *cluster.Cluster) {
 	if !pc.ok {
 		return
 	}
-	base := 200_000 + uint32(os.Getpid()%100_000)*8
 	for i, n := range c.Topology.Nodes() {
-		c.Nodes[n.ID].SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(os.Geteuid()), Gid: base + uint32(i), NoSetGroups: true}}
+		c.Nodes[n.ID].SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(os.Geteuid()), Gid: uint32(chaosGroupBase() + 1 + i), NoSetGroups: true}}
 	}
 }
+
+// chaosGroupBase is the first of the group ids this test process uses.
+func chaosGroupBase() int { return 200_000 + os.Getpid()%100_000*16 }
 
 func (pc *portCutter) note() string {
 	if pc.ok {
