@@ -91,3 +91,19 @@ func TestApplyTopologyFollowsATargetStoredDespiteAnError(t *testing.T) {
 		t.Fatalf("applyTopology returned with version %d active, want 2", fake.active)
 	}
 }
+
+// The change's report reads the batches moved from the nodes' logs, in the
+// line the node writes (with the handoff attempt) and the one it wrote
+// before attempts were fenced: a line it cannot read would report no batch
+// moved and inject no fault mid-move.
+func TestMovedLineReadsTheNodesLog(t *testing.T) {
+	for _, line := range []string{
+		`time=2026-12-08T01:47:00.962Z level=INFO msg="topology change: partitions moved" node=eu-west-2 region=eu-west from=ap-south-0 to=eu-west-2 partitions=70 attempt=25 records=4 bytes=1036 paused=673.232ms`,
+		`time=2026-12-05T21:00:00.000Z level=INFO msg="topology change: partitions moved" node=eu-west-2 region=eu-west from=ap-south-0 to=eu-west-2 partitions=70 records=4 bytes=1036 paused=673.232ms`,
+	} {
+		g := movedLine.FindStringSubmatch(line)
+		if g == nil || g[1] != "70" || g[2] != "4" || g[3] != "1036" || g[4] != "673.232ms" {
+			t.Errorf("movedLine read %q from %s", g, line)
+		}
+	}
+}

@@ -23,7 +23,9 @@ import (
 // region is added. Each is applied online while the workload runs, and
 // once the first partitions moved, a node is SIGKILLed (restarted
 // killDown later) and the link between two regions is cut both ways for
-// cutFor: the move must go on, or resume, without breaking a promise.
+// cutFor; later the meta leader driving the change is partitioned from
+// the other regions for metaCutFor: the move must go on, or resume,
+// without breaking a promise.
 const (
 	killDown = 2 * time.Second
 	cutFor   = 3 * time.Second
@@ -31,11 +33,17 @@ const (
 	// (every shard that takes part adopts a partition table first, one
 	// mover step each).
 	firstBatchWait = 3 * time.Minute
+	// After those faults healed, the meta leader (the change's driver) is
+	// partitioned once another batch moved (or after metaCutWait): its
+	// region cut from every other for metaCutFor, longer than a meta
+	// election over the WAN.
+	metaCutWait = 30 * time.Second
+	metaCutFor  = 6 * time.Second
 )
 
 // growShards changes shards_per_region to to (topology version +1).
 func growShards(at, d time.Duration, to int) *Fault {
-	return &Fault{Name: fmt.Sprintf("shards per region grow to %d, applied online (partitions move between shards); a shard leader SIGKILLed and a link cut mid-move", to),
+	return &Fault{Name: fmt.Sprintf("shards per region grow to %d, applied online (partitions move between shards); a shard leader SIGKILLed and a link cut mid-move, then the meta leader partitioned", to),
 		At: at, For: d,
 		start: func(ctx context.Context, e *faultEnv) (string, error) {
 			next := e.c.topology().Clone()
@@ -62,7 +70,7 @@ func growShards(at, d time.Duration, to int) *Fault {
 // version, and the change is applied. The region gets no router and no
 // clients; the keys that move to it are reached through the others'.
 func addRegion(at, d time.Duration) *Fault {
-	return &Fault{Name: "a region is added, applied online (partitions move to its shards); the meta leader SIGKILLed and a link cut mid-move",
+	return &Fault{Name: "a region is added, applied online (partitions move to its shards); the meta leader SIGKILLed and a link cut mid-move, then the meta leader partitioned",
 		At: at, For: d,
 		start: func(ctx context.Context, e *faultEnv) (string, error) {
 			region := e.c.spareRegion()
@@ -145,7 +153,13 @@ func (c *simCluster) killable() []string {
 // metaLeader returns the node that leads the meta group ("" if none
 // answers).
 func (c *simCluster) metaLeader(ctx context.Context) string {
-	for _, id := range c.running() {
+	return c.metaLeaderAmong(ctx, c.running())
+}
+
+// metaLeaderAmong returns the first of ids that says it leads the meta
+// group ("" if none does).
+func (c *simCluster) metaLeaderAmong(ctx context.Context, ids []string) string {
+	for _, id := range ids {
 		conn, err := c.adminConn(id)
 		if err != nil {
 			continue
@@ -182,7 +196,8 @@ func (r changeResult) String() string {
 // moved, SIGKILLs the node pick returns and cuts the link between the
 // meta leader's region and another region both ways (refuse or blackhole,
 // by the fault's seed); the node restarts after killDown, the link heals
-// after cutFor. It returns once next is active.
+// after cutFor. Then it partitions the meta leader (partitionMetaLeader).
+// It returns once next is active.
 func (c *simCluster) changeUnderFaults(ctx context.Context, e *faultEnv, next *topology.Topology, pick func(context.Context) string) (changeResult, error) {
 	var res changeResult
 	offsets := map[string]int64{}
@@ -244,12 +259,72 @@ func (c *simCluster) changeUnderFaults(ctx context.Context, e *faultEnv, next *t
 			}
 		}
 	}
+	if !active() && ctx.Err() == nil {
+		f, ok := c.partitionMetaLeader(ctx, e, start, offsets, applied)
+		if f != "" {
+			res.faults = append(res.faults, f)
+		}
+		res.midMove = res.midMove && ok
+	}
 	<-applied
 	res.took, res.moves = took, c.movedSince(offsets)
 	if len(res.faults) == 0 {
 		res.faults = []string{"no fault injected: no batch moved before the change was active"}
 	}
 	return res, applyErr
+}
+
+// partitionMetaLeader waits until another batch moved since the first
+// faults (or metaCutWait passed) and then cuts the region of the node that
+// leads the meta group (and so drives the change) from every other region
+// for metaCutFor, refusing or blackholing by the fault's seed: the meta
+// voters elsewhere are a majority, so it loses meta leadership while it
+// still reaches its own region's shards, and may go on driving the batch it
+// had begun while its successor resumes the same one. It returns what it
+// did ("" if the change was active first) and whether the cut fell
+// mid-move.
+func (c *simCluster) partitionMetaLeader(ctx context.Context, e *faultEnv, changeStart time.Time, offsets map[string]int64, applied <-chan struct{}) (string, bool) {
+	start, before := time.Now(), c.movedSince(offsets).batches
+	for time.Since(start) < metaCutWait && c.movedSince(offsets).batches == before {
+		if !sleepOrStop(ctx, applied, 100*time.Millisecond) {
+			return "", false
+		}
+	}
+	leader := c.metaLeader(ctx)
+	if leader == "" {
+		return "no meta leader answered: its partition skipped", false
+	}
+	region := c.node(leader).region
+	mode := wan.Blackhole
+	if e.rng.IntN(2) == 0 {
+		mode = wan.Refuse
+	}
+	select {
+	case <-applied:
+		return "", false
+	default:
+	}
+	at := time.Since(changeStart).Round(100 * time.Millisecond)
+	if err := c.net.Isolate(region, mode); err != nil {
+		return "", false
+	}
+	midMove := true
+	sleepOrStop(ctx, nil, metaCutFor)
+	successor := c.metaLeaderAmong(ctx, slices.DeleteFunc(c.running(), func(id string) bool { return c.node(id).region == region }))
+	select {
+	case <-applied:
+		midMove = false // the change finished while the region was cut
+	default:
+	}
+	if err := c.net.Isolate(region, wan.Up); err != nil {
+		c.log.Warn("healing the meta leader's region", "region", region, "err", err)
+	}
+	moved := "no other meta leader seen"
+	if successor != "" {
+		moved = "meta leadership moved to " + successor
+	}
+	return fmt.Sprintf("meta leader %s's region %s cut from every other (%s) at +%s for %s (%s)", leader, region, mode,
+		at, metaCutFor, moved), midMove
 }
 
 // cutPair picks the region pair to cut: the meta leader's region (the
@@ -283,7 +358,7 @@ func (m moveStats) String() string {
 		m.partitions, m.batches, m.records, m.bytes, p[len(p)/2].Round(time.Millisecond), p[len(p)-1].Round(time.Millisecond))
 }
 
-var movedLine = regexp.MustCompile(`topology change: partitions moved.* partitions=(\d+) records=(\d+) bytes=(\d+) paused=(\S+)`)
+var movedLine = regexp.MustCompile(`topology change: partitions moved.* partitions=(\d+) (?:.* )?records=(\d+) bytes=(\d+) paused=(\S+)`)
 
 // movedSince reads what every node logged past offsets (log path -> size
 // when the change started; a log not in it is read whole).

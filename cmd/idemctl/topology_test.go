@@ -234,29 +234,11 @@ func (l *load) await(t *testing.T, n int, what string) {
 // on a loaded box a change takes as long as its steps take.
 func mustCtlWithin(t *testing.T, d time.Duration, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var stdout, stderr testutil.Buffer
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, args, &stdout, &stderr) }()
-	printed, since := 0, time.Now()
-	for {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("idemctl %s: %v\n%s", strings.Join(args, " "), err, stdout.String())
-			}
-			return stdout.String()
-		case <-time.After(500 * time.Millisecond):
-		}
-		if n := stdout.Len(); n != printed {
-			printed, since = n, time.Now()
-		} else if time.Since(since) > d {
-			cancel()
-			err := <-done
-			t.Fatalf("idemctl %s: nothing new printed for %s (%v); so far:\n%s", strings.Join(args, " "), d, err, stdout.String())
-		}
+	out, err := ctlUntilStalled(t.Context(), d, args...)
+	if err != nil {
+		t.Fatalf("%v; so far:\n%s", err, out)
 	}
+	return out
 }
 
 // nextVersion writes t at version v to dir/topology-vN.yaml.

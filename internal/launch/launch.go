@@ -146,6 +146,10 @@ type Process struct {
 	// Env is added to this process's inherited environment (KEY=VALUE),
 	// e.g. IDEM_ENABLE_FAULT_INJECTION=1 for the --testing-* flags.
 	Env []string
+	// SysProcAttr, when set, is given to the started command: e.g. a
+	// group id of its own, which firewall rules can match (iptables -m
+	// owner --gid-owner) to cut this process's connections alone.
+	SysProcAttr *syscall.SysProcAttr
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -173,6 +177,7 @@ func (p *Process) Start() error {
 	}
 	cmd := exec.Command(p.Bin, p.Args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = p.SysProcAttr
 	if len(p.Env) > 0 {
 		cmd.Env = append(os.Environ(), p.Env...)
 	}
