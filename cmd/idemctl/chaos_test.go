@@ -71,11 +71,6 @@ func TestTopologyChangesUnderMetaLeaderChaos(t *testing.T) {
 	}
 	topo.Ring.PartitionCount = 4099
 	dir := t.TempDir()
-	t.Cleanup(func() {
-		if t.Failed() {
-			exec.Command("cp", "-r", dir, "/tmp/chaos-debug").Run()
-		}
-	})
 	c, err := cluster.NewNodes(topo, dir, bin, "--log-level", "info")
 	if err != nil {
 		t.Fatal(err)
