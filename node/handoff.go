@@ -13,9 +13,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"go.opentelemetry.io/otel/trace"
+
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
 	"github.com/idem-dev/idem/handoff"
+	"github.com/idem-dev/idem/internal/tracing"
 	"github.com/idem-dev/idem/topology"
 )
 
@@ -333,6 +336,8 @@ func (n *Node) handoffSteps(ctx context.Context) error {
 		}
 		res, err := n.driver.Step(ctx)
 		step := res.Step
+		trace.SpanFromContext(ctx).AddEvent("handoff "+step.Kind.String(), trace.WithAttributes(tracing.Shard.String(step.Batch.Source),
+			tracing.Partitions.Int(len(step.Batch.Partitions)), tracing.HandoffAttempt.Int64(int64(step.Batch.Attempt))))
 		if !first && step.Kind != handoff.Done {
 			n.topoMetrics.steps.WithLabelValues("handoff").Inc()
 		}

@@ -10,8 +10,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	idemv1 "github.com/idem-dev/idem/api/idem/v1"
 	"github.com/idem-dev/idem/fsm"
+	"github.com/idem-dev/idem/internal/tracing"
 	"github.com/idem-dev/idem/raftstore"
 )
 
@@ -359,9 +363,30 @@ func (n *Node) shardStep(ctx context.Context, shard string, voters []string, ls 
 	return moveStep{}, false, nil
 }
 
+// stepSpan starts the span of one topology-change step (its kind, shard,
+// the node or shard it concerns and its partitions), a root span of the
+// mover's own; the returned end records err. Without tracing it does
+// nothing.
+func (n *Node) stepSpan(ctx context.Context, step moveStep) (context.Context, func(error)) {
+	if n.tracer == nil {
+		return ctx, func(error) {}
+	}
+	ctx, span := n.tracer.Start(ctx, "idem.topology_step", trace.WithAttributes(
+		tracing.StepKind.String(step.op), tracing.Shard.String(step.shard), tracing.Node.String(step.node),
+		tracing.Partitions.Int(len(step.partitions))))
+	return ctx, func(err error) {
+		if err != nil {
+			span.SetStatus(otelcodes.Error, err.Error())
+		}
+		span.End()
+	}
+}
+
 // takeStep runs step on the group's leader (here, or through the
-// ChangeMember RPC).
-func (n *Node) takeStep(ctx context.Context, step moveStep) error {
+// ChangeMember RPC), in a span of its own.
+func (n *Node) takeStep(ctx context.Context, step moveStep) (err error) {
+	ctx, end := n.stepSpan(ctx, step)
+	defer func() { end(err) }()
 	switch step.op {
 	case "adopt":
 		mv, _ := n.meta.read()

@@ -46,6 +46,12 @@ const (
 	Attempt   = attribute.Key("idem.attempt")
 	Items     = attribute.Key("idem.batch.items")
 	WaitMs    = attribute.Key("idem.wait_ms")
+	// A topology-change step: its kind ("add_learner", "handoff", ...)
+	// and how many ring partitions it moves or drops.
+	StepKind   = attribute.Key("idem.step")
+	Partitions = attribute.Key("idem.partitions")
+	// HandoffAttempt is the fenced handoff attempt a step belongs to.
+	HandoffAttempt = attribute.Key("idem.handoff.attempt")
 )
 
 // Log attribute keys of a request's trace context.
