@@ -9,7 +9,7 @@ import (
 // NeedsProcesses marks tb as process-level: it starts real processes
 // (idemnode, idemrouter, idemctl, a client suite, a container) and so does
 // not run in the fast inner loop. Under -short it skips tb, saying so; the
-// full suite (README: go test -race -count=1 -timeout 25m ./...) runs it.
+// full suite (README: go test -race -count=1 -timeout 40m ./...) runs it.
 // Call it first, before anything is built or started.
 func NeedsProcesses(tb testing.TB) {
 	tb.Helper()
